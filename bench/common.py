@@ -1,0 +1,104 @@
+"""Helpers shared by the benchmark scripts: subprocess servers, percentiles, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.server import free_port
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by nearest rank; values need not be sorted."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def wait_until_up(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not come up within {timeout}s")
+
+
+class Subprocess:
+    """A server in its own process (so it does not share the benchmark client's GIL)."""
+
+    def __init__(self, args: list[str], health_url: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.health_url = health_url
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Subprocess:
+        self.proc = subprocess.Popen(
+            self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            wait_until_up(self.health_url)
+        except TimeoutError:
+            self.proc.kill()
+            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            raise RuntimeError(f"{' '.join(self.args)} failed to start:\n{err}") from None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def stub_rank_process(port: int | None = None, chunks: int = 3) -> tuple[Subprocess, str]:
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "bench.stub_rank", "--port", str(port), "--chunks", str(chunks)]
+    return Subprocess(args, url + "/health"), url
+
+
+def proxy_process(
+    backends: Sequence[str], port: int | None = None, extra: Sequence[str] = ()
+) -> tuple[Subprocess, str]:
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--log-level", "warning"]
+    for backend in backends:
+        args += ["--backend", backend]
+    args += list(extra)
+    return Subprocess(args, url + "/health"), url
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / name
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def machine() -> dict[str, Any]:
+    return {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": sys.platform}

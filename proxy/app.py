@@ -1,0 +1,205 @@
+"""The HTTP surface: an OpenAI-compatible API in front of the configured ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.config import Settings
+from proxy.context import ApiKind
+from proxy.errors import NO_BACKEND, ProxyError, error_response
+from proxy.forward import Forwarder, upstream_session
+from proxy.metrics import Metrics
+from proxy.pipeline import Pipeline
+from proxy.route import Router
+from routing.backends import Backend, BackendPool
+from routing.health import check_all, run_health_checks
+from routing.policy import make_policy
+
+log = logging.getLogger("prefixgate")
+
+JSON = "application/json"
+
+
+def json_response(data: Any, status: int = 200, backend: str = NO_BACKEND) -> Response:
+    return Response(
+        orjson.dumps(data), status_code=status, media_type=JSON, headers={"x-prefixgate-backend": backend}
+    )
+
+
+class Gateway:
+    """The state of one prefixgate process: backends, the HTTP client to them, the pipeline."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.pool = BackendPool(
+            Backend(name=b.name, url=b.url, pool_tokens=b.pool_tokens, block_size=b.block_size)
+            for b in settings.backends
+        )
+        self.router = Router(self.pool, make_policy(settings.policy))
+        self.client: aiohttp.ClientSession | None = None
+        self.forwarder: Forwarder | None = None
+        self.pipeline: Pipeline | None = None
+        self._health_task: asyncio.Task[None] | None = None
+        self._models_cache: tuple[float, dict[str, Any], str] | None = None
+
+    async def start(self) -> None:
+        """Open the upstream client (it needs the running loop) and probe every rank once."""
+        settings = self.settings
+        self.client = upstream_session(settings.connect_timeout, settings.read_timeout)
+        self.forwarder = Forwarder(self.client, self.router, self.metrics, settings.retries)
+        self.pipeline = Pipeline(self.forwarder, self.metrics, settings.max_body_bytes)
+        await check_all(self.client, self.pool, self.settings.health_timeout)
+        self._health_task = asyncio.create_task(
+            run_health_checks(
+                self.client, self.pool, self.settings.health_interval, self.settings.health_timeout
+            )
+        )
+        for backend in self.pool:
+            state = "healthy" if backend.healthy else f"DOWN ({backend.last_error})"
+            log.info("backend %s at %s: %s", backend.name, backend.url, state)
+
+    async def stop(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        if self.client is not None:
+            await self.client.close()
+
+    async def models(self) -> Response:
+        """The union of the healthy ranks' model cards, first rank's card winning per id."""
+        now = time.monotonic()
+        cached = self._models_cache
+        if cached is not None and now - cached[0] < self.settings.models_cache_ttl:
+            return json_response(cached[1], backend=cached[2])
+        backends = self.pool.healthy()
+        if not backends:
+            return error_response(ProxyError(503, "no healthy backend", type_="service_unavailable"))
+        answers = await asyncio.gather(*(self._fetch_models(b) for b in backends))
+        cards: dict[str, Any] = {}
+        answered: list[str] = []
+        for backend, data in zip(backends, answers, strict=True):
+            if data is None:
+                continue
+            answered.append(backend.name)
+            backend.models = [c["id"] for c in data if isinstance(c, dict) and "id" in c]
+            for card in data:
+                if isinstance(card, dict) and "id" in card:
+                    cards.setdefault(card["id"], card)
+        if not answered:
+            return error_response(
+                ProxyError(
+                    502, "no backend answered /v1/models", type_="upstream_error", code="upstream_failed"
+                )
+            )
+        body = {"object": "list", "data": list(cards.values())}
+        names = ",".join(answered)
+        self._models_cache = (now, body, names)
+        return json_response(body, backend=names)
+
+    async def _fetch_models(self, backend: Backend) -> list[Any] | None:
+        assert self.client is not None
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout)
+        try:
+            async with self.client.get(f"{backend.url}/v1/models", timeout=timeout) as response:
+                if response.status != 200:
+                    return None
+                data = orjson.loads(await response.read()).get("data")
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, AttributeError):
+            return None
+        return data if isinstance(data, list) else None
+
+    def health(self) -> Response:
+        backends = [b.status() for b in self.pool]
+        healthy = sum(1 for b in self.pool if b.healthy)
+        body = {"status": "ok", "healthy_backends": healthy, "backends": backends}
+        return json_response(body)
+
+    def metrics_response(self) -> Response:
+        for backend in self.pool:
+            self.metrics.backend_up.labels(backend.name).set(1 if backend.healthy else 0)
+            self.metrics.in_flight.labels(backend.name).set(backend.in_flight)
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The ASGI app for ``settings``; the gateway starts and stops with the app's lifespan."""
+    gateway = Gateway(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(title="prefixgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+
+    def pipeline() -> Pipeline:
+        assert gateway.pipeline is not None, "the app's lifespan has not started"
+        return gateway.pipeline
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await pipeline().completion(request, ApiKind.CHAT)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await pipeline().completion(request, ApiKind.COMPLETIONS)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return await gateway.models()
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await pipeline().passthrough(request, "/tokenize")
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await pipeline().passthrough(request, "/detokenize")
+
+    @app.get("/health")
+    async def health() -> Response:
+        return gateway.health()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return gateway.metrics_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(ProxyError(exc.status_code, message, code=f"http_{exc.status_code}"))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(ProxyError(400, f"invalid request: {exc.errors()}"))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(ProxyError(500, "internal error in prefixgate", type_="internal_error"))
+
+    return app

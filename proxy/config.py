@@ -1,0 +1,181 @@
+"""prefixgate's configuration: a YAML file, ``PREFIXGATE_*`` environment variables and CLI flags.
+
+Precedence: flags override environment, which overrides the file, which overrides the defaults.
+Every scalar setting is declared once in ``OPTIONS`` below; the CLI, the environment reader and the
+README's reference are all generated from that table, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "PREFIXGATE_"
+MiB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used, with a message meant for the operator."""
+
+
+class BackendConfig(BaseModel):
+    """One vLLM rank."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    url: str
+    pool_tokens: int | None = Field(
+        default=None, gt=0, description="KV pool size in tokens; learned from vllm:cache_config_info if unset"
+    )
+    block_size: int | None = Field(
+        default=None, gt=0, description="KV block size; learned from the rank if unset"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"backend url must be http(s)://host:port, got {url!r}")
+        return url.rstrip("/")
+
+
+class Settings(BaseModel):
+    """Everything ``prefixgate serve`` needs. See ``OPTIONS`` for the meaning of each scalar."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backends: list[BackendConfig] = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    policy: str = "round_robin"
+    max_body_bytes: int = Field(default=32 * MiB, gt=0)
+    health_interval: float = Field(default=2.0, gt=0)
+    health_timeout: float = Field(default=2.0, gt=0)
+    connect_timeout: float = Field(default=5.0, gt=0)
+    read_timeout: float = Field(default=300.0, gt=0)
+    retries: int = Field(default=1, ge=0)
+    models_cache_ttl: float = Field(default=5.0, ge=0)
+    log_level: str = "info"
+    # Sections owned by later pipeline stages; validated by their own models.
+    tokenization: dict[str, Any] = Field(default_factory=dict)
+    canonical: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("backends")
+    @classmethod
+    def _unique_names(cls, backends: list[BackendConfig]) -> list[BackendConfig]:
+        names = [b.name for b in backends]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"backend names must be unique, duplicated: {', '.join(duplicates)}")
+        return backends
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """A scalar setting: its field in ``Settings``, its flag, its type and its help text."""
+
+    field: str
+    type: type
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.field.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("host", str, "address to listen on"),
+    Option("port", int, "port to listen on"),
+    Option("policy", str, "routing policy: round_robin"),
+    Option("max_body_bytes", int, "largest request body accepted, in bytes (larger: 413)"),
+    Option("health_interval", float, "seconds between health checks of each backend"),
+    Option("health_timeout", float, "seconds a health check may take before the backend counts as down"),
+    Option("connect_timeout", float, "seconds to connect to a backend before trying another"),
+    Option(
+        "read_timeout",
+        float,
+        "seconds a backend may stay silent (before or during a response) before it fails",
+    ),
+    Option(
+        "retries", int, "extra attempts on another backend when one fails before any byte reached the client"
+    ),
+    Option("models_cache_ttl", float, "seconds the merged /v1/models answer is cached"),
+    Option("log_level", str, "critical, error, warning, info or debug"),
+)
+
+
+def parse_backend_spec(spec: str, index: int) -> dict[str, Any]:
+    """``URL`` or ``NAME=URL`` (from ``--backend`` or ``PREFIXGATE_BACKENDS``) to a backend entry."""
+    name, sep, url = spec.partition("=")
+    if not sep or "://" in name:
+        name, url = f"rank-{index}", spec
+    return {"name": name.strip(), "url": url.strip()}
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    listen = data.pop("listen", None)
+    if isinstance(listen, Mapping):  # `listen: {host, port}` reads better in a file
+        data.setdefault("host", listen.get("host", "127.0.0.1"))
+        data.setdefault("port", listen.get("port", 8000))
+    return data
+
+
+def read_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw = environ.get(option.env)
+        if raw is not None and raw != "":
+            values[option.field] = raw
+    backends = environ.get(ENV_PREFIX + "BACKENDS")
+    if backends:
+        specs = [s for s in backends.split(",") if s.strip()]
+        values["backends"] = [parse_backend_spec(s, i) for i, s in enumerate(specs)]
+    return values
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    backend_specs: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Merge file, environment and flags (in rising precedence) into validated ``Settings``."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        merged.update(read_config_file(config_file))
+    merged.update(read_environment(os.environ if environ is None else environ))
+    for key, value in (flags or {}).items():
+        if value is not None:
+            merged[key] = value
+    if backend_specs:
+        merged["backends"] = [parse_backend_spec(s, i) for i, s in enumerate(backend_specs)]
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from exc

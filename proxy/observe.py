@@ -1,0 +1,71 @@
+"""Stage 8, observe usage: what the rank reported about the request (tokens, prefix-cache hits).
+
+Read from the JSON body of a plain response, or from the tail of a stream (vLLM sends the usage
+chunk last, just before ``data: [DONE]``), so streamed chunks are never parsed one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.metrics import Metrics
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None  # None: the rank did not say (no --enable-prompt-tokens-details)
+
+
+def usage_from_dict(usage: Any) -> Usage | None:
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens", 0)
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(prompt, completion, cached if isinstance(cached, int) else None)
+
+
+def usage_from_body(body: bytes) -> Usage | None:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return usage_from_dict(data.get("usage")) if isinstance(data, dict) else None
+
+
+def usage_from_sse_tail(chunks: Iterable[bytes]) -> Usage | None:
+    """The usage of the last ``data:`` event carrying one, among the stream's last raw chunks."""
+    tail = b"".join(chunks)
+    end = len(tail)
+    while True:
+        start = tail.rfind(b"data:", 0, end)
+        if start < 0:
+            return None
+        line_end = tail.find(b"\n", start)
+        payload = tail[start + 5 : line_end if line_end >= 0 else len(tail)].strip()
+        if payload.startswith(b"{") and b'"usage"' in payload:
+            try:
+                usage = usage_from_dict(orjson.loads(payload).get("usage"))
+            except (orjson.JSONDecodeError, AttributeError):
+                usage = None
+            if usage is not None:
+                return usage
+        end = start
+
+
+def record_usage(metrics: Metrics, backend: str, usage: Usage | None) -> None:
+    if usage is None:
+        return
+    metrics.prompt_tokens.labels(backend).inc(usage.prompt_tokens)
+    metrics.completion_tokens.labels(backend).inc(usage.completion_tokens)
+    if usage.cached_tokens is not None:
+        metrics.cached_tokens.labels(backend).inc(usage.cached_tokens)

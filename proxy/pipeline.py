@@ -1,0 +1,148 @@
+"""The request pipeline, stage by stage (see docs/architecture.md):
+
+parse -> identify session -> canonicalize -> render and hash blocks -> admit -> pick a rank ->
+forward and stream -> observe usage -> update index and session stats.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.admission import admit
+from proxy.blocks import compute_blocks
+from proxy.canonicalize import canonicalize
+from proxy.context import ApiKind, RequestContext
+from proxy.errors import NO_BACKEND, ProxyError, error_response
+from proxy.forward import (
+    ClientDisconnected,
+    Forwarder,
+    RelayResponse,
+    StreamOutcome,
+    response_headers,
+    until_disconnected,
+    upstream_headers,
+)
+from proxy.metrics import Metrics
+from proxy.observe import Usage, record_usage, usage_from_body, usage_from_sse_tail
+from proxy.parse import parse_request, read_body
+from proxy.session_id import identify_session
+
+log = logging.getLogger("prefixgate.pipeline")
+
+#: Status logged (and counted) for a request whose client went away: nginx's convention.
+CLIENT_CLOSED = 499
+
+
+class Pipeline:
+    def __init__(self, forwarder: Forwarder, metrics: Metrics, max_body_bytes: int) -> None:
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+
+    async def completion(self, request: Request, api: ApiKind) -> Response:
+        """``POST /v1/chat/completions`` and ``POST /v1/completions``."""
+        endpoint = api.upstream_path
+        started = time.perf_counter()
+        ctx: RequestContext | None = None
+        try:
+            ctx = await parse_request(request, api, self.max_body_bytes)
+            identify_session(ctx)
+            canonicalize(ctx)
+            await compute_blocks(ctx)
+            await admit(ctx)
+            opened = await until_disconnected(
+                request.receive,
+                self.forwarder.open(
+                    ctx,
+                    endpoint,
+                    ctx.upstream_body(),
+                    upstream_headers(request.headers),
+                    stream=ctx.stream,
+                    endpoint=endpoint,
+                ),
+            )
+        except ProxyError as exc:
+            return self._error(endpoint, exc, started)
+        except ClientDisconnected:
+            return self._client_gone(endpoint, ctx, started)
+
+        backend = opened.backend.name
+        session_headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
+        if opened.chunks is not None:
+
+            def finish(outcome: StreamOutcome) -> None:
+                self._finish_stream(endpoint, ctx, backend, outcome, started)
+
+            relay = RelayResponse(opened, finish)
+            relay.headers.update(session_headers)
+            return relay
+
+        status = opened.response.status
+        assert opened.body is not None
+        if status == 200:
+            self._observe(ctx, backend, usage_from_body(opened.body))
+        headers = response_headers(opened.response, backend)
+        headers.update(session_headers)
+        now = time.perf_counter()
+        self.metrics.ttfb.labels(endpoint).observe(now - started)
+        self.metrics.duration.labels(endpoint).observe(now - started)
+        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+        return Response(opened.body, status_code=status, headers=headers)
+
+    async def passthrough(self, request: Request, path: str) -> Response:
+        """``POST /tokenize`` and ``/detokenize``: the body goes to one healthy rank as it is."""
+        started = time.perf_counter()
+        try:
+            raw = await read_body(request, self.max_body_bytes)
+            opened = await until_disconnected(
+                request.receive,
+                self.forwarder.open(
+                    None, path, raw, upstream_headers(request.headers), stream=False, endpoint=path
+                ),
+            )
+        except ProxyError as exc:
+            return self._error(path, exc, started)
+        except ClientDisconnected:
+            return self._client_gone(path, None, started)
+        backend = opened.backend.name
+        status = opened.response.status
+        self.metrics.requests.labels(path, backend, str(status)).inc()
+        self.metrics.duration.labels(path).observe(time.perf_counter() - started)
+        assert opened.body is not None
+        return Response(opened.body, status_code=status, headers=response_headers(opened.response, backend))
+
+    # -- observe usage / update stats -------------------------------------------------------------
+
+    def _observe(self, ctx: RequestContext, backend: str, usage: Usage | None) -> None:
+        record_usage(self.metrics, backend, usage)
+
+    def _finish_stream(
+        self, endpoint: str, ctx: RequestContext, backend: str, outcome: StreamOutcome, started: float
+    ) -> None:
+        now = time.perf_counter()
+        self.metrics.ttfb.labels(endpoint).observe(outcome.first_byte_at - started)
+        self.metrics.duration.labels(endpoint).observe(now - started)
+        if outcome.disconnected:
+            self.metrics.client_disconnects.labels(endpoint).inc()
+            self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
+            return
+        if outcome.error is not None:
+            self.metrics.stream_errors.labels(backend).inc()
+        self.metrics.requests.labels(endpoint, backend, "200").inc()
+        self._observe(ctx, backend, usage_from_sse_tail(outcome.tail))
+
+    def _error(self, endpoint: str, exc: ProxyError, started: float) -> Response:
+        self.metrics.requests.labels(endpoint, NO_BACKEND, str(exc.status)).inc()
+        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        return error_response(exc)
+
+    def _client_gone(self, endpoint: str, ctx: RequestContext | None, started: float) -> Response:
+        self.metrics.client_disconnects.labels(endpoint).inc()
+        backend = ctx.backend.name if ctx is not None and ctx.backend is not None else NO_BACKEND
+        self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
+        log.info("client went away before %s completed", endpoint)
+        return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": backend})

@@ -1,0 +1,71 @@
+"""``prefixgate serve``: run the proxy in front of the configured ranks."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from proxy.config import OPTIONS, ConfigError, load_settings
+
+DESCRIPTION = """\
+Run prefixgate, an OpenAI-compatible proxy, in front of vLLM ranks.
+
+Settings come from (in rising precedence) the YAML --config file, PREFIXGATE_* environment
+variables (PREFIXGATE_BACKENDS=name=url,name=url; PREFIXGATE_PORT=...; one per option below),
+and these flags.
+"""
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "--backend",
+        action="append",
+        metavar="[NAME=]URL",
+        help="a vLLM rank, e.g. http://127.0.0.1:8001 or gpu0=http://10.0.0.5:8000 "
+        "(repeat for each rank; replaces the config file's backends; env PREFIXGATE_BACKENDS)",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file (env PREFIXGATE_CONFIG)")
+    for option in OPTIONS:
+        parser.add_argument(
+            option.flag,
+            dest=option.field,
+            type=option.type,
+            default=None,
+            metavar=option.field.upper(),
+            help=f"{option.help} (env {option.env})",
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from proxy.app import create_app
+    from proxy.server import uvicorn_config
+
+    config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
+    flags = {option.field: getattr(args, option.field) for option in OPTIONS}
+    try:
+        settings = load_settings(config_file, flags, args.backend)
+    except ConfigError as exc:
+        print(f"prefixgate: {exc}", file=sys.stderr)
+        return 2
+    if not settings.backends:
+        print(
+            "prefixgate: no backends configured: pass --backend URL (repeatable), "
+            "set PREFIXGATE_BACKENDS or list them under 'backends:' in --config",
+            file=sys.stderr,
+        )
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    server = uvicorn.Server(
+        uvicorn_config(create_app(settings), settings.host, settings.port, settings.log_level)
+    )
+    server.run()
+    return 0

@@ -1,0 +1,78 @@
+"""Running an ASGI app with uvicorn: in the foreground (``prefixgate serve``) or in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        lifespan="on",
+    )
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn on its own event loop in a background thread.
+
+    ``start()`` returns once the server listens; ``stop()`` shuts it down gracefully.
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port, log_level))
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._run, name=f"uvicorn-{self.port}", daemon=True)
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self.server.serve())
+        except BaseException as exc:  # surfaced by start()
+            self._error = exc
+
+    def start(self, timeout: float = 20.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if self._error is not None or not self._thread.is_alive():
+                raise RuntimeError(f"server on port {self.port} failed to start") from self._error
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server on port {self.port} did not start within {timeout}s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,73 @@
+"""The configured ranks, their health and their load.
+
+Backends come only from configuration, never from a request. Health is active (a background
+``GET /health`` per rank, see ``routing.health``) and passive (a refused connection marks the rank
+down at once); a down rank gets no traffic until a health check succeeds again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True, eq=False)
+class Backend:
+    """One rank as routing sees it. Mutated only from the event loop thread."""
+
+    name: str
+    url: str
+    pool_tokens: int | None = None
+    block_size: int | None = None
+    healthy: bool = True
+    in_flight: int = 0
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    last_checked: float | None = None
+    models: list[str] = field(default_factory=list)
+
+    def mark_up(self) -> None:
+        self.healthy = True
+        self.consecutive_failures = 0
+        self.last_error = None
+        self.last_checked = time.time()
+
+    def mark_down(self, reason: str) -> None:
+        self.healthy = False
+        self.consecutive_failures += 1
+        self.last_error = reason
+        self.last_checked = time.time()
+
+    def status(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "url": self.url,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "pool_tokens": self.pool_tokens,
+            "block_size": self.block_size,
+            "last_error": self.last_error,
+            "last_checked": self.last_checked,
+        }
+
+
+class BackendPool:
+    """The fleet, in configuration order."""
+
+    def __init__(self, backends: Iterable[Backend]) -> None:
+        self._backends = list(backends)
+        self._by_name = {b.name: b for b in self._backends}
+
+    def __iter__(self) -> Iterator[Backend]:
+        return iter(self._backends)
+
+    def __len__(self) -> int:
+        return len(self._backends)
+
+    def get(self, name: str) -> Backend | None:
+        return self._by_name.get(name)
+
+    def healthy(self, exclude: Iterable[str] = ()) -> list[Backend]:
+        excluded = set(exclude)
+        return [b for b in self._backends if b.healthy and b.name not in excluded]

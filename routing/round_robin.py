@@ -1,0 +1,20 @@
+"""Round robin over the healthy ranks: the baseline every other policy is measured against."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from routing.backends import Backend
+from routing.policy import RouteRequest
+
+
+class RoundRobin:
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> Backend:
+        backend = candidates[self._next % len(candidates)]
+        self._next += 1
+        return backend

@@ -1,0 +1,212 @@
+"""Bad input and failing ranks: every request gets an answer, with an OpenAI error body."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+CHAT = {"model": "model-0", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    return error
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [(b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object"), (b"", "empty")],
+)
+def test_invalid_bodies_get_400(stub_ranks, proxy, content, fragment):
+    (rank,) = stub_ranks(1)
+    server = proxy([rank])
+    response = httpx.post(server.url + "/v1/chat/completions", content=content)
+    error = assert_openai_error(response, 400)
+    assert fragment in error["message"]
+    assert rank.behavior.received == []
+
+
+def test_wrong_field_types_get_400(stub_ranks, proxy):
+    (rank,) = stub_ranks(1)
+    server = proxy([rank])
+    for body, param in (
+        ({"model": "m", "messages": "hi"}, "messages"),
+        ({**CHAT, "stream": "yes"}, "stream"),
+        ({"model": 3, "messages": []}, "model"),
+        ({"model": "m"}, None),
+    ):
+        path = "/v1/completions" if param is None else "/v1/chat/completions"
+        error = assert_openai_error(httpx.post(server.url + path, json=body), 400)
+        assert error["param"] == (param or "prompt")
+
+
+def test_unknown_path_and_method(stub_ranks, proxy):
+    (rank,) = stub_ranks(1)
+    server = proxy([rank])
+    assert_openai_error(httpx.get(server.url + "/v1/nothing"), 404)
+    assert_openai_error(httpx.get(server.url + "/v1/chat/completions"), 405)
+
+
+def test_huge_body_gets_413(stub_ranks, proxy):
+    (rank,) = stub_ranks(1)
+    server = proxy([rank], max_body_bytes=10_000)
+    big = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 20_000 + b'"}]}'
+    error = assert_openai_error(httpx.post(server.url + "/v1/chat/completions", content=big), 413)
+    assert "10000" in error["message"]
+
+    def chunked():  # no Content-Length: the limit holds while reading
+        for i in range(0, len(big), 4096):
+            yield big[i : i + 4096]
+
+    assert_openai_error(httpx.post(server.url + "/v1/chat/completions", content=chunked()), 413)
+    assert rank.behavior.received == []
+
+
+def test_default_body_limit_is_32_mib(stub_ranks, proxy):
+    (rank,) = stub_ranks(1)
+    server = proxy([rank])
+    declared = str(32 * 1024 * 1024 + 1)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {declared}\r\n"
+            "Content-Type: application/json\r\n\r\n{".encode()
+        )
+        reply = sock.recv(65536).decode()
+    assert reply.startswith("HTTP/1.1 413")
+
+
+def test_no_healthy_backend_gets_503(stub_ranks, proxy):
+    (rank,) = stub_ranks(1)
+    rank.stop()
+    server = proxy([rank])
+    error = assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json=CHAT), 503)
+    assert error["code"] == "no_healthy_backend"
+
+
+def test_refused_connection_is_retried_on_another_rank(stub_ranks, proxy):
+    down, up = stub_ranks(2)
+    server = proxy([down, up], health_interval=60)  # only the passive check can notice
+    down.stop()
+    for _ in range(4):
+        response = httpx.post(server.url + "/v1/chat/completions", json=CHAT)
+        assert response.status_code == 200
+        assert response.headers["x-prefixgate-backend"] == up.name
+    assert len(up.behavior.received) == 4
+
+
+def test_5xx_is_retried_then_502(stub_ranks, proxy):
+    failing, healthy = stub_ranks(2)
+    failing.behavior.status = 500
+    server = proxy([failing, healthy])
+    for _ in range(3):
+        response = httpx.post(server.url + "/v1/chat/completions", json=CHAT)
+        assert response.status_code == 200
+        assert response.headers["x-prefixgate-backend"] == healthy.name
+    healthy.behavior.status = 503
+    error = assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json=CHAT), 502)
+    assert "HTTP" in error["message"]
+
+
+def test_upstream_4xx_passes_through(stub_ranks, proxy):
+    (rank,) = stub_ranks(1, status=422)
+    server = proxy([rank])
+    response = httpx.post(server.url + "/v1/chat/completions", json=CHAT)
+    assert response.status_code == 422
+    assert response.json()["error"]["message"] == "stub says 422"
+    assert response.headers["x-prefixgate-backend"] == rank.name
+
+
+def test_hung_rank_times_out_and_is_retried(stub_ranks, proxy):
+    hung, healthy = stub_ranks(2)
+    hung.behavior.hang = True
+    server = proxy([hung, healthy], read_timeout=0.5)
+    for _ in range(2):
+        response = httpx.post(server.url + "/v1/chat/completions", json=CHAT, timeout=10)
+        assert response.status_code == 200
+        assert response.headers["x-prefixgate-backend"] == healthy.name
+
+
+def test_rank_dying_mid_stream_ends_with_an_sse_error(stub_ranks, proxy):
+    (rank,) = stub_ranks(1, chunks=5, die_after=2)
+    server = proxy([rank])
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0, timeout=10)
+    received = []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in client.chat.completions.create(model="model-0", messages=CHAT["messages"], stream=True):
+            received.append(chunk.choices[0].delta.content)
+    assert received == ["word0 ", "word1 "]
+    assert "broke mid-stream" in str(info.value)
+    # and the proxy keeps serving
+    rank.behavior.die_after = None
+    assert httpx.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'prefixgate_stream_errors_total{backend="stub-0"} 1.0' in metrics
+
+
+def test_client_disconnect_mid_stream_cancels_the_upstream(stub_ranks, proxy):
+    (rank,) = stub_ranks(1, chunks=200, chunk_delay=0.05)
+    server = proxy([rank])
+    with httpx.stream(
+        "POST", server.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=10
+    ) as response:
+        next(response.iter_raw())
+    wait_for(lambda: rank.behavior.streams_closed == 1)
+    assert rank.behavior.chunks_sent < 100
+    wait_for(lambda: "prefixgate_client_disconnects_total" in httpx.get(server.url + "/metrics").text)
+    health = httpx.get(server.url + "/health").json()
+    assert health["backends"][0]["in_flight"] == 0
+
+
+def test_client_disconnect_while_waiting_for_first_byte(stub_ranks, proxy):
+    (rank,) = stub_ranks(1, hang=True)
+    server = proxy([rank])
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=CHAT, timeout=0.5)
+    wait_for(lambda: httpx.get(server.url + "/health").json()["backends"][0]["in_flight"] == 0)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'prefixgate_client_disconnects_total{endpoint="/v1/chat/completions"} 1.0' in metrics
+
+
+def test_unhealthy_rank_gets_no_traffic_until_it_recovers(stub_ranks, proxy):
+    flaky, steady = stub_ranks(2)
+    server = proxy([flaky, steady], health_interval=0.1)
+    flaky.behavior.healthy = False
+    wait_for(lambda: not httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
+    before = len(flaky.behavior.received)
+    for _ in range(6):
+        assert httpx.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
+    assert len(flaky.behavior.received) == before
+    flaky.behavior.healthy = True
+    wait_for(lambda: httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
+    for _ in range(6):
+        assert httpx.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
+    assert len(flaky.behavior.received) > before
+
+
+def test_stopped_rank_returns_to_service_after_restart(stub_ranks, proxy):
+    rank, other = stub_ranks(2)
+    server = proxy([rank, other], health_interval=0.1)
+    rank.stop()
+    wait_for(lambda: not httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
+    rank.restart()
+    wait_for(lambda: httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
+    names = {
+        httpx.post(server.url + "/v1/chat/completions", json=CHAT).headers["x-prefixgate-backend"]
+        for _ in range(4)
+    }
+    assert names == {rank.name, other.name}

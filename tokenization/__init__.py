@@ -1,0 +1,1 @@
+"""Render requests into the rank's tokens and vLLM's chained block hashes."""
