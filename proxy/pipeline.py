@@ -119,6 +119,8 @@ class Pipeline:
 
     def _observe(self, ctx: RequestContext, backend: str, usage: Usage | None) -> None:
         record_usage(self.metrics, backend, usage)
+        if ctx.backend is not None:
+            self.forwarder.router.observe(ctx, ctx.backend, usage.cached_tokens if usage is not None else None)
 
     def _finish_stream(
         self, endpoint: str, ctx: RequestContext, backend: str, outcome: StreamOutcome, started: float

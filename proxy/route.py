@@ -27,3 +27,10 @@ class Router:
             else RouteRequest(ctx.session_key, ctx.prompt_tokens, ctx.block_hashes)
         )
         return self.policy.choose(request, candidates)
+
+    def observe(self, ctx: RequestContext, backend: Backend, cached_tokens: int | None) -> None:
+        """After the answer: what the rank reported (``cached_tokens``; None when it did not say).
+
+        The prefix index's hook for recording the request's blocks and correcting its mirror.
+        """
+        return None
