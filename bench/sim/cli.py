@@ -1,0 +1,222 @@
+"""``prefixgate sim``: run simulated vLLM ranks until Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from dataclasses import replace
+
+from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, FaultConfig, SimConfig
+from bench.sim.runner import SimRankServer, start_fleet, stop_fleet
+from tokenization.block_hash import HashAlgo
+
+_D = SimConfig()
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add the ``sim`` command's flags to ``parser``."""
+    parser.description = (
+        "Run simulated vLLM ranks (prefix cache, block pool, continuous batching, KV events, faults). "
+        "Default timing models one H100-class rank serving an ~8B model: prefill 20,000 tokens/s, "
+        "decode step 6 ms + 0.08 ms per running sequence + 40 ns per context token, "
+        "max 256 sequences, 8,192 batched tokens per step, KV pool of 181,777 tokens."
+    )
+    g = parser.add_argument_group("serving")
+    g.add_argument("--host", default=_D.host, help="address to listen on (default %(default)s)")
+    g.add_argument(
+        "--port", type=int, default=8000, help="port of a single rank; 0 = a free port (default %(default)s)"
+    )
+    g.add_argument(
+        "--ranks", type=int, default=1, help="number of ranks in this process (default %(default)s)"
+    )
+    g.add_argument(
+        "--base-port",
+        type=int,
+        default=None,
+        help="with --ranks N: rank i listens on BASE_PORT+i (default: --port)",
+    )
+    g.add_argument("--name", default=None, help="rank name (single rank; default sim-0, fleets use sim-0..)")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="served model name (default %(default)s)")
+    g = parser.add_argument_group("KV cache")
+    g.add_argument(
+        "--block-size", type=int, default=_D.block_size, help="tokens per KV block (default %(default)s)"
+    )
+    g.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=DEFAULT_KV_TOKENS,
+        help="KV pool size in tokens (default %(default)s)",
+    )
+    g.add_argument(
+        "--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides --kv-tokens)"
+    )
+    g.add_argument(
+        "--hash-algo",
+        choices=[a.value for a in HashAlgo],
+        default=_D.hash_algo,
+        help="block hash (default %(default)s)",
+    )
+    g.add_argument(
+        "--hash-seed",
+        default=None,
+        help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's 'vllm-none-hash')",
+    )
+    g = parser.add_argument_group("scheduling and timing")
+    g.add_argument(
+        "--max-num-seqs", type=int, default=_D.max_num_seqs, help="running sequences (default %(default)s)"
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=_D.max_num_batched_tokens,
+        help="tokens per step (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-model-len", type=int, default=_D.max_model_len, help="context length (default %(default)s)"
+    )
+    g.add_argument(
+        "--time-scale",
+        type=float,
+        default=_D.time_scale,
+        help="multiplies every modelled duration (default %(default)s)",
+    )
+    g.add_argument(
+        "--prefill-rate", type=float, default=_D.prefill_rate, help="prefill tokens/s (default %(default)s)"
+    )
+    g.add_argument(
+        "--decode-base-ms",
+        type=float,
+        default=_D.decode_base_s * 1e3,
+        help="decode step ms (default %(default)s)",
+    )
+    g.add_argument(
+        "--decode-per-seq-ms",
+        type=float,
+        default=_D.decode_per_seq_s * 1e3,
+        help="ms per running seq (default %(default)s)",
+    )
+    g.add_argument(
+        "--decode-per-context-token-ns",
+        type=float,
+        default=_D.decode_per_context_token_s * 1e9,
+        help="ns per context token in a decode step (default %(default)s)",
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=_D.default_max_tokens,
+        help="default max_tokens (default %(default)s)",
+    )
+    g = parser.add_argument_group("reporting")
+    g.add_argument("--kv-events", action="store_true", help="publish KV cache events over ZMQ")
+    g.add_argument(
+        "--kv-events-version",
+        choices=["0.33", "0.11"],
+        default="0.33",
+        help="payload shape (default %(default)s)",
+    )
+    g.add_argument(
+        "--kv-events-port", type=int, default=0, help="PUB port; 0 = free port; fleets add the index"
+    )
+    g.add_argument(
+        "--kv-replay-port",
+        type=int,
+        default=0,
+        help="replay ROUTER port; 0 = free port; fleets add the index",
+    )
+    g.add_argument("--kv-events-topic", default="kv", help="ZMQ topic (default %(default)s)")
+    g.add_argument(
+        "--no-prompt-tokens-details",
+        action="store_true",
+        help="omit usage.prompt_tokens_details (vLLM without --enable-prompt-tokens-details)",
+    )
+    g.add_argument("--force-include-usage", action="store_true", help="usage chunk in every stream")
+    g = parser.add_argument_group("faults (also settable at run time: POST /sim/faults)")
+    g.add_argument(
+        "--fault-latency", type=float, default=0.0, help="seconds added before each inference request"
+    )
+    g.add_argument(
+        "--fault-error-rate", type=float, default=0.0, help="fraction of requests answered HTTP 500"
+    )
+    g.add_argument("--fault-die-after-chunks", type=int, default=None, help="drop streams after N SSE chunks")
+    g.add_argument("--fault-refuse", action="store_true", help="start refusing connections")
+    g.add_argument(
+        "--fault-malformed-sse", action="store_true", help="emit a malformed SSE line in each stream"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """The :class:`SimConfig` the flags describe (port = --base-port or --port)."""
+    base_port = args.base_port if args.base_port is not None else args.port
+    return SimConfig(
+        name=args.name or "sim-0",
+        host=args.host,
+        port=base_port,
+        model=args.model,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        kv_tokens=args.kv_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        hash_algo=args.hash_algo,
+        hash_seed=args.hash_seed,
+        time_scale=args.time_scale,
+        prefill_rate=args.prefill_rate,
+        decode_base_s=args.decode_base_ms / 1e3,
+        decode_per_seq_s=args.decode_per_seq_ms / 1e3,
+        decode_per_context_token_s=args.decode_per_context_token_ns / 1e9,
+        default_max_tokens=args.max_tokens,
+        kv_events=args.kv_events,
+        kv_events_version=args.kv_events_version,
+        kv_events_topic=args.kv_events_topic,
+        kv_events_port=args.kv_events_port,
+        kv_replay_port=args.kv_replay_port,
+        enable_prompt_tokens_details=not args.no_prompt_tokens_details,
+        force_include_usage=args.force_include_usage,
+        faults=FaultConfig(
+            latency_s=args.fault_latency,
+            error_rate=args.fault_error_rate,
+            die_after_chunks=args.fault_die_after_chunks,
+            refuse_connections=False,  # applied after start: the rank must bind its port first
+            malformed_sse=args.fault_malformed_sse,
+        ),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the ranks, print one JSON line per rank, serve until SIGINT/SIGTERM."""
+    config = config_from_args(args)
+    if args.ranks < 1:
+        print("--ranks must be >= 1")
+        return 2
+    if args.ranks == 1:
+        servers = [SimRankServer(config).start()]
+    else:
+        servers = start_fleet(args.ranks, replace(config, name="sim-0"))
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for s in servers:
+            if args.fault_refuse:
+                s.set_faults(refuse_connections=True)
+            info = {
+                "name": s.name,
+                "url": s.url,
+                "kv_events": s.kv_events_endpoint,
+                "kv_replay": s.kv_replay_endpoint,
+            }
+            print(json.dumps(info), flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        stop_fleet(servers)
+    return 0

@@ -1,0 +1,434 @@
+"""The engine of a simulated rank: vLLM v1's continuous-batching scheduler over a :class:`BlockPool`.
+
+Each step, like vLLM's ``Scheduler.schedule`` (FCFS policy):
+1. running requests first, in admission order, each asking for its remaining tokens (a prefill
+   chunk, or 1 decode token) within the step's token budget (``max_num_batched_tokens``); when the
+   pool cannot give a request its blocks, the NEWEST running request is preempted (its blocks freed
+   tail first, ``num_computed_tokens = 0``, back at the head of the waiting queue) until it can, or
+   until the request preempted itself;
+2. then, unless something was preempted this step, waiting requests in order while the budget and
+   ``max_num_seqs`` allow: a request with nothing computed looks up its leading cached blocks
+   (at most ``(num_tokens - 1) // block_size`` blocks: the last token is always recomputed), touches
+   them and gets new blocks for the rest of its chunk; the head of the queue blocks those behind it.
+Full blocks are hashed and cached as soon as they are allocated for tokens known to the request
+(prompt, or generated tokens: decode blocks are cached as they fill). The step then lasts the
+modelled time (``bench/sim/config.py``), after which every request that has computed all its tokens
+samples one token; a request with ``max_tokens`` tokens finishes and frees its blocks tail first.
+
+Prefix-cache counters follow vLLM's ``PrefixCacheStats``: a lookup by a request never preempted
+counts in ``queries``/``hits`` (what ``vllm:prefix_cache_*_total`` export), a lookup after a preemption
+in ``preempted_queries``/``preempted_hits``. Unlike vLLM, a lookup counts only when the request is
+actually admitted (vLLM also counts lookups whose allocation fails and are retried next step), so the
+hit counter always equals the sum of the ``cached_tokens`` reported to clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from bench.sim.block_pool import Block, BlockPool, PoolEvent
+from bench.sim.config import SimConfig
+from bench.sim.prompts import Prompt
+from tokenization.block_hash import BlockHash, BlockHasher
+from tokenization.encoding import decode, encode
+
+# Generated text: one token per word (each a single cl100k token with its leading space, stable under
+# re-encoding), so an agent sending the reply back in its next turn reproduces the decode blocks.
+_WORDS = " ".join(
+    [
+        "the quick brown fox jumps over a lazy dog while seven small birds sing in an old green tree",
+        "near the river and every child can hear them from far away",
+    ]
+).split(" ")
+OUTPUT_TOKEN_IDS: tuple[int, ...] = tuple(encode(" " + w)[0] for w in _WORDS)
+OUTPUT_TOKEN_TEXT: dict[int, str] = {t: decode([t]) for t in OUTPUT_TOKEN_IDS}
+
+
+#: Outputs of a request's sequences: ``(index, token_id, finish_reason or None)``.
+OutQueue = asyncio.Queue[tuple[int, int, str | None]]
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    """One sequence in the engine (a request with ``n > 1`` is ``n`` of them, like in vLLM)."""
+
+    request_id: str
+    index: int
+    all_token_ids: list[int]
+    block_hashes: list[BlockHash]
+    num_prompt_tokens: int
+    max_tokens: int
+    out: OutQueue
+    cache_salt: str | None = None
+    skip_prefix_cache: bool = False
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1
+    num_preemptions: int = 0
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    blocks: list[Block] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    arrival: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one step computes: (request, tokens) pairs and the figures of the timing model."""
+
+    scheduled: list[tuple[SimRequest, int]]
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    decode_context_tokens: int = 0
+
+
+@dataclass
+class Counters:
+    """Monotonic engine counters (``/metrics``, ``/sim/state``)."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    num_preemptions: int = 0
+    requests_admitted: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+    busy_model_s: float = 0.0
+
+
+class RequestTooLarge(ValueError):
+    """The request can never fit the pool or the model length."""
+
+
+class Engine:
+    """Pool, queues, scheduler and step loop of one rank. Runs on one asyncio loop; not thread-safe."""
+
+    def __init__(
+        self, config: SimConfig, on_events: Callable[[float, list[PoolEvent]], None] | None = None
+    ) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.pool = BlockPool(config.total_blocks, config.block_size, record_events=on_events is not None)
+        self.hasher = BlockHasher(config.block_size, config.hash_algo, config.none_hash_seed)
+        self.on_events = on_events
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.counters = Counters()
+        self._ids = itertools.count()
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(
+        self,
+        prompt: Prompt,
+        max_tokens: int,
+        n: int = 1,
+        *,
+        cache_salt: str | None = None,
+        skip_prefix_cache: bool = False,
+    ) -> tuple[list[SimRequest], OutQueue]:
+        """Queue a request as ``n`` sequences; each sampled token arrives on the returned queue as
+        ``(index, token_id, finish_reason)``, ``finish_reason`` set on a sequence's last token."""
+        num_prompt = len(prompt.token_ids)
+        if num_prompt == 0:
+            raise RequestTooLarge("the prompt is empty")
+        if num_prompt + max_tokens > self.config.max_model_len:
+            raise RequestTooLarge(
+                f"This model's maximum context length is {self.config.max_model_len} tokens. However, you "
+                f"requested {num_prompt + max_tokens} tokens ({num_prompt} in the messages, {max_tokens} in "
+                "the completion). Please reduce the length of the messages or completion."
+            )
+        needed = -(-(num_prompt + max_tokens) // self.block_size)
+        if needed > self.pool.usable_blocks:
+            raise RequestTooLarge(
+                f"the request needs {needed} KV blocks, the pool has {self.pool.usable_blocks}"
+            )
+        out: OutQueue = asyncio.Queue()
+        rid = f"{next(self._ids)}"
+        now = time.monotonic()
+        reqs = [
+            SimRequest(
+                request_id=f"{rid}-{i}",
+                index=i,
+                # Each sequence appends its own output: own copies of the token and hash lists.
+                all_token_ids=list(prompt.token_ids),
+                block_hashes=list(prompt.block_hashes),
+                num_prompt_tokens=num_prompt,
+                max_tokens=max_tokens,
+                out=out,
+                cache_salt=cache_salt,
+                skip_prefix_cache=skip_prefix_cache,
+                arrival=now,
+            )
+            for i in range(n)
+        ]
+        self.waiting.extend(reqs)
+        self.counters.prompt_tokens += num_prompt
+        self._wakeup.set()
+        return reqs, out
+
+    def abort(self, reqs: list[SimRequest]) -> None:
+        """Drop unfinished sequences (client gone): out of the queues, blocks freed."""
+        for req in reqs:
+            if req.status in (Status.FINISHED, Status.ABORTED):
+                continue
+            if req.status is Status.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self._free(req)
+            req.status = Status.ABORTED
+            self.counters.requests_aborted += 1
+        self._flush_events()
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: refused while requests hold blocks."""
+        ok = self.pool.reset_prefix_cache()
+        self._flush_events()
+        return ok
+
+    # -- KV cache manager ----------------------------------------------------------------------
+    def _computed_blocks(self, req: SimRequest) -> list[Block]:
+        if req.skip_prefix_cache:
+            return []
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        get = self.pool.get_cached
+        hits: list[Block] = []
+        for h in req.block_hashes[:max_blocks]:
+            block = get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def _allocate(self, req: SimRequest, num_new_tokens: int, computed: list[Block] | None = None) -> bool:
+        size = self.block_size
+        pool = self.pool
+        num_hit = len(computed) if computed else 0
+        num_computed = req.num_computed_tokens + num_hit * size
+        total = num_computed + num_new_tokens
+        num_new_blocks = -(-total // size) - len(req.blocks) - num_hit
+        # Hit blocks sitting in the free queue stop being allocatable once touched.
+        evictable_hits = sum(1 for b in computed if b.ref_cnt == 0) if computed else 0
+        if num_new_blocks > pool.num_free - evictable_hits:
+            return False
+        if computed:
+            pool.touch(computed)
+            req.blocks.extend(computed)
+            req.num_cached_blocks = len(req.blocks)
+        if num_new_blocks > 0:
+            req.blocks.extend(pool.get_new_blocks(num_new_blocks))
+        num_full = min(total, req.num_tokens) // size
+        if num_full > req.num_cached_blocks:
+            pool.cache_full_blocks(
+                req.blocks, req.block_hashes, req.num_cached_blocks, num_full, req.all_token_ids
+            )
+            req.num_cached_blocks = num_full
+        return True
+
+    def _free(self, req: SimRequest) -> None:
+        # Tail first: the end of a chain is evicted before its beginning.
+        self.pool.free_blocks(reversed(req.blocks))
+        req.blocks = []
+        req.num_cached_blocks = 0
+
+    def _preempt(self, req: SimRequest) -> None:
+        self._free(req)
+        req.status = Status.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.counters.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """Choose this step's work and allocate its blocks (see the module docstring)."""
+        budget = self.config.max_num_batched_tokens
+        plan = StepPlan([])
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            scheduled = True
+            while not self._allocate(req, num_new):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            self._add(plan, req, num_new)
+            budget -= num_new
+            i += 1
+
+        if not preempted:
+            waiting = self.waiting
+            max_seqs = self.config.max_num_seqs
+            while waiting and budget > 0 and len(running) < max_seqs:
+                req = waiting[0]
+                hits = self._computed_blocks(req) if req.num_computed_tokens == 0 else []
+                num_hit_tokens = len(hits) * self.block_size
+                num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
+                if not self._allocate(req, num_new, hits):
+                    break
+                waiting.popleft()
+                if not req.skip_prefix_cache:
+                    self._record_lookup(req, num_hit_tokens)
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = num_hit_tokens
+                    self.counters.requests_admitted += 1
+                req.num_computed_tokens += num_hit_tokens
+                req.status = Status.RUNNING
+                running.append(req)
+                self._add(plan, req, num_new)
+                budget -= num_new
+        return plan
+
+    def _record_lookup(self, req: SimRequest, hit_tokens: int) -> None:
+        c = self.counters
+        if req.num_preemptions:
+            c.preempted_queries += req.num_tokens
+            c.preempted_hits += hit_tokens
+        else:
+            c.prefix_cache_queries += req.num_tokens
+            c.prefix_cache_hits += hit_tokens
+
+    @staticmethod
+    def _add(plan: StepPlan, req: SimRequest, num_new: int) -> None:
+        plan.scheduled.append((req, num_new))
+        if num_new == 1 and req.output_token_ids and req.num_computed_tokens == req.num_tokens - 1:
+            plan.decode_seqs += 1
+            plan.decode_context_tokens += req.num_computed_tokens
+        else:
+            plan.prefill_tokens += num_new
+
+    def step_time(self, plan: StepPlan) -> float:
+        """Modelled duration of a step in unscaled seconds."""
+        cfg = self.config
+        t = plan.prefill_tokens / cfg.prefill_rate
+        if plan.decode_seqs:
+            t += (
+                cfg.decode_base_s
+                + cfg.decode_per_seq_s * plan.decode_seqs
+                + cfg.decode_per_context_token_s * plan.decode_context_tokens
+            )
+        return t
+
+    def update(self, plan: StepPlan) -> None:
+        """Apply a finished step: advance computed tokens, sample, finish."""
+        size = self.block_size
+        hasher = self.hasher
+        words = OUTPUT_TOKEN_IDS
+        finished: list[SimRequest] = []
+        for req, num_new in plan.scheduled:
+            if req.status is not Status.RUNNING:
+                continue  # aborted or preempted during the step
+            req.num_computed_tokens += num_new
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk: nothing sampled yet
+            k = len(req.output_token_ids)
+            token = words[(req.num_prompt_tokens + k) % len(words)]
+            req.output_token_ids.append(token)
+            req.all_token_ids.append(token)
+            self.counters.generation_tokens += 1
+            n_tok = len(req.all_token_ids)
+            if n_tok % size == 0:
+                # A newly full block of generated tokens: hash it now, it is cached when allocated.
+                nb = len(req.block_hashes)
+                parent = req.block_hashes[-1] if nb else None
+                req.block_hashes.extend(
+                    hasher.hash_blocks(
+                        req.all_token_ids, start_block=nb, parent=parent, cache_salt=req.cache_salt
+                    )
+                )
+            if k + 1 >= req.max_tokens or n_tok >= self.config.max_model_len:
+                req.finish_reason = "length"
+                finished.append(req)
+            req.out.put_nowait((req.index, token, req.finish_reason))
+        for req in finished:
+            self.running.remove(req)
+            self._free(req)
+            req.status = Status.FINISHED
+            self.counters.requests_finished += 1
+
+    # -- loop ----------------------------------------------------------------------------------
+    def _flush_events(self) -> None:
+        if self.on_events is not None:
+            events = self.pool.take_events()
+            if events:
+                self.on_events(time.time(), events)
+
+    async def run(self) -> None:
+        """The step loop; returns after :meth:`stop`."""
+        loop = asyncio.get_running_loop()
+        scale = self.config.time_scale
+        while not self._stopping:
+            if not self.running and not self.waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            t0 = loop.time()
+            plan = self.schedule()
+            self._flush_events()
+            if not plan.scheduled:
+                # Only when the head of the queue cannot be admitted with nothing running: wait for news.
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            dt = self.step_time(plan)
+            self.counters.busy_model_s += dt
+            self.counters.steps += 1
+            delay = t0 + dt * scale - loop.time()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            self.update(plan)
+            self._flush_events()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+
+    def state(self) -> dict[str, Any]:
+        """Pool occupancy, queues and counters, for ``GET /sim/state``."""
+        pool = self.pool
+        return {
+            "num_blocks": pool.num_blocks,
+            "block_size": self.block_size,
+            "free_blocks": pool.num_free,
+            "cached_blocks": pool.num_cached_blocks(),
+            "kv_cache_usage": pool.usage(),
+            "evictions": pool.num_evictions,
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "counters": dict(vars(self.counters)),
+        }

@@ -1,0 +1,73 @@
+"""``prefixgate sim`` flags, and a real run stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from bench.sim import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = (
+    "import argparse,sys; from bench.sim import cli; p=argparse.ArgumentParser(); cli.configure_parser(p); "
+    "sys.exit(cli.run(p.parse_args(sys.argv[1:])))"
+)
+
+
+def test_flags_build_the_config() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure_parser(parser)
+    args = parser.parse_args(
+        ["--port", "9000", "--kv-tokens", "32000", "--block-size", "32", "--time-scale", "0.1"]
+    )
+    cfg = cli.config_from_args(args)
+    assert (cfg.port, cfg.total_blocks, cfg.block_size, cfg.time_scale) == (9000, 1000, 32, 0.1)
+    help_text = parser.format_help()
+    for flag in (
+        "--ranks",
+        "--base-port",
+        "--kv-events",
+        "--hash-seed",
+        "--fault-error-rate",
+        "20,000 tokens/s",
+    ):
+        assert flag in help_text
+
+
+def test_two_ranks_then_sigterm() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            LAUNCH,
+            "--ranks",
+            "2",
+            "--port",
+            "0",
+            "--num-blocks",
+            "64",
+            "--time-scale",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        ranks = [json.loads(proc.stdout.readline()) for _ in range(2)]
+        assert [r["name"] for r in ranks] == ["sim-0", "sim-1"]
+        for r in ranks:
+            assert httpx.get(f"{r['url']}/health", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
