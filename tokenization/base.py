@@ -1,0 +1,121 @@
+"""The ``Tokenizer`` interface: request -> the rank's token ids, incrementally against a previous turn.
+
+A tokenizer works in two steps so that the caller can decide where the CPU work runs: ``plan_*``
+does the cheap part inline (render, diff against the previous turn) and returns a ``Plan`` whose
+``work`` estimates the tokens still to encode; ``Plan.finish()`` does the rest and may run in a
+worker thread. ``Encoded`` values are immutable once built, so a finished plan can be shared by
+concurrent requests without locks.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+#: A labelled token span of the prompt: ("system", 0, 812), ("message[3]", 812, 990), ...
+Part = tuple[str, int, int]
+
+
+class UnsupportedRequest(ValueError):
+    """The request cannot be tokenized here (malformed or a shape this tokenizer does not handle)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """The parts of an OpenAI chat request that reach the chat template."""
+
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Any] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    model: str | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ChatPrompt:
+        """Validate the shape of an OpenAI chat completion body (already parsed JSON)."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise UnsupportedRequest("'messages' must be a list of objects")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise UnsupportedRequest("'tools' must be a list")
+        kwargs = body.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise UnsupportedRequest("'chat_template_kwargs' must be an object")
+        model = body.get("model")
+        return cls(
+            messages=messages,
+            tools=tools or None,
+            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            chat_template_kwargs=kwargs,
+            model=model if isinstance(model, str) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A prompt's token ids, plus what the tokenizer keeps to encode the next turn incrementally.
+
+    ``reused`` counts the leading tokens known equal to the previous ``Encoded``'s tokens (the one
+    passed to ``plan_*``); block hashes of those tokens can be reused. ``tokens`` must not be mutated.
+    """
+
+    tokens: array  # typecode "I"
+    parts: tuple[Part, ...]
+    reused: int = 0
+    memo: Any = None
+    memo_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held, for the session cache's budget."""
+        return 64 + len(self.tokens) * 4 + len(self.parts) * 120 + self.memo_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Pending tokenization: ``work`` estimated tokens left, ``finish()`` does them."""
+
+    work: int
+    finish: Callable[[], Encoded]
+
+    @classmethod
+    def ready(cls, encoded: Encoded) -> Plan:
+        return cls(0, lambda: encoded)
+
+
+class Tokenizer(Protocol):
+    """Turns requests into the token ids a rank will see."""
+
+    kind: str
+
+    async def plan_chat(self, prompt: ChatPrompt, prev: Encoded | None) -> Plan:
+        """Tokenize a chat request (template applied, no extra BOS: vLLM's chat default)."""
+        ...
+
+    async def plan_text(self, text: str, prev: Encoded | None, model: str | None) -> Plan:
+        """Tokenize a completion prompt (special tokens added as vLLM's completions do)."""
+        ...
+
+
+def common_prefix_len(a: Sequence[Any], b: Sequence[Any], chunk: int = 4096) -> int:
+    """Length of the common prefix of two sequences (str, array, list): chunked C compares first."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i : i + chunk] == b[i : i + chunk]:
+        i += chunk
+    if i >= n:
+        return n
+    end = min(i + chunk, n)
+    while i < end and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def token_ids_plan(ids: Sequence[int], prev: Encoded | None) -> Plan:
+    """A plan for a prompt given as token ids: nothing to encode, reuse the common prefix."""
+    tokens = ids if isinstance(ids, array) and ids.typecode == "I" else array("I", ids)
+    reused = 0 if prev is None else common_prefix_len(prev.tokens, tokens)
+    return Plan.ready(Encoded(tokens, (("prompt", 0, len(tokens)),), reused))

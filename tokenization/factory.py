@@ -1,0 +1,65 @@
+"""Build a backend group's tokenizer and incremental tokenizer from its ``TokenizerConfig``."""
+
+from __future__ import annotations
+
+import httpx
+
+from tokenization.base import Tokenizer
+from tokenization.config import TokenizerConfig
+from tokenization.hashers import make_hasher
+from tokenization.prompt import IncrementalTokenizer
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+def build_tokenizer(
+    config: TokenizerConfig,
+    *,
+    client: httpx.AsyncClient | None = None,
+    base_url: str | None = None,
+    model: str | None = None,
+) -> Tokenizer:
+    """The configured ``Tokenizer``. ``backend`` needs ``client`` and the rank's ``base_url``."""
+    if config.kind == "tiktoken":
+        from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+
+        return TiktokenTokenizer()
+    if config.kind == "hf":
+        if config.path is None:
+            raise ValueError("tokenization.kind 'hf' needs 'path' (a model directory with tokenizer.json)")
+        from tokenization.hf_tokenizer import HfTokenizer
+
+        return HfTokenizer(config.path, config.chat_template)
+    if client is None or base_url is None:
+        raise ValueError("tokenization.kind 'backend' needs an httpx client and the rank's base URL")
+    from tokenization.backend_tokenizer import BackendTokenizer
+
+    return BackendTokenizer(
+        client,
+        base_url,
+        model,
+        cache_entries=config.backend_cache_entries,
+        timeout_s=config.backend_timeout_s,
+    )
+
+
+def build_incremental(
+    config: TokenizerConfig,
+    *,
+    block_size: int | None = None,
+    tokenizer: Tokenizer | None = None,
+    client: httpx.AsyncClient | None = None,
+    base_url: str | None = None,
+    model: str | None = None,
+) -> IncrementalTokenizer:
+    """An ``IncrementalTokenizer`` for one backend group.
+
+    Block size: ``config.block_size``, else ``block_size`` (learned from the backend's
+    ``vllm:cache_config_info``), else 16.
+    """
+    size = config.block_size or block_size or DEFAULT_BLOCK_SIZE
+    hasher = make_hasher(config.hash_algo, size, config.hash_seed, config.cache_salt_style)
+    tok = tokenizer or build_tokenizer(config, client=client, base_url=base_url, model=model)
+    return IncrementalTokenizer(
+        tok, hasher, cache_bytes=config.session_cache_bytes, offload_tokens=config.offload_tokens
+    )

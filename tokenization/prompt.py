@@ -1,0 +1,205 @@
+"""Per-session incremental rendering and block hashing: what the proxy's "render and hash blocks" calls.
+
+A coding agent's turn N+1 re-sends turn N plus a few messages. The session cache keeps, per session
+key, the last turn's ``Encoded`` (tokens + the tokenizer's memo) and its block hashes; the next turn
+encodes only what changed (the tokenizer reports how many leading tokens are unchanged) and hashes
+only the blocks from the first changed one, chaining from the cached parent. Everything cached is
+immutable, so concurrent requests of one session never see a half-updated state; the last one to
+finish wins the cache slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenization.base import ChatPrompt, Encoded, Part, Plan, Tokenizer, UnsupportedRequest, token_ids_plan
+from tokenization.block_hash import BlockHash, kv_event_hash
+from tokenization.hashers import ChainHasher
+
+# Per cached block hash: the bytes object header (33) + list slot (8) on top of the digest.
+_HASH_OVERHEAD = 41
+
+
+@dataclass(frozen=True, slots=True)
+class PromptBlocks:
+    """A prompt as the rank will cache it. ``tokens`` and ``block_hashes`` are shared: do not mutate."""
+
+    num_tokens: int
+    block_size: int
+    block_hashes: Sequence[BlockHash]  # full blocks only, chained from block 0
+    parts: tuple[Part, ...]  # (label, first token, end token), covering [0, num_tokens)
+    tokens: array  # typecode "I"
+    reused_tokens: int = 0  # leading tokens taken from the session's previous turn without re-encoding
+    reused_blocks: int = 0  # leading block hashes taken from the previous turn
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_hashes)
+
+    def part_at(self, token_index: int) -> str | None:
+        """Label of the request part holding ``token_index`` (e.g. the first token of a broken block)."""
+        starts = [p[1] for p in self.parts]
+        i = bisect.bisect_right(starts, token_index) - 1
+        if i >= 0 and self.parts[i][1] <= token_index < self.parts[i][2]:
+            return self.parts[i][0]
+        return None
+
+    def kv_event_hashes(self) -> list[int]:
+        """The uint64 form vLLM publishes in KV events."""
+        return [kv_event_hash(h) for h in self.block_hashes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    kind: str  # "chat" or "text": an Encoded is only a valid base for the same kind
+    encoded: Encoded
+    salt: str | None
+    hashes: list[BlockHash]
+    nbytes: int
+
+
+class SessionCache:
+    """LRU over sessions with a byte budget (approximate: tokens, hashes and tokenizer memos)."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self.nbytes = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, entry: _Entry) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= old.nbytes
+        self._entries[key] = entry
+        self.nbytes += entry.nbytes
+        while self.nbytes > self.budget_bytes and self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            self.nbytes -= evicted.nbytes
+            self.evictions += 1
+
+    def discard(self, key: str) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= old.nbytes
+
+    def session_bytes(self, key: str) -> int | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.nbytes
+
+
+class IncrementalTokenizer:
+    """Renders requests into block hashes, reusing each session's previous turn.
+
+    One instance per backend group (one tokenizer, one block size, one hash algorithm). CPU-heavy
+    uncached work (above ``offload_tokens`` estimated tokens) runs in a worker thread so a 100k-token
+    first turn does not stall the event loop; small increments run inline.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        hasher: ChainHasher,
+        *,
+        cache_bytes: int = 256 * 1024 * 1024,
+        offload_tokens: int = 8192,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.hasher = hasher
+        self.block_size = hasher.block_size
+        self.sessions = SessionCache(cache_bytes)
+        self.offload_tokens = offload_tokens
+        self._hash_bytes = len(hasher.none_hash) + _HASH_OVERHEAD
+
+    async def blocks_for_chat(self, session_key: str | None, body: Mapping[str, Any]) -> PromptBlocks:
+        """Blocks of an OpenAI chat request (``messages``, ``tools``, ``add_generation_prompt``,
+        ``cache_salt``, ``chat_template_kwargs``). Raises ``UnsupportedRequest`` on a malformed body."""
+        prompt = ChatPrompt.from_body(body)
+        salt = _salt(body)
+        prev = self._previous(session_key, "chat")
+        plan = await self.tokenizer.plan_chat(prompt, prev.encoded if prev else None)
+        return await self._complete(session_key, "chat", plan, prev, salt)
+
+    async def blocks_for_completion(self, session_key: str | None, body: Mapping[str, Any]) -> PromptBlocks:
+        """Blocks of an OpenAI completion request whose ``prompt`` is a string or a list of token ids."""
+        prompt = body.get("prompt")
+        salt = _salt(body)
+        prev = self._previous(session_key, "text")
+        base = prev.encoded if prev else None
+        if isinstance(prompt, str):
+            model = body.get("model")
+            plan = await self.tokenizer.plan_text(prompt, base, model if isinstance(model, str) else None)
+        elif isinstance(prompt, list) and all(type(t) is int and t >= 0 for t in prompt):
+            plan = token_ids_plan(prompt, base)
+        else:
+            raise UnsupportedRequest("'prompt' must be a string or a list of token ids")
+        return await self._complete(session_key, "text", plan, prev, salt)
+
+    def _previous(self, session_key: str | None, kind: str) -> _Entry | None:
+        if session_key is None:
+            return None
+        entry = self.sessions.get(session_key)
+        return entry if entry is not None and entry.kind == kind else None
+
+    async def _complete(
+        self, session_key: str | None, kind: str, plan: Plan, prev: _Entry | None, salt: str | None
+    ) -> PromptBlocks:
+        if plan.work > self.offload_tokens:
+            encoded = await asyncio.to_thread(plan.finish)
+        else:
+            encoded = plan.finish()
+        keep = self._reusable_blocks(encoded, prev, salt)
+        if len(encoded.tokens) - keep * self.block_size > self.offload_tokens:
+            hashes = await asyncio.to_thread(self._hash, encoded, prev, keep, salt)
+        else:
+            hashes = self._hash(encoded, prev, keep, salt)
+        if session_key is not None:
+            nbytes = encoded.nbytes + len(hashes) * self._hash_bytes + 200
+            self.sessions.put(session_key, _Entry(kind, encoded, salt, hashes, nbytes))
+        return PromptBlocks(
+            num_tokens=len(encoded.tokens),
+            block_size=self.block_size,
+            block_hashes=hashes,
+            parts=encoded.parts,
+            tokens=encoded.tokens,
+            reused_tokens=encoded.reused,
+            reused_blocks=keep,
+        )
+
+    def _reusable_blocks(self, encoded: Encoded, prev: _Entry | None, salt: str | None) -> int:
+        # The salt sits in block 0's hash, so a changed salt changes every block.
+        if prev is None or prev.salt != salt:
+            return 0
+        return min(encoded.reused // self.block_size, len(prev.hashes))
+
+    def _hash(self, encoded: Encoded, prev: _Entry | None, keep: int, salt: str | None) -> list[BlockHash]:
+        if keep == 0:
+            return self.hasher.hash_blocks(encoded.tokens, cache_salt=salt)
+        assert prev is not None
+        hashes = prev.hashes[:keep]
+        hashes += self.hasher.hash_blocks(
+            encoded.tokens, start_block=keep, parent=hashes[-1], cache_salt=salt
+        )
+        return hashes
+
+
+def _salt(body: Mapping[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise UnsupportedRequest("'cache_salt' must be a string")
+    return salt or None

@@ -1,0 +1,145 @@
+"""The default tokenizer: cl100k_base + the simulated model's ChatML template, incremental per segment.
+
+Every ChatML segment starts with a special token, and special tokens split tokenization, so a
+conversation's ids are the concatenation of its segments' ids. The memo keeps one xxh3-128 key per
+segment and the token offset where each segment ends: a new turn re-encodes only the segments from
+the first one whose key changed. Keys hash the segment's inputs (each message's JSON bytes, the
+system message with the tools), so unchanged segments are not even rendered again.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+from tokenization.base import ChatPrompt, Encoded, Part, Plan, common_prefix_len
+from tokenization.chatml import GENERATION_PROMPT, SYSTEM_ROLES, content_text, render_message, render_system
+from tokenization.encoding import chatml_encoding
+
+# Rough chars per token of code and prose, only to size the work for the thread/inline decision.
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _SegmentMemo:
+    keys: tuple[int, ...]  # xxh3-128 of each segment's inputs
+    ends: tuple[int, ...]  # token offset where each segment ends
+
+
+def segment_labels(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None, generation: bool
+) -> list[str]:
+    """One label per segment of ``chatml.render_segments``, in order."""
+    labels: list[str] = []
+    has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
+    if has_system or tools:
+        labels.append("system+tools" if has_system and tools else "system" if has_system else "tools")
+    labels.extend(f"message[{i}]" for i in range(1 if has_system else 0, len(messages)))
+    if generation:
+        labels.append("generation_prompt")
+    return labels
+
+
+_GENERATION_KEY = 0  # the generation prompt segment never changes
+
+
+def _canonical(value: Any) -> bytes:
+    """Deterministic bytes of a message or tool list (orjson keeps key order); a cache key only."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # e.g. integers beyond 64 bits, which orjson refuses
+        return json.dumps(value, ensure_ascii=False, default=repr).encode()
+
+
+class TiktokenTokenizer:
+    """cl100k_base with ``<|im_start|>``/``<|im_end|>`` and ``tokenization.chatml``: offline, exact for
+    the simulated ranks, an estimate for other models."""
+
+    kind = "tiktoken"
+
+    def __init__(self) -> None:
+        self._encoding = chatml_encoding()
+
+    def _encode(self, text: str) -> list[int]:
+        return self._encoding.encode(text, allowed_special="all", disallowed_special=())
+
+    def encode_chat(self, prompt: ChatPrompt, prev: Encoded | None = None) -> Encoded:
+        """Synchronous ``plan_chat(...).finish()``."""
+        return self._plan_chat(prompt, prev).finish()
+
+    async def plan_chat(self, prompt: ChatPrompt, prev: Encoded | None) -> Plan:
+        """Render and diff inline; ``finish`` encodes the changed and new segments."""
+        return self._plan_chat(prompt, prev)
+
+    def _plan_chat(self, prompt: ChatPrompt, prev: Encoded | None) -> Plan:
+        messages, tools, generation = prompt.messages, prompt.tools, prompt.add_generation_prompt
+        has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
+        first_message = 1 if has_system else 0
+        system_segment = has_system or bool(tools)
+        # Keys hash each segment's inputs (the message's JSON bytes), not its rendered text: unchanged
+        # segments are then never rendered again, only serialized by orjson.
+        digest = xxhash.xxh3_128_intdigest
+        keys: list[int] = []
+        if system_segment:
+            keys.append(digest(_canonical([messages[0] if has_system else None, tools])))
+        keys.extend(digest(_canonical(m)) for m in messages[first_message:])
+        if generation:
+            keys.append(_GENERATION_KEY)
+        memo = prev.memo if prev is not None and isinstance(prev.memo, _SegmentMemo) else None
+        first = 0 if memo is None else common_prefix_len(memo.keys, keys)
+        reused = memo.ends[first - 1] if first else 0
+        offset = first_message - (1 if system_segment else 0)  # segment index -> message index
+        segments: list[str] = []
+        for j in range(first, len(keys)):
+            if j == 0 and system_segment:
+                system_text = content_text(messages[0].get("content")) if has_system else None
+                segments.append(render_system(system_text, tools) or "")
+            elif generation and j == len(keys) - 1:
+                segments.append(GENERATION_PROMPT)
+            else:
+                segments.append(render_message(messages[j + offset]))
+        work = sum(map(len, segments)) // CHARS_PER_TOKEN
+
+        def _label(j: int) -> str:
+            if j == 0 and system_segment:
+                return "system+tools" if has_system and tools else "system" if has_system else "tools"
+            if generation and j == len(keys) - 1:
+                return "generation_prompt"
+            return f"message[{j + offset}]"
+
+        frozen_keys = tuple(keys)
+
+        def finish() -> Encoded:
+            tokens = prev.tokens[:reused] if prev is not None and reused else array("I")
+            ends = list(memo.ends[:first]) if memo is not None else []
+            # Unchanged segments keep their labels: same keys up to ``first`` = same message layout.
+            parts: list[Part] = list(prev.parts[:first]) if prev is not None and first else []
+            labels = [_label(j) for j in range(first, len(frozen_keys))]
+            start = reused
+            for segment, label in zip(segments, labels, strict=True):
+                tokens.fromlist(self._encode(segment))
+                end = len(tokens)
+                ends.append(end)
+                parts.append((label, start, end))
+                start = end
+            memo_bytes = len(frozen_keys) * 90
+            return Encoded(tokens, tuple(parts), reused, _SegmentMemo(frozen_keys, tuple(ends)), memo_bytes)
+
+        return Plan(work, finish)
+
+    async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
+        """A completion prompt: encoded whole (cl100k adds no BOS); block hashes reuse the common prefix."""
+        del model
+
+        def finish() -> Encoded:
+            tokens = array("I", self._encode(text))
+            reused = 0 if prev is None else common_prefix_len(prev.tokens, tokens)
+            return Encoded(tokens, (("prompt", 0, len(tokens)),), reused)
+
+        return Plan(len(text) // CHARS_PER_TOKEN, finish)
