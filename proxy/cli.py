@@ -11,6 +11,9 @@ from collections.abc import Sequence
 #: command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("proxy.serve_cmd", "run the proxy in front of vLLM ranks"),
+    "demo": ("bench.demo", "simulated ranks, prefixgate in front, a short agent workload: see the hits"),
+    "sim": ("bench.sim.cli", "run simulated vLLM ranks (prefix cache, KV events, faults)"),
+    "tokenize": ("tokenization.cli", "print a request's token and block counts and block hashes"),
 }
 
 

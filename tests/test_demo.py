@@ -1,0 +1,27 @@
+"""`prefixgate demo`, the README's first command, runs end to end and reports hits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_runs_and_reports_cache_hits():
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "demo", "--sessions", "4", "--turns", "3", "--ranks", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "round_robin" in result.stdout
+    report = json.loads((ROOT / "bench" / "out" / "demo.json").read_text())
+    for summary in report["results"].values():
+        assert summary["requests"] == 12 and summary["errors"] == 0
+        # later turns re-send earlier ones, so the ranks must report hits, never above the bound
+        assert 0 < summary["hit_rate"] <= summary["bound"] + 1e-9
