@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import httpx
 import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.blocks import BlockStage
 from proxy.config import Settings
 from proxy.context import ApiKind
 from proxy.errors import NO_BACKEND, ProxyError, error_response
@@ -27,6 +29,10 @@ from proxy.route import Router
 from routing.backends import Backend, BackendPool
 from routing.health import check_all, run_health_checks
 from routing.policy import make_policy
+from tokenization.backend_info import block_size_of, parse_cache_config_info
+from tokenization.config import TokenizerConfig
+from tokenization.factory import build_incremental
+from tokenization.prompt import IncrementalTokenizer
 
 log = logging.getLogger("prefixgate")
 
@@ -54,6 +60,7 @@ class Gateway:
         self.forwarder: Forwarder | None = None
         self.pipeline: Pipeline | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._tokenizer_client: httpx.AsyncClient | None = None
         self._models_cache: tuple[float, dict[str, Any], str] | None = None
 
     async def start(self) -> None:
@@ -61,8 +68,11 @@ class Gateway:
         settings = self.settings
         self.client = upstream_session(settings.connect_timeout, settings.read_timeout)
         self.forwarder = Forwarder(self.client, self.router, self.metrics, settings.retries)
-        self.pipeline = Pipeline(self.forwarder, self.metrics, settings.max_body_bytes)
         await check_all(self.client, self.pool, self.settings.health_timeout)
+        await asyncio.gather(*(self._learn_cache_config(b) for b in self.pool if b.healthy))
+        self.pipeline = Pipeline(
+            self.forwarder, self.metrics, settings.max_body_bytes, BlockStage(self._incremental_tokenizer())
+        )
         self._health_task = asyncio.create_task(
             run_health_checks(
                 self.client, self.pool, self.settings.health_interval, self.settings.health_timeout
@@ -72,6 +82,39 @@ class Gateway:
             state = "healthy" if backend.healthy else f"DOWN ({backend.last_error})"
             log.info("backend %s at %s: %s", backend.name, backend.url, state)
 
+    async def _learn_cache_config(self, backend: Backend) -> None:
+        """Block size and pool size from the rank's ``vllm:cache_config_info``, where not configured."""
+        assert self.client is not None
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout)
+        try:
+            async with self.client.get(f"{backend.url}/metrics", timeout=timeout) as response:
+                info = parse_cache_config_info((await response.read()).decode("utf-8", "replace"))
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        block_size = block_size_of(info)
+        if backend.block_size is None and block_size is not None:
+            backend.block_size = block_size
+        blocks = info.get("num_gpu_blocks", "")
+        if backend.pool_tokens is None and blocks.isdigit() and backend.block_size:
+            backend.pool_tokens = int(blocks) * backend.block_size
+
+    def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
+        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks."""
+        if not self.router.uses_blocks:
+            return None
+        config = TokenizerConfig.model_validate(self.settings.tokenization)
+        sizes = {b.block_size for b in self.pool if b.block_size}
+        if len(sizes) > 1:
+            log.warning("backends report different block sizes %s: using %d", sorted(sizes), min(sizes))
+        block_size = min(sizes) if sizes else None
+        if config.kind == "backend":
+            first = next(iter(self.pool))
+            self._tokenizer_client = httpx.AsyncClient(trust_env=False)
+            return build_incremental(
+                config, block_size=block_size, client=self._tokenizer_client, base_url=first.url
+            )
+        return build_incremental(config, block_size=block_size)
+
     async def stop(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
@@ -79,6 +122,8 @@ class Gateway:
                 await self._health_task
         if self.client is not None:
             await self.client.close()
+        if self._tokenizer_client is not None:
+            await self._tokenizer_client.aclose()
 
     async def models(self) -> Response:
         """The union of the healthy ranks' model cards, first rank's card winning per id."""

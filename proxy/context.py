@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from starlette.datastructures import Headers
 
 from routing.backends import Backend
+from tokenization.prompt import PromptBlocks
 
 
 class ApiKind(StrEnum):
@@ -39,10 +41,13 @@ class RequestContext:
     body_changed: bool = False
     # render and hash blocks
     prompt_tokens: int | None = None
-    block_hashes: list[bytes] = field(default_factory=list)
+    block_hashes: Sequence[bytes] = ()
+    prompt_blocks: PromptBlocks | None = None
     # pick a rank / forward
     backend: Backend | None = None
     attempts: int = 0
+    # the router's prediction of the rank's prefix-cache hit (None when the prompt's blocks are unknown)
+    estimated_cached_tokens: int | None = None
 
     def upstream_body(self) -> bytes:
         if not self.body_changed:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.admission import admit
-from proxy.blocks import compute_blocks
+from proxy.blocks import BlockStage
 from proxy.canonicalize import canonicalize
 from proxy.context import ApiKind, RequestContext
 from proxy.errors import NO_BACKEND, ProxyError, error_response
@@ -38,7 +38,10 @@ CLIENT_CLOSED = 499
 
 
 class Pipeline:
-    def __init__(self, forwarder: Forwarder, metrics: Metrics, max_body_bytes: int) -> None:
+    def __init__(
+        self, forwarder: Forwarder, metrics: Metrics, max_body_bytes: int, blocks: BlockStage | None = None
+    ) -> None:
+        self.blocks = blocks or BlockStage(None)
         self.forwarder = forwarder
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -52,7 +55,7 @@ class Pipeline:
             ctx = await parse_request(request, api, self.max_body_bytes)
             identify_session(ctx)
             canonicalize(ctx)
-            await compute_blocks(ctx)
+            await self.blocks(ctx)
             await admit(ctx)
             opened = await until_disconnected(
                 request.receive,
@@ -120,7 +123,9 @@ class Pipeline:
     def _observe(self, ctx: RequestContext, backend: str, usage: Usage | None) -> None:
         record_usage(self.metrics, backend, usage)
         if ctx.backend is not None:
-            self.forwarder.router.observe(ctx, ctx.backend, usage.cached_tokens if usage is not None else None)
+            self.forwarder.router.observe(
+                ctx, ctx.backend, usage.cached_tokens if usage is not None else None
+            )
 
     def _finish_stream(
         self, endpoint: str, ctx: RequestContext, backend: str, outcome: StreamOutcome, started: float

@@ -1,36 +1,162 @@
-"""Stage 6, pick a rank: ask the configured policy among the healthy ranks not yet tried."""
+"""Stage 6, pick a rank: the policy chooses among healthy ranks, over the prefix index's view.
+
+The router owns the policy and the prefix index. For each request it looks up (one index access)
+how many leading blocks of the prompt each rank probably holds and which rank the session used,
+lets the policy choose, records the prompt's blocks on the chosen rank at once (so a burst of
+sibling requests lands together) and remembers the session's rank. After the answer, ``observe``
+compares the predicted hit with what the rank reported and corrects the rank's mirror.
+
+Ranks whose mirror is fed by KV-cache events (``exact``) get no speculative records or corrections:
+their events are the truth.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
 from proxy.context import RequestContext
 from proxy.errors import no_healthy_backend
 from routing.backends import Backend, BackendPool
+from routing.index import Lookup, PrefixIndex
+from routing.index.memory import MemoryPrefixIndex
 from routing.policy import RouteRequest, RoutingPolicy
+from routing.prefix_affinity import max_hit_blocks
+
+#: Block size assumed when neither the rank nor the configuration says (vLLM's CUDA default).
+DEFAULT_BLOCK_SIZE = 16
+#: A routed request not observed within this many seconds (it failed, or the client left) no longer
+#: counts as queued prefill on its rank.
+DEFAULT_PENDING_TTL_S = 120.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    backend: str
+    prefill: int
+    since: float
 
 
 class Router:
-    def __init__(self, pool: BackendPool, policy: RoutingPolicy) -> None:
+    """Chooses a rank per request and keeps the prefix index in step with what was routed."""
+
+    def __init__(
+        self,
+        pool: BackendPool,
+        policy: RoutingPolicy,
+        index: PrefixIndex | None = None,
+        *,
+        block_size: int | None = None,
+        metrics: object | None = None,
+        exact: Iterable[str] = (),
+        pending_ttl: float = DEFAULT_PENDING_TTL_S,
+    ) -> None:
         self.pool = pool
         self.policy = policy
+        self.index: PrefixIndex = index if index is not None else MemoryPrefixIndex()
+        self.block_size = block_size or next(
+            (b.block_size for b in pool if b.block_size), DEFAULT_BLOCK_SIZE
+        )
+        self.metrics = metrics
+        self.exact = set(exact)
+        self.pending_ttl = pending_ttl
+        self._pending: OrderedDict[int, _Pending] = OrderedDict()
+        self.queued_prefill: dict[str, int] = {b.name: 0 for b in pool}
+        for b in pool:
+            self.index.set_capacity(b.name, self.capacity_blocks(b))
+
+    def capacity_blocks(self, backend: Backend) -> int | None:
+        """The rank's pool in blocks (None: unbounded, for event-driven or unknown pools)."""
+        if backend.name in self.exact or not backend.pool_tokens:
+            return None
+        return backend.pool_tokens // self.block_size
+
+    def set_exact(self, backend: str, exact: bool = True) -> None:
+        """Mark ``backend``'s mirror as driven by KV-cache events (or not)."""
+        if exact:
+            self.exact.add(backend)
+        else:
+            self.exact.discard(backend)
+        b = self.pool.get(backend)
+        if b is not None:
+            self.index.set_capacity(backend, self.capacity_blocks(b))
 
     def pick(self, ctx: RequestContext | None, tried: Collection[str] = ()) -> Backend:
         candidates = self.pool.healthy(exclude=tried)
         if not candidates:
             raise no_healthy_backend()
+        if ctx is None:
+            return self.policy.choose(RouteRequest(block_size=self.block_size), candidates)
+        self._release(id(ctx), failed=True)  # a retry: the previous attempt's rank did not answer
+        self._expire()
+        hashes = ctx.block_hashes
+        key = ctx.session_key
+        found = self.index.lookup(hashes, key) if hashes or key else Lookup()
         if len(candidates) == 1:
-            return candidates[0]
-        request = (
-            RouteRequest()
-            if ctx is None
-            else RouteRequest(ctx.session_key, ctx.prompt_tokens, ctx.block_hashes)
-        )
-        return self.policy.choose(request, candidates)
+            backend = candidates[0]
+        else:
+            request = RouteRequest(
+                key,
+                ctx.prompt_tokens,
+                hashes,
+                found.matches,
+                found.session_backend,
+                self.block_size,
+                self.queued_prefill,
+            )
+            backend = self.policy.choose(request, candidates)
+        name = backend.name
+        hit_blocks = min(found.matches.get(name, 0), max_hit_blocks(ctx.prompt_tokens, len(hashes), self.block_size))
+        estimate = hit_blocks * self.block_size
+        ctx.estimated_cached_tokens = estimate if hashes else None
+        prompt = ctx.prompt_tokens if ctx.prompt_tokens is not None else len(hashes) * self.block_size
+        prefill = max(prompt - estimate, 0)
+        self._pending[id(ctx)] = _Pending(name, prefill, time.monotonic())
+        self.queued_prefill[name] = self.queued_prefill.get(name, 0) + prefill
+        if key and found.session_backend != name:
+            self.index.set_session_backend(key, name)
+        if hashes and name not in self.exact:
+            self.index.record(name, hashes)
+        return backend
 
     def observe(self, ctx: RequestContext, backend: Backend, cached_tokens: int | None) -> None:
         """After the answer: what the rank reported (``cached_tokens``; None when it did not say).
 
-        The prefix index's hook for recording the request's blocks and correcting its mirror.
+        Releases the request's queued prefill, counts predicted vs reported hit tokens and, when the
+        rank hit fewer tokens than predicted, drops the blocks past the actual hit from its mirror.
         """
-        return None
+        self._release(id(ctx), failed=False)
+        predicted = ctx.estimated_cached_tokens
+        if predicted is None or cached_tokens is None:
+            return
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.predicted_cached_tokens.labels(backend.name).inc(predicted)  # type: ignore[attr-defined]
+            metrics.reported_cached_tokens.labels(backend.name).inc(cached_tokens)  # type: ignore[attr-defined]
+        if backend.name in self.exact or cached_tokens >= predicted:
+            return
+        actual_blocks = cached_tokens // self.block_size
+        self.index.remove(backend.name, ctx.block_hashes[actual_blocks:])
+        if metrics is not None:
+            metrics.index_corrections.labels(backend.name).inc()  # type: ignore[attr-defined]
+
+    def _release(self, ctx_id: int, failed: bool) -> None:
+        pending = self._pending.pop(ctx_id, None)
+        if pending is None:
+            return
+        left = self.queued_prefill.get(pending.backend, 0) - pending.prefill
+        self.queued_prefill[pending.backend] = max(left, 0)
+
+    def _expire(self) -> None:
+        deadline = time.monotonic() - self.pending_ttl
+        while self._pending:
+            ctx_id, oldest = next(iter(self._pending.items()))
+            if oldest.since >= deadline:
+                return
+            self._release(ctx_id, failed=True)
+
+    def stats(self) -> dict[str, object]:
+        """The index's stats and the prefill queued per rank."""
+        return {"index": self.index.stats(), "queued_prefill": dict(self.queued_prefill)}

@@ -1,0 +1,52 @@
+"""The blocks stage predicts exactly the block hashes a simulated rank computes."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.datastructures import Headers
+
+from proxy.blocks import BlockStage
+from proxy.context import ApiKind, RequestContext
+from tokenization.block_hash import BlockHasher
+from tokenization.chatml import render
+from tokenization.config import TokenizerConfig
+from tokenization.encoding import encode
+from tokenization.factory import build_incremental
+
+
+def context(body: dict, api: ApiKind = ApiKind.CHAT) -> RequestContext:
+    return RequestContext(
+        api=api, headers=Headers(), raw_body=b"", body=body, stream=False, model=None, started=time.perf_counter()
+    )
+
+
+async def test_chat_blocks_match_the_rank_hashing_and_grow_incrementally():
+    stage = BlockStage(build_incremental(TokenizerConfig.model_validate({}), block_size=16))
+    messages = [{"role": "system", "content": "You are an agent. " * 30}, {"role": "user", "content": "Fix it."}]
+    ctx = context({"messages": messages})
+    ctx.session_key = "s1"
+    await stage(ctx)
+    expected_tokens = encode(render(messages))
+    assert ctx.prompt_tokens == len(expected_tokens)
+    assert list(ctx.block_hashes) == BlockHasher(16).hash_blocks(expected_tokens)
+
+    longer = [*messages, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Next."}]
+    ctx2 = context({"messages": longer})
+    ctx2.session_key = "s1"
+    await stage(ctx2)
+    assert list(ctx2.block_hashes) == BlockHasher(16).hash_blocks(encode(render(longer)))
+    assert ctx2.prompt_blocks is not None and ctx2.prompt_blocks.reused_blocks > 0
+
+
+async def test_unrenderable_request_is_left_to_the_rank():
+    stage = BlockStage(build_incremental(TokenizerConfig.model_validate({}), block_size=16))
+    ctx = context({"messages": "not a list"})
+    await stage(ctx)
+    assert ctx.prompt_tokens is None and not ctx.block_hashes
+
+
+async def test_disabled_stage_does_nothing():
+    ctx = context({"messages": [{"role": "user", "content": "hi"}]})
+    await BlockStage(None)(ctx)
+    assert ctx.prompt_tokens is None
