@@ -17,13 +17,22 @@ from tokenization.factory import build_incremental
 
 def context(body: dict, api: ApiKind = ApiKind.CHAT) -> RequestContext:
     return RequestContext(
-        api=api, headers=Headers(), raw_body=b"", body=body, stream=False, model=None, started=time.perf_counter()
+        api=api,
+        headers=Headers(),
+        raw_body=b"",
+        body=body,
+        stream=False,
+        model=None,
+        started=time.perf_counter(),
     )
 
 
 async def test_chat_blocks_match_the_rank_hashing_and_grow_incrementally():
     stage = BlockStage(build_incremental(TokenizerConfig.model_validate({}), block_size=16))
-    messages = [{"role": "system", "content": "You are an agent. " * 30}, {"role": "user", "content": "Fix it."}]
+    messages = [
+        {"role": "system", "content": "You are an agent. " * 30},
+        {"role": "user", "content": "Fix it."},
+    ]
     ctx = context({"messages": messages})
     ctx.session_key = "s1"
     await stage(ctx)
