@@ -1,0 +1,64 @@
+"""Per-session canonicalization state, behind a tiny protocol so it can live in Redis.
+
+Two things are remembered per session, both plain lists of JSON scalars:
+
+- the first-seen tool order (``tool_order`` rule, ``session`` mode): a list of function names;
+- in ``volatile_date`` ``move`` mode, where moved date lines were attached: a list of
+  ``[message_index, line]`` pairs, indices into the *canonical* message list. Re-attaching a line to
+  the same message every turn keeps the history byte-stable; a new date goes to the newest user
+  message and the old attachment stays where it was.
+
+Getters return None when nothing is stored. Setters are only called when the value changes, so a
+store can write through without batching.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class SessionCanonState(Protocol):
+    """Session-scoped state the canonicalizer reads and writes."""
+
+    def get_tool_order(self) -> list[str] | None:
+        """Function names in the order the session first saw them, or None."""
+        ...
+
+    def set_tool_order(self, names: list[str]) -> None:
+        """Store the first-seen order (the previous list plus appended names)."""
+        ...
+
+    def get_date_anchors(self) -> list[tuple[int, str]] | None:
+        """``(message_index, line)`` attachments of moved date lines, oldest first, or None."""
+        ...
+
+    def set_date_anchors(self, anchors: list[tuple[int, str]]) -> None:
+        """Store the attachments."""
+        ...
+
+
+class InMemorySessionCanonState:
+    """``SessionCanonState`` held in the object itself (one per session, one process)."""
+
+    __slots__ = ("date_anchors", "tool_order")
+
+    def __init__(self) -> None:
+        self.tool_order: list[str] | None = None
+        self.date_anchors: list[tuple[int, str]] | None = None
+
+    def get_tool_order(self) -> list[str] | None:
+        """See ``SessionCanonState``."""
+        return self.tool_order
+
+    def set_tool_order(self, names: list[str]) -> None:
+        """See ``SessionCanonState``."""
+        self.tool_order = list(names)
+
+    def get_date_anchors(self) -> list[tuple[int, str]] | None:
+        """See ``SessionCanonState``."""
+        return self.date_anchors
+
+    def set_date_anchors(self, anchors: list[tuple[int, str]]) -> None:
+        """See ``SessionCanonState``."""
+        self.date_anchors = [(int(i), str(line)) for i, line in anchors]
