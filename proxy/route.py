@@ -56,9 +56,7 @@ class Router:
         self.pool = pool
         self.policy = policy
         self.index: PrefixIndex = index if index is not None else MemoryPrefixIndex()
-        self.block_size = block_size or next(
-            (b.block_size for b in pool if b.block_size), DEFAULT_BLOCK_SIZE
-        )
+        self.block_size = block_size or next((b.block_size for b in pool if b.block_size), DEFAULT_BLOCK_SIZE)
         self.metrics = metrics
         self.exact = set(exact)
         self.pending_ttl = pending_ttl
@@ -66,6 +64,11 @@ class Router:
         self.queued_prefill: dict[str, int] = {b.name: 0 for b in pool}
         for b in pool:
             self.index.set_capacity(b.name, self.capacity_blocks(b))
+
+    @property
+    def uses_blocks(self) -> bool:
+        """Whether the policy looks at the prompt's blocks (else the blocks stage is skipped)."""
+        return bool(getattr(self.policy, "uses_blocks", False))
 
     def capacity_blocks(self, backend: Backend) -> int | None:
         """The rank's pool in blocks (None: unbounded, for event-driven or unknown pools)."""
@@ -108,7 +111,9 @@ class Router:
             )
             backend = self.policy.choose(request, candidates)
         name = backend.name
-        hit_blocks = min(found.matches.get(name, 0), max_hit_blocks(ctx.prompt_tokens, len(hashes), self.block_size))
+        hit_blocks = min(
+            found.matches.get(name, 0), max_hit_blocks(ctx.prompt_tokens, len(hashes), self.block_size)
+        )
         estimate = hit_blocks * self.block_size
         ctx.estimated_cached_tokens = estimate if hashes else None
         prompt = ctx.prompt_tokens if ctx.prompt_tokens is not None else len(hashes) * self.block_size

@@ -1,0 +1,73 @@
+"""The prefix index: which leading blocks of a prompt each rank probably holds.
+
+One interface (``PrefixIndex``) and two stores: ``memory.MemoryPrefixIndex`` (the default, one
+process) and ``redis_store.RedisPrefixIndex`` (shared by every prefixgate replica, with the memory
+store as its local mirror and fallback). Block hashes are vLLM's chained hashes, so "block i is
+held" implies the whole prefix up to i is identical; a match walks from block 0 and stops at the
+first block a rank does not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class Lookup:
+    """One lookup: leading blocks held per backend name, and the session's remembered rank."""
+
+    matches: dict[str, int] = field(default_factory=dict)
+    session_backend: str | None = None
+
+
+class PrefixIndex(Protocol):
+    """What routing needs from a mirror of the ranks' prefix caches.
+
+    ``counted`` operations keep a reference count per (backend, hash): KV-cache events report every
+    physical copy of a block (vLLM does not de-duplicate concurrent requests' blocks), so a hash
+    leaves the mirror only when its last copy is removed. Uncounted operations (routing's own
+    predictions) add or drop a hash outright.
+    """
+
+    def set_capacity(self, backend: str, blocks: int | None) -> None:
+        """Bound ``backend``'s mirror to ``blocks`` (None: unbounded, e.g. driven by KV events)."""
+        ...
+
+    def match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
+        """Leading blocks of ``block_hashes`` held, for every backend holding at least block 0."""
+        ...
+
+    def lookup(self, block_hashes: Sequence[bytes], session_key: str | None) -> Lookup:
+        """``match`` plus the session's remembered backend, in one store access."""
+        ...
+
+    def record(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        """``backend`` holds these blocks now (most recently used: head, then towards the tail)."""
+        ...
+
+    def remove(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        """``backend`` no longer holds these blocks (counted: one copy fewer of each)."""
+        ...
+
+    def clear(self, backend: str) -> None:
+        """``backend`` holds nothing (cache reset, restart)."""
+        ...
+
+    def set_session_backend(self, session_key: str, backend: str) -> None:
+        """Remember the rank a session was sent to."""
+        ...
+
+    def stats(self) -> dict[str, object]:
+        """Sizes and counters, for ``/metrics``-style inspection and tests."""
+        ...
+
+
+def event_key(block_hash: bytes) -> bytes:
+    """The 8 bytes a store keys a block by: the digest's last 8 bytes, as vLLM's KV events do.
+
+    Two different prefixes colliding on 64 bits is negligible at fleet scale, and 8-byte keys keep a
+    100k-token lookup's payload at 50 kB instead of 200 kB.
+    """
+    return block_hash[-8:]

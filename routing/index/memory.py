@@ -1,0 +1,205 @@
+"""The in-memory prefix index: one LRU of block hashes per backend, bounded by the rank's pool.
+
+Lookups are a single pass over the prompt's hashes against ``_holders`` (hash -> bitmask of the
+backends holding it), so a 100k-token prompt costs one dict probe per block whatever the fleet size.
+Each backend's LRU mirrors vLLM's free queue: a request's blocks are touched tail first, so the
+head of a chain is the most recent and, past capacity, the tail of the least recently used chain
+goes first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from routing.index import Lookup
+
+#: Sessions remembered per process; the oldest is forgotten past this.
+DEFAULT_MAX_SESSIONS = 100_000
+
+
+class _BackendMirror:
+    __slots__ = ("bit", "capacity", "evicted", "lru")
+
+    def __init__(self, bit: int, capacity: int | None) -> None:
+        self.bit = bit
+        self.capacity = capacity
+        #: hash -> reference count (1 for uncounted entries); order = least recently used first.
+        self.lru: OrderedDict[bytes, int] = OrderedDict()
+        self.evicted = 0
+
+
+class MemoryPrefixIndex:
+    """``PrefixIndex`` in one process. Thread-safe (the KV-event subscriber writes from its thread)."""
+
+    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        self._lock = threading.Lock()
+        self._mirrors: dict[str, _BackendMirror] = {}
+        self._names: dict[int, str] = {}
+        self._holders: dict[bytes, int] = {}
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._max_sessions = max_sessions
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    def _mirror(self, backend: str) -> _BackendMirror:
+        mirror = self._mirrors.get(backend)
+        if mirror is None:
+            bit = 1 << len(self._mirrors)
+            mirror = self._mirrors[backend] = _BackendMirror(bit, None)
+            self._names[bit] = backend
+        return mirror
+
+    def set_capacity(self, backend: str, blocks: int | None) -> None:
+        with self._lock:
+            mirror = self._mirror(backend)
+            mirror.capacity = blocks
+            self._evict(mirror)
+
+    @property
+    def backends(self) -> list[str]:
+        return list(self._mirrors)
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
+        held: dict[str, int] = {}
+        get = self._holders.get
+        with self._lock:
+            mask = get(block_hashes[0], 0) if block_hashes else 0
+            if not mask:
+                return held
+            i = 1
+            for h in block_hashes[1:]:
+                m = get(h, 0) & mask
+                if m != mask:
+                    self._settle(held, mask & ~m, i)
+                    mask = m
+                    if not mask:
+                        return held
+                i += 1
+            self._settle(held, mask, len(block_hashes))
+        return held
+
+    def _settle(self, held: dict[str, int], bits: int, count: int) -> None:
+        while bits:
+            low = bits & -bits
+            held[self._names[low]] = count
+            bits ^= low
+
+    def lookup(self, block_hashes: Sequence[bytes], session_key: str | None) -> Lookup:
+        matches = self.match(block_hashes)
+        return Lookup(matches, self.session_backend(session_key) if session_key else None)
+
+    def session_backend(self, session_key: str) -> str | None:
+        with self._lock:
+            backend = self._sessions.get(session_key)
+            if backend is not None:
+                self._sessions.move_to_end(session_key)
+            return backend
+
+    def set_session_backend(self, session_key: str, backend: str) -> None:
+        with self._lock:
+            self._sessions[session_key] = backend
+            self._sessions.move_to_end(session_key)
+            if len(self._sessions) > self._max_sessions:
+                self._sessions.popitem(last=False)
+
+    def sessions(self) -> list[tuple[str, str]]:
+        """Every remembered (session, backend), least recently used first (for resynchronization)."""
+        with self._lock:
+            return list(self._sessions.items())
+
+    # -- updates ---------------------------------------------------------------------------------
+
+    def record(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        with self._lock:
+            mirror = self._mirror(backend)
+            lru = mirror.lru
+            holders = self._holders
+            bit = mirror.bit
+            touch = lru.move_to_end
+            # Tail first, so that the head of the chain ends up the most recently used.
+            for h in reversed(block_hashes):
+                count = lru.get(h)
+                if count is None:
+                    lru[h] = 1
+                    holders[h] = holders.get(h, 0) | bit
+                else:
+                    if counted:
+                        lru[h] = count + 1
+                    touch(h)
+            self._evict(mirror)
+
+    def remove(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        with self._lock:
+            mirror = self._mirrors.get(backend)
+            if mirror is None:
+                return
+            lru = mirror.lru
+            for h in block_hashes:
+                count = lru.get(h)
+                if count is None:
+                    continue
+                if counted and count > 1:
+                    lru[h] = count - 1
+                    continue
+                del lru[h]
+                self._drop_holder(h, mirror.bit)
+
+    def clear(self, backend: str) -> None:
+        with self._lock:
+            mirror = self._mirrors.get(backend)
+            if mirror is None:
+                return
+            for h in mirror.lru:
+                self._drop_holder(h, mirror.bit)
+            mirror.lru.clear()
+            for key in [k for k, b in self._sessions.items() if b == backend]:
+                del self._sessions[key]
+
+    def blocks(self, backend: str) -> list[bytes]:
+        """``backend``'s mirrored hashes, least recently used first."""
+        with self._lock:
+            mirror = self._mirrors.get(backend)
+            return [] if mirror is None else list(mirror.lru)
+
+    def missing(self, backend: str, block_hashes: Sequence[bytes]) -> list[bytes]:
+        """Those of ``block_hashes`` that ``backend``'s mirror does not hold."""
+        with self._lock:
+            mirror = self._mirrors.get(backend)
+            if mirror is None:
+                return list(block_hashes)
+            lru = mirror.lru
+            return [h for h in block_hashes if h not in lru]
+
+    def _drop_holder(self, h: bytes, bit: int) -> None:
+        rest = self._holders.get(h, 0) & ~bit
+        if rest:
+            self._holders[h] = rest
+        else:
+            self._holders.pop(h, None)
+
+    def _evict(self, mirror: _BackendMirror) -> None:
+        if mirror.capacity is None:
+            return
+        lru = mirror.lru
+        excess = len(lru) - mirror.capacity
+        while excess > 0:
+            h, _ = lru.popitem(last=False)
+            self._drop_holder(h, mirror.bit)
+            mirror.evicted += 1
+            excess -= 1
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "store": "memory",
+                "distinct_blocks": len(self._holders),
+                "sessions": len(self._sessions),
+                "backends": {
+                    name: {"blocks": len(m.lru), "capacity": m.capacity, "evicted": m.evicted}
+                    for name, m in self._mirrors.items()
+                },
+            }

@@ -1,0 +1,307 @@
+"""The Redis prefix index: one mirror shared by every prefixgate replica.
+
+Layout, namespaced per model and block size (``{prefix}:{model}:{block_size}:``):
+- ``lru:{backend}``: a sorted set per backend; member = a block's 8-byte key (``event_key``),
+  score = its last use in microseconds (a shared monotonic tick, so a request's blocks get distinct
+  scores, head highest: past capacity ``ZPOPMIN`` drops the tail of the least recent chain first,
+  and entries older than the TTL are dropped and never matched);
+- ``tick``: that clock; ``sess:{key}``: a session's rank, with the same TTL.
+
+A lookup is ONE round trip: a Lua script finds, per backend, the longest held (and unexpired)
+prefix by galloping then bisecting over block positions (about 2 log2(n) ``ZSCORE`` probes instead
+of n), and reads the session's rank. Bisection assumes each backend's blocks form prefixes, which
+the mirror maintains: blocks are evicted tail first and corrections trim a chain's suffix; a hole
+in the middle of a chain (rare) can make the match overstate that chain.
+
+Redis is never on a request's critical path for correctness: every update is also applied to a
+local ``MemoryPrefixIndex``; when Redis fails, the store answers from that mirror, reports itself
+down, retries every ``retry_interval`` seconds and, once Redis answers, pushes the local mirror back
+(Redis may have restarted empty) before serving from Redis again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import redis
+
+from routing.index import Lookup
+from routing.index.memory import MemoryPrefixIndex
+
+log = logging.getLogger("prefixgate.index.redis")
+
+DEFAULT_TTL_S = 3600.0
+#: Short: a hung Redis must not stall the event loop, which calls the index synchronously.
+DEFAULT_SOCKET_TIMEOUT_S = 0.25
+DEFAULT_RETRY_INTERVAL_S = 1.0
+#: Members per ZADD/ZREM call inside the scripts (Lua's unpack limit is about 8,000 values).
+WRITE_CHUNK = 2000
+
+_MATCH = """
+local blob = ARGV[1]
+local n = #blob / 8
+local t = redis.call('TIME')
+local cutoff = tonumber(t[1]) * 1000000 + tonumber(t[2]) - tonumber(ARGV[2])
+local nb = tonumber(ARGV[3])
+local out = {}
+local function held(key, i)
+  local s = redis.call('ZSCORE', key, string.sub(blob, i * 8 - 7, i * 8))
+  return s and tonumber(s) >= cutoff
+end
+for k = 1, nb do
+  local key = KEYS[k]
+  local lo, hi = 0, n + 1
+  -- gallop: 1, 2, 4, ... until a miss, then bisect between the last hit and that miss
+  local probe = 1
+  while probe <= n do
+    if held(key, probe) then lo = probe; probe = probe * 2 else hi = probe; break end
+  end
+  if probe > n and lo < n then
+    if held(key, n) then lo = n else hi = n end
+  end
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    if held(key, mid) then lo = mid else hi = mid end
+  end
+  out[k] = lo
+end
+local session = false
+if #KEYS > nb then session = redis.call('GET', KEYS[nb + 1]) end
+out[nb + 1] = session
+return out
+"""
+
+_RECORD = """
+local blob = ARGV[1]
+local n = #blob / 8
+local cap = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local start = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') + 1)
+redis.call('SET', KEYS[2], string.format('%d', start + n))
+local i = 0
+while i < n do
+  local m = math.min(%(chunk)d, n - i)
+  local args = {}
+  for j = 1, m do
+    local idx = i + j
+    args[2 * j - 1] = start + n - idx
+    args[2 * j] = string.sub(blob, idx * 8 - 7, idx * 8)
+  end
+  redis.call('ZADD', KEYS[1], unpack(args))
+  i = i + m
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - ttl))
+if cap >= 0 then
+  local excess = redis.call('ZCARD', KEYS[1]) - cap
+  if excess > 0 then redis.call('ZPOPMIN', KEYS[1], excess) end
+end
+redis.call('PEXPIRE', KEYS[1], math.floor(ttl / 1000))
+return n
+""".replace("%(chunk)d", str(WRITE_CHUNK // 2))
+
+_REMOVE = """
+local blob = ARGV[1]
+local n = #blob / 8
+local i = 0
+while i < n do
+  local m = math.min(%(chunk)d, n - i)
+  local args = {}
+  for j = 1, m do
+    local idx = i + j
+    args[j] = string.sub(blob, idx * 8 - 7, idx * 8)
+  end
+  redis.call('ZREM', KEYS[1], unpack(args))
+  i = i + m
+end
+return n
+""".replace("%(chunk)d", str(WRITE_CHUNK))
+
+
+def _keys_blob(block_hashes: Sequence[bytes]) -> bytes:
+    return b"".join([h[-8:] for h in block_hashes])
+
+
+class RedisPrefixIndex:
+    """``PrefixIndex`` over Redis, with a local mirror that takes over while Redis is unreachable."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str = "default",
+        block_size: int = 16,
+        ttl_s: float = DEFAULT_TTL_S,
+        prefix: str = "prefixgate",
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL_S,
+        on_state: Callable[[bool], None] | None = None,
+        local: MemoryPrefixIndex | None = None,
+    ) -> None:
+        self.url = url
+        self.namespace = f"{prefix}:{model}:{block_size}:"
+        self.ttl_s = ttl_s
+        self.retry_interval = retry_interval
+        self.local = local if local is not None else MemoryPrefixIndex()
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+        )
+        self._match = self._client.register_script(_MATCH)
+        self._record = self._client.register_script(_RECORD)
+        self._remove = self._client.register_script(_REMOVE)
+        self._capacity: dict[str, int | None] = {}
+        self._backends: list[str] = []
+        self._lru_keys: list[str] = []
+        self._on_state = on_state
+        self.up = True
+        self._next_retry = 0.0
+        self.failures = 0
+        self.resyncs = 0
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def _lru_key(self, backend: str) -> str:
+        return f"{self.namespace}lru:{backend}"
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        if self.up:
+            log.warning(
+                "redis index unreachable (%s: %s); routing from the local mirror", type(exc).__name__, exc
+            )
+            self.up = False
+            if self._on_state is not None:
+                self._on_state(False)
+        self._next_retry = time.monotonic() + self.retry_interval
+
+    def _available(self) -> bool:
+        """True when Redis may be used now; retries (and resynchronizes) a down Redis when due."""
+        if self.up:
+            return True
+        if time.monotonic() < self._next_retry:
+            return False
+        try:
+            self._client.ping()
+            self.resync()
+        except redis.RedisError as exc:
+            self._failed(exc)
+            return False
+        self.up = True
+        self.resyncs += 1
+        log.info("redis index reachable again; local mirror pushed back")
+        if self._on_state is not None:
+            self._on_state(True)
+        return True
+
+    def resync(self) -> None:
+        """Push the local mirror (blocks in LRU order, sessions) to Redis. Raises on Redis errors."""
+        ttl_us = int(self.ttl_s * 1e6)
+        for backend in self._backends:
+            blocks = self.local.blocks(backend)  # least recent first: head of the list = newest
+            blocks.reverse()
+            cap = self._capacity.get(backend)
+            self._record(
+                keys=[self._lru_key(backend), self.namespace + "tick"],
+                args=[_keys_blob(blocks), -1 if cap is None else cap, ttl_us],
+            )
+        sessions = self.local.sessions()
+        if sessions:
+            pipe = self._client.pipeline(transaction=False)
+            for key, backend in sessions:
+                pipe.set(f"{self.namespace}sess:{key}", backend, ex=int(self.ttl_s))
+            pipe.execute()
+
+    # -- PrefixIndex -----------------------------------------------------------------------------
+
+    def set_capacity(self, backend: str, blocks: int | None) -> None:
+        if backend not in self._capacity:
+            self._backends.append(backend)
+            self._lru_keys.append(self._lru_key(backend))
+        self._capacity[backend] = blocks
+        self.local.set_capacity(backend, blocks)
+
+    def match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
+        return self.lookup(block_hashes, None).matches
+
+    def lookup(self, block_hashes: Sequence[bytes], session_key: str | None) -> Lookup:
+        if not self._available() or not self._backends or (not block_hashes and not session_key):
+            return self.local.lookup(block_hashes, session_key)
+        keys = list(self._lru_keys)
+        if session_key:
+            keys.append(f"{self.namespace}sess:{session_key}")
+        try:
+            out = self._match(
+                keys=keys, args=[_keys_blob(block_hashes), int(self.ttl_s * 1e6), len(self._backends)]
+            )
+        except redis.RedisError as exc:
+            self._failed(exc)
+            return self.local.lookup(block_hashes, session_key)
+        matches = {b: int(n) for b, n in zip(self._backends, out, strict=False) if n}
+        session = out[-1] if session_key and out[-1] else None
+        return Lookup(matches, session.decode() if isinstance(session, bytes) else session)
+
+    def record(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        if counted:
+            # Counts live locally; Redis only needs to learn hashes that were not held yet.
+            fresh = self.local.missing(backend, block_hashes)
+            self.local.record(backend, block_hashes, counted=True)
+            block_hashes = fresh if len(fresh) != len(block_hashes) else block_hashes
+        else:
+            self.local.record(backend, block_hashes)
+        if not block_hashes or not self._available():
+            return
+        if backend not in self._capacity:
+            self.set_capacity(backend, None)
+        cap = self._capacity[backend]
+        try:
+            self._record(
+                keys=[self._lru_key(backend), self.namespace + "tick"],
+                args=[_keys_blob(block_hashes), -1 if cap is None else cap, int(self.ttl_s * 1e6)],
+            )
+        except redis.RedisError as exc:
+            self._failed(exc)
+
+    def remove(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        self.local.remove(backend, block_hashes, counted=counted)
+        if counted:
+            block_hashes = self.local.missing(backend, block_hashes)
+        if not block_hashes or not self._available():
+            return
+        try:
+            self._remove(keys=[self._lru_key(backend)], args=[_keys_blob(block_hashes)])
+        except redis.RedisError as exc:
+            self._failed(exc)
+
+    def clear(self, backend: str) -> None:
+        self.local.clear(backend)
+        if not self._available():
+            return
+        try:
+            self._client.delete(self._lru_key(backend))
+        except redis.RedisError as exc:
+            self._failed(exc)
+
+    def set_session_backend(self, session_key: str, backend: str) -> None:
+        self.local.set_session_backend(session_key, backend)
+        if not self._available():
+            return
+        try:
+            self._client.set(f"{self.namespace}sess:{session_key}", backend, ex=max(1, int(self.ttl_s)))
+        except redis.RedisError as exc:
+            self._failed(exc)
+
+    def stats(self) -> dict[str, object]:
+        local = self.local.stats()
+        return {
+            **local,
+            "store": "redis",
+            "redis_up": self.up,
+            "redis_failures": self.failures,
+            "redis_resyncs": self.resyncs,
+        }
+
+    def close(self) -> None:
+        self._client.close()

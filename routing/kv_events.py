@@ -1,0 +1,252 @@
+"""Exact mirror from vLLM KV-cache events: one ZMQ SUB per rank, applied to that rank's mirror.
+
+Frames: ``[topic, seq (8-byte big-endian), msgpack [ts, events, dp_rank]]``; events are maps with a
+``type`` key (vLLM 0.33) or positional arrays led by the type name (0.11); both are decoded.
+``BlockStored`` hashes are the rank's uint64s; they are mapped to prefixgate's own chain by hashing
+the event's token ids from the mapped parent, so the mirror is keyed exactly like the prompts
+routing looks up, whatever hash seed the rank runs with. A sequence gap (missed batches, or a late
+start) is filled from the rank's replay socket (DEALER ``[b"", start_seq]``); a sequence that goes
+backwards means the rank restarted, so its mirror is cleared first.
+
+The subscriber runs in its own thread; the index it writes to is thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import zmq
+
+from routing.index import PrefixIndex
+from tokenization.block_hash import BlockHasher
+
+log = logging.getLogger("prefixgate.kv_events")
+
+END_SEQ = b"\xff" * 8
+_DECODE = msgspec.msgpack.Decoder()
+
+
+@dataclass(slots=True)
+class KVEvent:
+    """One decoded event, whatever the wire shape."""
+
+    type: str
+    block_hashes: list[int]
+    parent_block_hash: int | None = None
+    token_ids: list[int] | None = None
+    block_size: int | None = None
+
+
+def decode_event(raw: Any) -> KVEvent:
+    """One event from its 0.33 map or 0.11 positional array."""
+    if isinstance(raw, dict):
+        kind = raw["type"]
+        return KVEvent(
+            kind,
+            list(raw.get("block_hashes") or ()),
+            raw.get("parent_block_hash"),
+            raw.get("token_ids"),
+            raw.get("block_size"),
+        )
+    kind = raw[0]
+    if kind == "BlockStored":
+        return KVEvent(kind, list(raw[1]), raw[2], raw[3], raw[4])
+    if kind == "BlockRemoved":
+        return KVEvent(kind, list(raw[1]))
+    return KVEvent(kind, [])
+
+
+def decode_batch(payload: bytes) -> tuple[float, list[KVEvent], int | None]:
+    """``(ts, events, data_parallel_rank)`` of one msgpack payload."""
+    batch = _DECODE.decode(payload)
+    ts, events = batch[0], batch[1]
+    dp_rank = batch[2] if len(batch) > 2 else None
+    return float(ts), [decode_event(e) for e in events], dp_rank
+
+
+class RankMirror:
+    """Applies one rank's events to its mirror in ``index``, keeping the uint64 -> own-hash map."""
+
+    def __init__(
+        self,
+        backend: str,
+        index: PrefixIndex,
+        hasher: BlockHasher,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.index = index
+        self.hasher = hasher
+        self.on_event = on_event
+        #: rank's uint64 -> [own hash, copies held]
+        self._own: dict[int, list[Any]] = {}
+        self.unmapped = 0
+        self.applied = 0
+
+    def apply(self, events: Sequence[KVEvent]) -> None:
+        for event in events:
+            kind = event.type
+            if kind == "BlockStored":
+                self._stored(event)
+            elif kind == "BlockRemoved":
+                self._removed(event.block_hashes)
+            elif kind == "AllBlocksCleared":
+                self.reset()
+            else:
+                continue
+            self.applied += 1
+            if self.on_event is not None:
+                self.on_event(kind)
+
+    def reset(self) -> None:
+        self._own.clear()
+        self.index.clear(self.backend)
+
+    def _stored(self, event: KVEvent) -> None:
+        size = self.hasher.block_size
+        tokens = event.token_ids or []
+        if event.block_size not in (None, size) or len(tokens) != size * len(event.block_hashes):
+            self.unmapped += len(event.block_hashes)
+            return
+        if event.parent_block_hash is None:
+            own = self.hasher.hash_blocks(tokens)
+        else:
+            parent = self._own.get(event.parent_block_hash)
+            if parent is None:  # its chain began before anything we saw: cannot be keyed
+                self.unmapped += len(event.block_hashes)
+                return
+            # Continue the chain from the mapped parent: hash_blocks skips the first (dummy) block.
+            own = self.hasher.hash_blocks([0] * size + tokens, start_block=1, parent=parent[0])
+        table = self._own
+        for u64, h in zip(event.block_hashes, own, strict=True):
+            entry = table.get(u64)
+            if entry is None:
+                table[u64] = [h, 1]
+            else:
+                entry[1] += 1
+        self.index.record(self.backend, own, counted=True)
+
+    def _removed(self, hashes: Sequence[int]) -> None:
+        table = self._own
+        gone: list[bytes] = []
+        for u64 in hashes:
+            entry = table.get(u64)
+            if entry is None:
+                continue
+            gone.append(entry[0])
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del table[u64]
+        if gone:
+            self.index.remove(self.backend, gone, counted=True)
+
+
+class KVEventSubscriber:
+    """A background thread: SUB to one rank's publisher, replay on gaps, apply to its mirror."""
+
+    def __init__(
+        self,
+        mirror: RankMirror,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        replay_timeout: float = 2.0,
+        zmq_context: zmq.Context | None = None,
+    ) -> None:
+        self.mirror = mirror
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.replay_timeout = replay_timeout
+        self._zmq = zmq_context or zmq.Context.instance()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"kv-sub-{mirror.backend}", daemon=True)
+        self.last_seq = -1
+        self.batches = 0
+        self.gaps = 0
+        self.replayed = 0
+        self.restarts = 0
+        self.connected = threading.Event()
+
+    def start(self) -> KVEventSubscriber:
+        self._thread.start()
+        self.connected.wait(5.0)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        sub = self._zmq.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        sub.connect(self.endpoint)
+        try:
+            if self.replay_endpoint is not None:
+                # Catch up on what the rank published before we subscribed; batches that arrive on
+                # the SUB meanwhile are queued and skipped by sequence number.
+                self._replay(self.last_seq + 1, 1 << 63)
+            self.connected.set()
+            while not self._stop.is_set():
+                if not sub.poll(100):
+                    continue
+                frames = sub.recv_multipart()
+                if len(frames) < 3:
+                    continue
+                self._handle(int.from_bytes(frames[-2], "big"), frames[-1])
+        except Exception:  # a dead subscriber must be visible: routing then runs on predictions
+            log.exception("KV event subscriber for %s failed", self.mirror.backend)
+        finally:
+            sub.close(0)
+
+    def _handle(self, seq: int, payload: bytes) -> None:
+        if seq <= self.last_seq:
+            if seq < self.last_seq:
+                # The publisher started over: the rank restarted and its cache is empty.
+                self.restarts += 1
+                self.mirror.reset()
+                self.last_seq = seq - 1
+            else:
+                return
+        if seq > self.last_seq + 1:
+            self.gaps += 1
+            self._replay(self.last_seq + 1, seq)
+        self._apply(seq, payload)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        _, events, _ = decode_batch(payload)
+        self.mirror.apply(events)
+        self.last_seq = seq
+        self.batches += 1
+
+    def _replay(self, start: int, until: int) -> None:
+        """Fetch and apply batches ``start .. until-1`` from the replay socket, if there is one."""
+        if self.replay_endpoint is None:
+            log.warning(
+                "KV events %s: batches %d..%d lost (no replay socket)", self.mirror.backend, start, until - 1
+            )
+            return
+        dealer = self._zmq.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.replay_endpoint)
+        try:
+            dealer.send_multipart((b"", start.to_bytes(8, "big")))
+            while dealer.poll(int(self.replay_timeout * 1000)):
+                frames = dealer.recv_multipart()
+                # [b"", topic, seq, payload] (0.33) or [b"", seq, payload] (0.11)
+                seq_frame, payload = frames[-2], frames[-1]
+                if seq_frame == END_SEQ:
+                    return
+                seq = int.from_bytes(seq_frame, "big")
+                if self.last_seq < seq < until:
+                    self._apply(seq, payload)
+                    self.replayed += 1
+            log.warning("KV events %s: replay from %d timed out", self.mirror.backend, start)
+        finally:
+            dealer.close(0)

@@ -1,0 +1,129 @@
+"""The prefix index's semantics, identical for the memory store and the Redis store (real server)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from routing.index import PrefixIndex
+from routing.index.memory import MemoryPrefixIndex
+from routing.index.redis_store import RedisPrefixIndex
+from tests.routing.conftest import RedisServer, chain
+
+
+@pytest.fixture(params=["memory", "redis"])
+def index(request: pytest.FixtureRequest) -> Iterator[PrefixIndex]:
+    if request.param == "memory":
+        yield MemoryPrefixIndex()
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    store = RedisPrefixIndex(server.url, model="m", block_size=16)
+    yield store
+    assert store.up, "redis store fell back to its local mirror during the test"
+    store.close()
+
+
+def test_match_walks_from_block_zero_and_stops_at_first_miss(index: PrefixIndex) -> None:
+    for name in ("a", "b", "c"):
+        index.set_capacity(name, None)
+    shared = chain("sys", 8)
+    a_tail = chain("a", 4, shared[-1])
+    index.record("a", shared + a_tail)
+    index.record("b", shared[:5])
+    index.record("c", a_tail)  # no block 0: never a hit
+    assert index.match(shared + a_tail) == {"a": 12, "b": 5}
+    assert index.match(shared + chain("other", 3, shared[-1])) == {"a": 8, "b": 5}
+    assert index.match(chain("nothing", 3)) == {}
+    assert index.match([]) == {}
+
+
+def test_capacity_evicts_least_recent_chain_tail_first(index: PrefixIndex) -> None:
+    index.set_capacity("a", 10)
+    old = chain("old", 6)
+    new = chain("new", 6)
+    index.record("a", old)
+    index.record("a", new)  # 12 blocks > 10: two blocks of the older chain go, its tail first
+    assert index.match(new) == {"a": 6}
+    assert index.match(old) == {"a": 4}
+
+
+def test_remove_and_counted_copies(index: PrefixIndex) -> None:
+    index.set_capacity("a", None)
+    blocks = chain("x", 4)
+    index.record("a", blocks, counted=True)
+    index.record("a", blocks[:2], counted=True)  # a second physical copy of blocks 0-1
+    index.remove("a", blocks[1:2], counted=True)
+    assert index.match(blocks) == {"a": 4}, "one copy of block 1 is still held"
+    index.remove("a", blocks[1:2], counted=True)
+    assert index.match(blocks) == {"a": 1}
+    index.remove("a", blocks[:1])  # uncounted: gone at once
+    assert index.match(blocks) == {}
+
+
+def test_clear_and_sessions(index: PrefixIndex) -> None:
+    index.set_capacity("a", None)
+    index.set_capacity("b", None)
+    blocks = chain("y", 3)
+    index.record("a", blocks)
+    index.record("b", blocks)
+    index.set_session_backend("s1", "b")
+    found = index.lookup(blocks, "s1")
+    assert found.matches == {"a": 3, "b": 3} and found.session_backend == "b"
+    index.clear("a")
+    assert index.match(blocks) == {"b": 3}
+    assert index.lookup([], "unknown").session_backend is None
+
+
+def test_redis_entries_expire(redis_server: RedisServer) -> None:
+    store = RedisPrefixIndex(redis_server.url, model="m", block_size=16, ttl_s=0.3)
+    store.set_capacity("a", None)
+    blocks = chain("t", 5)
+    store.record("a", blocks)
+    assert store.match(blocks) == {"a": 5}
+    time.sleep(0.5)
+    store.local.clear("a")  # look at Redis only: the local mirror does not expire
+    assert store.match(blocks) == {}
+    store.close()
+
+
+def test_redis_namespaces_per_model_and_block_size(redis_server: RedisServer) -> None:
+    one = RedisPrefixIndex(redis_server.url, model="m1", block_size=16)
+    other_model = RedisPrefixIndex(redis_server.url, model="m2", block_size=16)
+    other_size = RedisPrefixIndex(redis_server.url, model="m1", block_size=32)
+    same = RedisPrefixIndex(redis_server.url, model="m1", block_size=16)
+    for store in (one, other_model, other_size, same):
+        store.set_capacity("a", None)
+    blocks = chain("n", 4)
+    one.record("a", blocks)
+    assert other_model.match(blocks) == {}
+    assert other_size.match(blocks) == {}
+    assert same.match(blocks) == {"a": 4}, "a second replica sees what the first recorded"
+    for store in (one, other_model, other_size, same):
+        store.close()
+
+
+def test_redis_down_falls_back_then_resyncs(redis_server: RedisServer) -> None:
+    states: list[bool] = []
+    store = RedisPrefixIndex(
+        redis_server.url, model="m", block_size=16, retry_interval=0.1, on_state=states.append
+    )
+    store.set_capacity("a", None)
+    before = chain("before", 4)
+    store.record("a", before)
+    redis_server.stop()
+    during = chain("during", 4)
+    store.record("a", during)  # Redis is gone: applied locally, no exception
+    assert store.match(before) == {"a": 4}
+    assert store.match(during) == {"a": 4}
+    assert store.up is False and states == [False]
+    redis_server.start()  # same port, empty: the local mirror must be pushed back
+    time.sleep(0.15)
+    assert store.match(during) == {"a": 4}
+    assert store.up is True and states == [False, True]
+    peer = RedisPrefixIndex(redis_server.url, model="m", block_size=16)
+    peer.set_capacity("a", None)
+    assert peer.match(before) == {"a": 4} and peer.match(during) == {"a": 4}
+    peer.close()
+    store.close()

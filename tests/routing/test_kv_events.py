@@ -1,0 +1,132 @@
+"""KV-cache events drive a rank's mirror exactly: vLLM's payload bytes, and a simulated rank."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.sim import SimConfig, SimRankServer
+from bench.sim.prompts import PromptProcessor
+from proxy.route import Router
+from routing.backends import Backend, BackendPool
+from routing.index.memory import MemoryPrefixIndex
+from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
+from routing.policy import make_policy
+from tests.routing.conftest import make_ctx
+from tokenization.block_hash import BlockHasher, kv_event_hash
+
+
+@pytest.mark.parametrize(
+    "version", ["vllm-0.11.0 (events as positional arrays)", "vllm-0.33.0 (events as maps with a type key)"]
+)
+def test_shared_payload_bytes_drive_the_mirror(shared_dir: Path, version: str) -> None:
+    spec = json.loads((shared_dir / "specs" / "vllm_kv_event_payloads.json").read_text())
+    ts, events, dp_rank = decode_batch(bytes.fromhex(spec["payloads_hex"][version]))
+    assert ts == 1700000000.5 and dp_rank == 0
+    assert [e.type for e in events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    assert events[0].block_hashes == spec["event_block_hashes_u64"]
+    assert events[0].token_ids == list(range(32)) and events[0].parent_block_hash is None
+
+    # prefixgate hashes with its own chain (sha256, seed "0"): the same blocks the rank announced.
+    hasher = BlockHasher(16, "sha256", seed="0")
+    own = hasher.hash_blocks(list(range(32)))
+    assert [kv_event_hash(h) for h in own] == spec["event_block_hashes_u64"]
+    index = MemoryPrefixIndex()
+    mirror = RankMirror("r0", index, hasher)
+    mirror.apply(events[:1])
+    assert index.match(own) == {"r0": 2}
+    mirror.apply(events[1:2])
+    assert index.match(own) == {"r0": 1}
+    mirror.apply(events[2:])
+    assert index.match(own) == {}
+
+
+def test_rank_with_another_hash_seed_is_mapped_onto_our_chain(shared_dir: Path) -> None:
+    spec = json.loads((shared_dir / "specs" / "vllm_kv_event_payloads.json").read_text())
+    _, events, _ = decode_batch(
+        bytes.fromhex(spec["payloads_hex"]["vllm-0.33.0 (events as maps with a type key)"])
+    )
+    hasher = BlockHasher(16, "sha256", seed="prefixgate")  # not the rank's seed: only the tokens tie them
+    own = hasher.hash_blocks(list(range(32)))
+    index = MemoryPrefixIndex()
+    RankMirror("r0", index, hasher).apply(events[:2])
+    assert index.match(own) == {"r0": 1}
+
+
+@pytest.fixture(params=["0.33", "0.11"])
+def sim_rank(request: pytest.FixtureRequest) -> Iterator[SimRankServer]:
+    cfg = SimConfig(
+        name="sim-0",
+        kv_tokens=64 * 16,
+        time_scale=0,
+        kv_events=True,
+        kv_events_version=request.param,
+        hash_seed="0",
+    )
+    with SimRankServer(cfg) as rank:
+        yield rank
+
+
+def wait_applied(sub: KVEventSubscriber, rank: SimRankServer, deadline_s: float = 5.0) -> None:
+    """Until the subscriber has applied every batch the rank published."""
+    end = time.monotonic() + deadline_s
+    while True:
+        published = rank.call(lambda r: r.publisher._seq) - 1  # type: ignore[union-attr]
+        if sub.last_seq >= published:
+            return
+        assert time.monotonic() < end, f"subscriber stuck at {sub.last_seq}, rank at {published}"
+        time.sleep(0.005)
+
+
+def test_sim_events_make_predictions_exact(sim_rank: SimRankServer) -> None:
+    """Turn after turn, with the pool too small for all sessions, predicted == reported cached tokens."""
+    hasher = BlockHasher(16, "sha256", seed="0")
+    prompts = PromptProcessor(hasher)
+    backend = Backend("sim-0", sim_rank.url, pool_tokens=64 * 16, block_size=16)
+    index = MemoryPrefixIndex()
+    router = Router(BackendPool([backend]), make_policy("prefix_affinity"), index, exact=["sim-0"])
+    # Join late: the first request's events are published before the subscriber exists (replayed).
+    client = httpx.Client(base_url=sim_rank.url, timeout=10)
+    first = [{"role": "system", "content": "warm-up " * 40}, {"role": "user", "content": "hello"}]
+    client.post("/v1/chat/completions", json={"model": "prefixgate-sim", "messages": first, "max_tokens": 2})
+    sources = client.get("/kv_event_sources").json()[0]
+    kinds: list[str] = []
+    sub = KVEventSubscriber(
+        RankMirror("sim-0", index, hasher, on_event=kinds.append),
+        sources["endpoint"],
+        sources["replay_endpoint"],
+    ).start()
+    try:
+        time.sleep(0.05)  # a SUB only receives once its subscription reached the publisher
+        conversations = {
+            s: [{"role": "system", "content": f"You are agent {s}. " + "Rules follow. " * 30}] for s in "abc"
+        }
+        compared = 0
+        for turn in range(5):
+            for s, messages in conversations.items():
+                messages.append(
+                    {"role": "user", "content": f"turn {turn} of {s}: " + "details " * (20 + 7 * turn)}
+                )
+                wait_applied(sub, sim_rank)
+                prompt = prompts.chat(messages)
+                ctx = make_ctx(s, list(prompt.block_hashes), len(prompt.token_ids))
+                router.pick(ctx)
+                body = {"model": "prefixgate-sim", "messages": messages, "max_tokens": 4}
+                answer = client.post("/v1/chat/completions", json=body).json()
+                reported = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+                assert answer["usage"]["prompt_tokens"] == len(prompt.token_ids)
+                assert ctx.estimated_cached_tokens == reported, f"turn {turn} session {s}"
+                router.observe(ctx, backend, reported)
+                messages.append(answer["choices"][0]["message"])
+                compared += 1
+        assert sub.replayed >= 1, "the late start was recovered by replay"
+        assert compared == 15
+        assert "BlockRemoved" in kinds, "the pool was small enough that the rank evicted blocks"
+    finally:
+        sub.stop()
+        client.close()

@@ -1,0 +1,90 @@
+"""prefixgate with its defaults in front of simulated ranks: sticky sessions, exact predictions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.sim import SimConfig, start_fleet, stop_fleet
+from proxy.app import create_app
+from proxy.config import load_settings
+from proxy.server import ServerThread
+
+SYSTEM = "You are a coding agent. Follow the repository's conventions. " * 20
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[Any]]:
+    ranks = start_fleet(3, SimConfig(time_scale=0, kv_tokens=200_000, kv_events=True))
+    yield ranks
+    stop_fleet(ranks)
+
+
+def gateway(fleet: list[Any], **flags: Any) -> ServerThread:
+    settings = load_settings(flags=flags, backend_specs=[f"{r.name}={r.url}" for r in fleet], environ={})
+    return ServerThread(create_app(settings)).start()
+
+
+def converse(url: str, session: str, system: Any, turns: int) -> list[httpx.Response]:
+    messages: list[dict[str, Any]] = []
+    answers = []
+    with httpx.Client(timeout=30) as client:
+        for turn in range(turns):
+            head = system(turn) if callable(system) else system
+            user = f"step {turn}: " + "edit the file and run the tests. " * 30
+            messages.append({"role": "user", "content": user})
+            body = {"model": "prefixgate-sim", "messages": [{"role": "system", "content": head}, *messages]}
+            response = client.post(url + "/v1/chat/completions", json=body, headers={"x-session-id": session})
+            assert response.status_code == 200, response.text
+            answers.append(response)
+            messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
+    return answers
+
+
+def cached(response: httpx.Response) -> int:
+    return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.parametrize("kv_events", [None, "auto"])
+def test_sessions_stick_and_predictions_match_reports(fleet, kv_events):
+    proxy = gateway(fleet, kv_events=kv_events)
+    try:
+        for session in ("alpha", "beta", "gamma"):
+            answers = converse(proxy.url, session, SYSTEM, 4)
+            assert len({a.headers["x-prefixgate-backend"] for a in answers}) == 1
+            assert all(a.headers["x-prefixgate-session"] == session for a in answers)
+            for answer in answers[1:]:
+                estimate = int(answer.headers["x-prefixgate-estimated-cached-tokens"])
+                assert cached(answer) > 0
+                if kv_events:  # the rank's own events: exact
+                    assert estimate == cached(answer)
+                else:
+                    # From routing history alone prefixgate cannot see the blocks the rank cached
+                    # while decoding the previous answer (16 tokens: at most 2 blocks of 16).
+                    assert 0 <= cached(answer) - estimate <= 32
+    finally:
+        proxy.stop()
+
+
+def test_canonicalization_turns_a_drifting_prompt_into_hits(fleet):
+    def drifting(turn: int) -> str:
+        return f"{SYSTEM}\nThe current date is 2026-11-30 10:{turn:02d}:17."
+
+    on = gateway(fleet)
+    try:
+        with_canon = converse(on.url, "drift-on", drifting, 3)
+    finally:
+        on.stop()
+    off = gateway(fleet, no_canonicalize=True)
+    try:
+        without = converse(off.url, "drift-off", lambda t: drifting(t).replace("drift", "x"), 3)
+    finally:
+        off.stop()
+    # Without canonicalization every turn breaks inside the system prompt: only what precedes the
+    # timestamp can hit. With it, the whole previous turn hits.
+    assert sum(cached(a) for a in with_canon[1:]) > 2 * sum(cached(a) for a in without[1:])
+    for previous, answer in zip(with_canon, with_canon[1:], strict=False):
+        assert cached(answer) >= previous.json()["usage"]["prompt_tokens"] - 16
