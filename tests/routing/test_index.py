@@ -13,13 +13,21 @@ from routing.index.redis_store import RedisPrefixIndex
 from tests.routing.conftest import RedisServer, chain
 
 
+class ReadYourWritesRedisIndex(RedisPrefixIndex):
+    """Redis writes are asynchronous (a writer thread); these tests read Redis's settled state."""
+
+    def lookup(self, block_hashes, session_key):  # type: ignore[no-untyped-def]
+        self.flush()
+        return super().lookup(block_hashes, session_key)
+
+
 @pytest.fixture(params=["memory", "redis"])
 def index(request: pytest.FixtureRequest) -> Iterator[PrefixIndex]:
     if request.param == "memory":
         yield MemoryPrefixIndex()
         return
     server: RedisServer = request.getfixturevalue("redis_server")
-    store = RedisPrefixIndex(server.url, model="m", block_size=16)
+    store = ReadYourWritesRedisIndex(server.url, model="m", block_size=16)
     yield store
     assert store.up, "redis store fell back to its local mirror during the test"
     store.close()
@@ -81,6 +89,7 @@ def test_redis_entries_expire(redis_server: RedisServer) -> None:
     store.set_capacity("a", None)
     blocks = chain("t", 5)
     store.record("a", blocks)
+    store.flush()
     assert store.match(blocks) == {"a": 5}
     time.sleep(0.5)
     store.local.clear("a")  # look at Redis only: the local mirror does not expire
@@ -97,6 +106,7 @@ def test_redis_namespaces_per_model_and_block_size(redis_server: RedisServer) ->
         store.set_capacity("a", None)
     blocks = chain("n", 4)
     one.record("a", blocks)
+    one.flush()
     assert other_model.match(blocks) == {}
     assert other_size.match(blocks) == {}
     assert same.match(blocks) == {"a": 4}, "a second replica sees what the first recorded"

@@ -195,6 +195,8 @@ def test_two_replicas_sharing_redis_route_a_session_alike(redis_server: RedisSer
         backend = replica.pick(ctx)
         chosen.append(backend.name)
         replica.observe(ctx, backend, ctx.estimated_cached_tokens)
+        # Redis writes are asynchronous (milliseconds); a session's next turn comes seconds later.
+        replica.index.flush()  # type: ignore[attr-defined]
         if turn:
             assert ctx.estimated_cached_tokens == (len(history) - 4) * 16, (
                 "the other replica's record is seen"
