@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,7 @@ def gateway(fleet: list[Any], **flags: Any) -> ServerThread:
     return ServerThread(create_app(settings)).start()
 
 
-def converse(url: str, session: str, system: Any, turns: int) -> list[httpx.Response]:
+def converse(url: str, session: str, system: Any, turns: int, think_s: float = 0.0) -> list[httpx.Response]:
     messages: list[dict[str, Any]] = []
     answers = []
     with httpx.Client(timeout=30) as client:
@@ -40,7 +41,10 @@ def converse(url: str, session: str, system: Any, turns: int) -> list[httpx.Resp
             response = client.post(url + "/v1/chat/completions", json=body, headers={"x-session-id": session})
             assert response.status_code == 200, response.text
             answers.append(response)
-            messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
+            time.sleep(think_s)
+            messages.append(
+                {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
+            )
     return answers
 
 
@@ -53,7 +57,9 @@ def test_sessions_stick_and_predictions_match_reports(fleet, kv_events):
     proxy = gateway(fleet, kv_events=kv_events)
     try:
         for session in ("alpha", "beta", "gamma"):
-            answers = converse(proxy.url, session, SYSTEM, 4)
+            # KV events reach prefixgate's subscriber thread a few milliseconds after the answer;
+            # an agent thinks for seconds between turns, so give the mirror that moment.
+            answers = converse(proxy.url, session, SYSTEM, 4, think_s=0.2 if kv_events else 0.0)
             assert len({a.headers["x-prefixgate-backend"] for a in answers}) == 1
             assert all(a.headers["x-prefixgate-session"] == session for a in answers)
             for answer in answers[1:]:

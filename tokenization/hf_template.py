@@ -21,9 +21,12 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from tokenization.base import UnsupportedRequest
 
-class TemplateError(ValueError):
-    """The chat template raised (``raise_exception``) or could not be loaded."""
+
+class TemplateError(UnsupportedRequest):
+    """The chat template raised (``raise_exception``, or a type error on the request's values) or could
+    not be loaded. An ``UnsupportedRequest``: the rank, which answers 400, is the judge of such input."""
 
 
 def _tojson(
@@ -151,5 +154,5 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             **kwargs,
         )
-    except jinja2.TemplateError as exc:
+    except (jinja2.TemplateError, TypeError) as exc:
         raise TemplateError(str(exc)) from exc

@@ -10,7 +10,6 @@ on what follows it, and the text after it is encoded as its own piece either way
 from __future__ import annotations
 
 import bisect
-import contextlib
 import json
 from array import array
 from collections.abc import Mapping, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HfCoreTokenizer
 
-from tokenization.base import ChatPrompt, Encoded, Part, Plan, common_prefix_len
+from tokenization.base import ChatPrompt, Encoded, Part, Plan, UnsupportedRequest, common_prefix_len
 from tokenization.hf_template import load_chat_template, render_chat, select_template
 
 CHARS_PER_TOKEN = 4
@@ -34,38 +33,130 @@ class _TextMemo:
     anchor_ends: array  # char offset where each anchor ends ("I")
 
 
+#: Keys vLLM keeps of an incoming message, per role (``renderers/chat_utils.py``: the message is
+#: rebuilt from these; anything else a client sends never reaches the template).
+_KEPT_KEYS: dict[str, frozenset[str]] = {
+    "assistant": frozenset({"role", "content", "tool_calls", "reasoning", "name", "task"}),
+    "tool": frozenset({"role", "content", "tool_call_id", "name", "task"}),
+    "developer": frozenset({"role", "content", "name", "task", "tools"}),
+}
+_DEFAULT_KEPT = frozenset({"role", "content", "name", "task"})
+#: Content part types whose text vLLM joins into the content string, and the key holding it.
+_TEXT_PART_KEYS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+#: Claude Code's per-request attribution line, which vLLM drops from system text (it would break
+#: the prefix cache on every request).
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
 def vllm_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Messages as vLLM hands them to an HF template: text-part lists joined with newlines (the
-    "string" content format) and tool call ``arguments`` strings parsed into objects."""
+    """Messages as vLLM (0.32) hands them to an HF template with string content.
+
+    Each message keeps only the keys vLLM keeps for its role; text parts are joined with newlines
+    (parts without text are skipped); ``content: null`` becomes ``""``; a system text part (or
+    string) starting with Claude Code's billing header loses that line; an empty ``tool_calls``
+    list is dropped; tool call ``arguments`` become objects (strings parsed as JSON; empty,
+    malformed or non-object arguments become ``{}``, as vLLM coerces them). Messages that need
+    none of this are passed through without a copy. Raises ``UnsupportedRequest`` for shapes vLLM
+    rejects or that need a multimodal model (non-text parts).
+    """
     out: list[Mapping[str, Any]] = []
     for message in messages:
+        role = message.get("role")
         content = message.get("content")
-        tool_calls = message.get("tool_calls")
-        if not isinstance(content, list) and not (isinstance(tool_calls, list) and tool_calls):
-            out.append(message)
-            continue
-        copy = dict(message)
-        if isinstance(content, list):
-            copy["content"] = "\n".join(
-                p["text"] if isinstance(p, Mapping) and isinstance(p.get("text"), str) else str(p)
-                for p in content
-            )
-        if isinstance(tool_calls, list):
-            copy["tool_calls"] = [_parsed_call(call) for call in tool_calls]
-        out.append(copy)
+        kept = _KEPT_KEYS.get(role, _DEFAULT_KEPT) if isinstance(role, str) else _DEFAULT_KEPT
+        plain = (
+            isinstance(content, str)
+            and message.keys() <= kept
+            and "tool_calls" not in message
+            and "reasoning" not in message
+            and role != "developer"
+            and not (role == "system" and content.startswith(BILLING_HEADER))
+            and all(isinstance(message[k], str) for k in ("name", "task") if k in message)
+        )
+        out.append(message if plain else _vllm_message(message, role, content))
     return out
 
 
-def _parsed_call(call: Any) -> Any:
-    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
-        return call
-    fn = dict(call["function"])
+def _vllm_message(message: Mapping[str, Any], role: Any, content: Any) -> dict[str, Any]:
+    parts: list[Any]
+    if content is None:
+        parts = []
+    elif isinstance(content, str):
+        parts = [content]
+    elif isinstance(content, list):
+        parts = content
+    else:
+        raise UnsupportedRequest("message 'content' must be a string, a list of parts or null")
+    if role == "system":
+        parts = _strip_billing_header(parts)
+    texts: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        key = _TEXT_PART_KEYS.get(part.get("type")) if isinstance(part, Mapping) else None
+        if key is None:
+            raise UnsupportedRequest("non-text content parts need the rank's own tokenizer")
+        text = part.get(key)
+        if text is not None:  # vLLM skips a text part without text
+            texts.append(text)
+    copy: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise UnsupportedRequest("'tool_calls' must be a list")
+            if calls:
+                copy["tool_calls"] = [_parsed_call(call) for call in calls]
+        reasoning = message.get("reasoning")
+        if reasoning is not None:
+            copy["reasoning"] = copy["reasoning_content"] = reasoning
+    elif role == "tool" and "tool_call_id" in message:
+        copy["tool_call_id"] = message["tool_call_id"]
+    for key in ("name", "task"):
+        if isinstance(message.get(key), str):
+            copy[key] = message[key]
+    if role == "developer":
+        copy["tools"] = message.get("tools")
+    return copy
+
+
+def _strip_billing_header(parts: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for part in parts:
+        text = part if isinstance(part, str) else part.get("text") if isinstance(part, Mapping) else None
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER)):
+            out.append(part)
+            continue
+        rest = text.partition("\n")[2]
+        if rest:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
+
+
+def _parsed_call(call: Any) -> dict[str, Any]:
+    if not isinstance(call, Mapping):
+        raise UnsupportedRequest("assistant 'tool_calls' entries must be objects")
+    fn = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(fn, Mapping):
+        raise UnsupportedRequest("only tool calls of type 'function' are supported")
     arguments = fn.get("arguments")
-    if isinstance(arguments, str):
-        # Unparseable arguments stay as sent: the template renders the raw string.
-        with contextlib.suppress(json.JSONDecodeError):
-            fn["arguments"] = json.loads(arguments) if arguments else {}
-    return {**call, "function": fn}
+    parsed: Any = arguments
+    if isinstance(arguments, str) and arguments:
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError:
+            parsed = None
+    # vLLM hands templates an object whatever was sent: empty, malformed or non-object -> {}.
+    if not isinstance(parsed, Mapping):
+        parsed = {}
+    return {**call, "function": {**fn, "arguments": parsed}}
 
 
 class HfTokenizer:
