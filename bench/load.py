@@ -1,0 +1,304 @@
+"""Load: 1,000 concurrent streaming sessions through prefixgate for a bounded time.
+
+Fast stub ranks (own processes) stand in for vLLM. Each session is a task that loops until the
+phase ends: it sends its growing conversation (``x-session-id``), streams the answer to the end and
+checks it ends with ``data: [DONE]``. Phases, all at the same concurrency:
+
+1. ``direct``: sessions spread over the ranks without prefixgate (the latency baseline);
+2. ``one_proxy``: through one ``prefixgate serve`` process;
+3. ``two_proxies``: half the sessions through each of two processes sharing a Redis prefix index
+   (``--redis-url``; skipped when ``redis-server`` is not installed).
+
+Per phase: requests completed, errors (must be 0), p50/p99 time to last byte, and for the proxied
+phases the latency added over ``direct`` plus each proxy's RSS and open file descriptors sampled
+every 2 s (RSS must stay flat: growth past the warm-up is reported per minute). The machine has 2
+cores shared by the client, the ranks and the proxies, so the absolute latencies are queueing; the
+comparison between phases is what matters.
+
+    python -m bench.load [--sessions 1000] [--seconds 45] [--direct-seconds 15] [--two-seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import resource
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+import psutil
+
+from bench.common import Subprocess, machine, median, percentile, proxy_process, stub_rank_process, write_json
+from proxy.server import free_port
+
+WARMUP_S = 5.0
+SAMPLE_EVERY_S = 2.0
+SYSTEM = "You are a careful coding agent working in a large repository. " * 20
+DONE = b"data: [DONE]"
+
+
+def raise_fd_limit(wanted: int = 65_536) -> int:
+    """Raise the soft open-files limit (1,000 sessions need 2-3 sockets each across the processes)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = min(wanted, hard) if hard != resource.RLIM_INFINITY else wanted
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+@dataclass
+class PhaseStats:
+    started: float
+    latencies: list[float] = field(default_factory=list)
+    completed: int = 0
+    errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+
+
+async def session(http: aiohttp.ClientSession, url: str, sid: int, stats: PhaseStats, stop_at: float) -> None:
+    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    turn = 0
+    rng = random.Random(sid)
+    await asyncio.sleep(rng.random() * 2.0)  # spread the first requests over 2 s
+    while time.monotonic() < stop_at:
+        turn += 1
+        messages.append({"role": "user", "content": f"session {sid} turn {turn}: fix the next failing test"})
+        if len(messages) > 12:  # keep bodies agent-sized but bounded
+            del messages[1:3]
+        body = orjson.dumps({"model": "stub-model", "messages": messages, "stream": True, "max_tokens": 8})
+        sent = time.monotonic()
+        try:
+            async with http.post(
+                url + "/v1/chat/completions",
+                data=body,
+                headers={"content-type": "application/json", "x-session-id": f"load-{sid}"},
+            ) as response:
+                data = await response.read()
+                if response.status != 200:
+                    stats.error(f"http_{response.status}")
+                elif not data.rstrip().endswith(DONE) or b'"error"' in data:
+                    stats.error("stream_incomplete")
+                else:
+                    stats.completed += 1
+                    if sent - stats.started >= WARMUP_S:
+                        stats.latencies.append(time.monotonic() - sent)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            stats.error(type(exc).__name__)
+        messages.append({"role": "assistant", "content": "Done; the test passes now."})
+
+
+async def run_phase(urls: list[str], sessions: int, seconds: float) -> PhaseStats:
+    stats = PhaseStats(started=time.monotonic())
+    stop_at = stats.started + seconds
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        await asyncio.gather(
+            *(session(http, urls[i % len(urls)], i, stats, stop_at) for i in range(sessions))
+        )
+    return stats
+
+
+class Sampler(threading.Thread):
+    """RSS (MB) and open fds of processes every ``SAMPLE_EVERY_S`` seconds."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.procs = [psutil.Process(pid) for pid in pids]
+        self.samples: list[dict[str, Any]] = []
+        self._halt = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            row: dict[str, Any] = {"t": round(time.monotonic() - self.t0, 1)}
+            for i, proc in enumerate(self.procs):
+                with contextlib.suppress(psutil.Error):
+                    row[f"rss_mb_{i}"] = round(proc.memory_info().rss / 2**20, 1)
+                    row[f"fds_{i}"] = proc.num_fds()
+            self.samples.append(row)
+            self._halt.wait(SAMPLE_EVERY_S)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+
+
+def memory_summary(samples: list[dict[str, Any]], index: int) -> dict[str, Any]:
+    key = f"rss_mb_{index}"
+    points = [(s["t"], s[key]) for s in samples if key in s]
+    after = [(t, v) for t, v in points if t >= WARMUP_S * 2] or points
+    first, last = after[0], after[-1]
+    minutes = max((last[0] - first[0]) / 60, 1e-9)
+    fds = [s[f"fds_{index}"] for s in samples if f"fds_{index}" in s]
+    return {
+        "rss_mb_start": points[0][1],
+        "rss_mb_after_warmup": first[1],
+        "rss_mb_end": last[1],
+        "rss_mb_max": max(v for _, v in points),
+        "rss_growth_mb_per_min_after_warmup": round((last[1] - first[1]) / minutes, 2),
+        "fds_max": max(fds) if fds else None,
+        "fds_end": fds[-1] if fds else None,
+    }
+
+
+def summarize(stats: PhaseStats, seconds: float) -> dict[str, Any]:
+    lat = stats.latencies
+    return {
+        "seconds": seconds,
+        "completed": stats.completed,
+        "requests_per_s": round(stats.completed / seconds, 1),
+        "errors": stats.errors,
+        "error_kinds": stats.error_kinds,
+        "p50_ms": round(median(lat) * 1000, 2),
+        "p99_ms": round(percentile(lat, 99) * 1000, 2),
+    }
+
+
+def proxied_phase(
+    proxies: list[tuple[Subprocess, str]], sessions: int, seconds: float
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    pids = [p.proc.pid for p, _ in proxies if p.proc is not None]
+    sampler = Sampler(pids)
+    sampler.start()
+    stats = asyncio.run(run_phase([url for _, url in proxies], sessions, seconds))
+    time.sleep(SAMPLE_EVERY_S)  # one sample after the load, with the sessions' sockets closed
+    sampler.stop()
+    result = summarize(stats, seconds)
+    result["proxies"] = [memory_summary(sampler.samples, i) for i in range(len(pids))]
+    return result, sampler.samples
+
+
+@contextlib.contextmanager
+def redis_server() -> Any:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        yield None
+        return
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import redis
+
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(
+        f"{'phase':<12} {'done':>7} {'req/s':>7} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'+p50':>7} {'+p99':>7}"
+    )
+    for name, r in results.items():
+        if not isinstance(r, dict) or "completed" not in r:
+            continue
+        print(
+            f"{name:<12} {r['completed']:>7} {r['requests_per_s']:>7} {r['errors']:>6} {r['p50_ms']:>8} "
+            f"{r['p99_ms']:>8} {r.get('added_p50_ms', ''):>7} {r.get('added_p99_ms', ''):>7}"
+        )
+        for i, mem in enumerate(r.get("proxies", [])):
+            print(
+                f"   proxy {i}: RSS {mem['rss_mb_start']} -> {mem['rss_mb_after_warmup']} -> "
+                f"{mem['rss_mb_end']} MB "
+                f"(max {mem['rss_mb_max']}, {mem['rss_growth_mb_per_min_after_warmup']:+} MB/min after "
+                f"warm-up), fds max {mem['fds_max']} end {mem['fds_end']}"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=45.0, help="duration through one proxy")
+    parser.add_argument("--direct-seconds", type=float, default=15.0)
+    parser.add_argument("--two-seconds", type=float, default=30.0, help="duration through two proxies")
+    parser.add_argument("--ranks", type=int, default=2)
+    args = parser.parse_args()
+    fd_limit = raise_fd_limit()
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "sessions": args.sessions,
+        "fd_soft_limit": fd_limit,
+        "warmup_s_excluded": WARMUP_S,
+    }
+    ranks = [stub_rank_process(chunks=8) for _ in range(args.ranks)]
+    with contextlib.ExitStack() as stack:
+        for rank, _ in ranks:
+            stack.enter_context(rank)
+        rank_urls = [url for _, url in ranks]
+        backends = [f"stub-{i}={url}" for i, url in enumerate(rank_urls)]
+
+        print(
+            f"direct: {args.sessions} sessions over {len(rank_urls)} stub ranks "
+            f"for {args.direct_seconds:.0f} s"
+        )
+        direct = summarize(
+            asyncio.run(run_phase(rank_urls, args.sessions, args.direct_seconds)), args.direct_seconds
+        )
+        results["direct"] = direct
+
+        print(f"one_proxy: {args.sessions} sessions through one prefixgate for {args.seconds:.0f} s")
+        with contextlib.ExitStack() as proxies:
+            one = [proxy_process(backends)]
+            for proc, _ in one:
+                proxies.enter_context(proc)
+            results["one_proxy"], results["one_proxy_samples"] = proxied_phase(
+                one, args.sessions, args.seconds
+            )
+
+        with redis_server() as redis_url:
+            extra = ["--redis-url", redis_url] if redis_url else []
+            results["two_proxies_redis"] = redis_url is not None
+            print(
+                f"two_proxies: {args.sessions} sessions through two prefixgate processes "
+                f"({'sharing Redis' if redis_url else 'no redis-server found: without Redis'}) "
+                f"for {args.two_seconds:.0f} s"
+            )
+            with contextlib.ExitStack() as proxies:
+                two = [proxy_process(backends, extra=extra) for _ in range(2)]
+                for proc, _ in two:
+                    proxies.enter_context(proc)
+                results["two_proxies"], results["two_proxies_samples"] = proxied_phase(
+                    two, args.sessions, args.two_seconds
+                )
+
+    for name in ("one_proxy", "two_proxies"):
+        r = results[name]
+        r["added_p50_ms"] = round(r["p50_ms"] - direct["p50_ms"], 2)
+        r["added_p99_ms"] = round(r["p99_ms"] - direct["p99_ms"], 2)
+    print_table(results)
+    errors = sum(results[n]["errors"] for n in ("direct", "one_proxy", "two_proxies"))
+    path = write_json("load.json", results)
+    print(f"wrote {path}; errors in total: {errors}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

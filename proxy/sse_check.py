@@ -1,0 +1,61 @@
+"""Checks that a rank's SSE stream is well-formed while it is relayed.
+
+A rank that emits an undecodable ``data:`` event would hand the client garbage its SDK cannot
+parse; prefixgate stops the stream at the first such event instead (with an SSE error event), or
+retries on another rank when the bad event is in the first chunk, before anything was sent.
+
+Only complete lines are checked: a chunk boundary may fall anywhere, so the unterminated tail of a
+chunk waits for the next one. Each event's data is parsed once with orjson (about a microsecond for
+a token chunk), which is the only way to tell a truncated JSON object from a whole one.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+#: Longest line accepted without a newline; a rank streaming more without one is broken.
+MAX_PENDING_BYTES = 8 * 1024 * 1024
+DONE = b"[DONE]"
+
+
+class SseChecker:
+    """Feed it the stream's chunks in order; ``feed`` returns a description of the first defect."""
+
+    __slots__ = ("_data", "_pending")
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._data: list[bytes] = []  # data lines of the event being read
+
+    def feed(self, chunk: bytes) -> str | None:
+        """None while the stream is well-formed, else what is wrong with it."""
+        data = self._pending + chunk if self._pending else chunk
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._pending = data
+            if len(data) > MAX_PENDING_BYTES:
+                return f"a line longer than {MAX_PENDING_BYTES} bytes"
+            return None
+        self._pending = data[end + 1 :]
+        for line in data[:end].split(b"\n"):
+            line = line.rstrip(b"\r")
+            if not line:  # a blank line ends the event
+                if self._data:
+                    problem = self._check_event()
+                    if problem is not None:
+                        return problem
+                continue
+            if line.startswith(b"data:"):
+                self._data.append(line[5:].lstrip(b" "))
+        return None
+
+    def _check_event(self) -> str | None:
+        parts, self._data = self._data, []
+        payload = parts[0] if len(parts) == 1 else b"\n".join(parts)
+        if payload == DONE:
+            return None
+        try:
+            orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return f"malformed SSE event: {payload[:80]!r}"
+        return None
