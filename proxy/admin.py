@@ -1,0 +1,126 @@
+"""The admin API over the session table: list, show and end sessions (``/admin/sessions``).
+
+Guarded by ``proxy/auth.py``: with the admin token every session is visible; a client key sees only
+its own sessions (those recorded with its label).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.admission import Admission
+from proxy.errors import ProxyError, error_response
+from proxy.sessions import SORT_FIELDS, Session
+
+MAX_PAGE = 1000
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _viewer(request: Request) -> str | None:
+    """None: sees every session (admin); else the client label whose sessions alone are visible."""
+    state = request.scope.get("state") or {}
+    if state.get("is_admin", True):
+        return None
+    return state.get("client_label") or ""
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ProxyError(400, f"'{name}' must be an integer", param=name, code="invalid_request") from None
+    if not low <= value <= high:
+        raise ProxyError(400, f"'{name}' must be within {low}..{high}", param=name, code="invalid_request")
+    return value
+
+
+def _not_found(session_id: str) -> Response:
+    return error_response(ProxyError(404, f"no session {session_id!r}", code="session_not_found"))
+
+
+def admin_router(admission: Callable[[], Admission]) -> APIRouter:
+    """Routes for ``/admin/sessions``; ``admission()`` gives the running gateway's admission."""
+    router = APIRouter()
+
+    @router.get("/admin/sessions")
+    async def list_sessions(request: Request) -> Response:
+        """``?sort=FIELD&order=asc|desc&offset=N&limit=N&active=1``: a page of the table."""
+        params = request.query_params
+        sort = params.get("sort", "last_seen")
+        order = params.get("order", "desc")
+        if sort not in SORT_FIELDS:
+            fields = ", ".join(sorted(SORT_FIELDS))
+            return error_response(ProxyError(400, f"'sort' must be one of {fields}", param="sort"))
+        if order not in ("asc", "desc"):
+            return error_response(ProxyError(400, "'order' must be asc or desc", param="order"))
+        try:
+            offset = _int_param(request, "offset", 0, 0, 1 << 31)
+            limit = _int_param(request, "limit", 50, 1, MAX_PAGE)
+        except ProxyError as exc:
+            return error_response(exc)
+        active_only = params.get("active", "0").lower() in ("1", "true", "yes")
+        gate = admission()
+        page = gate.table.page(
+            sort=sort,
+            descending=order == "desc",
+            offset=offset,
+            limit=limit,
+            active_only=active_only,
+            client=_viewer(request),
+        )
+        now = gate.table.clock()
+        ttl = gate.config.idle_ttl
+        return _json(
+            {
+                "object": "list",
+                "total": page.total,
+                "offset": offset,
+                "limit": limit,
+                "sort": sort,
+                "order": order,
+                "data": [_row(s, now, ttl, with_breaks=False) for s in page.sessions],
+            }
+        )
+
+    @router.get("/admin/sessions/{session_id:path}")
+    async def show_session(request: Request, session_id: str) -> Response:
+        gate = admission()
+        session = gate.table.get(session_id)
+        if session is None or not _visible(request, session):
+            return _not_found(session_id)
+        return _json(_row(session, gate.table.clock(), gate.config.idle_ttl, with_breaks=True))
+
+    @router.delete("/admin/sessions/{session_id:path}")
+    async def end_session(request: Request, session_id: str) -> Response:
+        """End a session at once: its working set no longer counts against its rank's budget."""
+        gate = admission()
+        session = gate.table.get(session_id)
+        if session is None or not _visible(request, session):
+            return _not_found(session_id)
+        gate.release(session_id)
+        return _json({"id": session_id, "object": "session", "deleted": True})
+
+    return router
+
+
+def _visible(request: Request, session: Session) -> bool:
+    viewer = _viewer(request)
+    return viewer is None or session.client == viewer
+
+
+def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> dict[str, object]:
+    data = session.to_dict(with_breaks=with_breaks)
+    data["id"] = session.key
+    data["active"] = session.is_active(now, idle_ttl)
+    return data

@@ -1,0 +1,115 @@
+"""Fixtures for the session and admission tests: simulated ranks with tiny pools, proxies, Redis."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
+from proxy.app import create_app
+from proxy.config import load_settings
+from proxy.server import ServerThread
+from tests.routing.conftest import RedisServer
+
+#: A rank's pool: two 700-token sessions fit its 0.8 budget (1,638 tokens), a third does not.
+KV_TOKENS = 2048
+
+
+@pytest.fixture
+def fleet() -> Iterator[Callable[[int], list[SimRankServer]]]:
+    started: list[list[SimRankServer]] = []
+
+    def start(n: int) -> list[SimRankServer]:
+        ranks = start_fleet(n, SimConfig(kv_tokens=KV_TOKENS, time_scale=0))
+        started.append(ranks)
+        return ranks
+
+    yield start
+    for ranks in started:
+        stop_fleet(ranks)
+
+
+@pytest.fixture
+def gateway() -> Iterator[Callable[..., ServerThread]]:
+    """Start prefixgate in front of sim ranks: ``gateway(ranks, admission_wait=0.2)``."""
+    started: list[ServerThread] = []
+
+    def start(ranks: list[SimRankServer], **options: Any) -> ServerThread:
+        options.setdefault("health_interval", 0.5)
+        settings = load_settings(
+            flags=options, backend_specs=[f"{r.name}={r.url}" for r in ranks], environ={}
+        )
+        server = ServerThread(create_app(settings)).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+def prompt_of(session: str, tokens: int) -> str:
+    """A user message of about ``tokens`` tokens, distinct per session (no shared prefix)."""
+    return f"{session}: " + "data " * tokens
+
+
+def chat(
+    url: str, session: str, tokens: int, headers: dict[str, str] | None = None, timeout: float = 20.0
+) -> httpx.Response:
+    body = {
+        "model": "sim",
+        "messages": [{"role": "user", "content": prompt_of(session, tokens)}],
+        "max_tokens": 16,
+    }
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json=body,
+        headers={"x-session-id": session, **(headers or {})},
+        timeout=timeout,
+    )
+
+
+class Background:
+    """A request run in a thread, so the test can watch the proxy while it waits."""
+
+    def __init__(self, fn: Callable[[], httpx.Response]) -> None:
+        self.response: httpx.Response | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], httpx.Response]) -> None:
+        try:
+            self.response = fn()
+        except BaseException as exc:  # reported by result()
+            self.error = exc
+
+    def result(self, timeout: float = 20.0) -> httpx.Response:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "request did not finish"
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None
+        return self.response
+
+
+def metric(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float | None:
+    """The value of one sample on ``/metrics`` (None when absent)."""
+    text = httpx.get(url + "/metrics", headers=headers, timeout=5).text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    series = f"{name}{{{want}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None

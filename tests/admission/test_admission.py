@@ -1,0 +1,213 @@
+"""Admission control end to end: real proxies in front of simulated ranks with 2,048-token pools."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.admission.conftest import KV_TOKENS, Background, chat, metric
+
+BUDGET = int(KV_TOKENS * 0.8)
+
+
+def sessions_of(url: str, **params: str) -> list[dict]:
+    answer = httpx.get(url + "/admin/sessions", params={"limit": "100", **params}, timeout=5)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["data"]
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(2)
+    proxy = gateway(ranks, admission_wait=0.2, session_idle_ttl=60)
+    for n in range(4):
+        assert chat(proxy.url, f"s{n}", 700).status_code == 200
+    rows = sessions_of(proxy.url)
+    assert len(rows) == 4
+    per_rank: dict[str, int] = {}
+    for row in rows:
+        assert row["turns"] == 1 and row["active"]
+        assert row["context_tokens"] == row["prompt_tokens_sent"] + 16  # the answer joins the context
+        per_rank[row["rank"]] = per_rank.get(row["rank"], 0) + row["context_tokens"]
+    # two sessions per rank: a third would not fit the 0.8 budget of a 2,048-token pool
+    assert sorted(per_rank) == sorted(r.name for r in ranks)
+    for name, tokens in per_rank.items():
+        assert tokens <= BUDGET
+        assert metric(proxy.url, "prefixgate_rank_working_set_tokens", backend=name) == tokens
+        assert metric(proxy.url, "prefixgate_sessions_active", backend=name) == 2
+        assert metric(proxy.url, "prefixgate_rank_pool_tokens", backend=name) == KV_TOKENS
+
+    refused = chat(proxy.url, "s4", 700)
+    assert refused.status_code == 429
+    assert int(refused.headers["retry-after"]) >= 1
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "admission_pool_full"
+    assert "no rank has room" in error["message"]
+    assert metric(proxy.url, "prefixgate_admission_rejected_total", reason="pool_full") == 1
+
+    # an explicit end releases the budget at once
+    victim = rows[0]["id"]
+    assert httpx.delete(f"{proxy.url}/admin/sessions/{victim}", timeout=5).json()["deleted"] is True
+    assert httpx.get(f"{proxy.url}/admin/sessions/{victim}", timeout=5).status_code == 404
+    assert chat(proxy.url, "s4", 700).status_code == 200
+    assert {r["id"] for r in sessions_of(proxy.url)} == {"s1", "s2", "s3", "s4"} - {victim} | (
+        {"s0"} if victim != "s0" else set()
+    )
+
+
+def test_queued_session_is_admitted_when_one_idles_out(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    proxy = gateway(ranks, admission_wait=15, session_idle_ttl=2.0)
+    assert chat(proxy.url, "a", 700).status_code == 200
+    assert chat(proxy.url, "b", 700).status_code == 200
+    answer = chat(proxy.url, "c", 700)  # queued until a and b idle out
+    assert answer.status_code == 200
+    assert metric(proxy.url, "prefixgate_admission_queued_total") == 1
+    assert metric(proxy.url, "prefixgate_admission_queue_depth") == 0
+    rows = {r["id"]: r for r in sessions_of(proxy.url, active="1")}
+    assert set(rows) == {"c"}  # a and b idled out: only c counts now
+
+
+def test_queue_is_first_come_first_served(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    proxy = gateway(ranks, admission_wait=15, session_idle_ttl=60)
+    for key in ("a", "b"):
+        assert chat(proxy.url, key, 700).status_code == 200
+    first = Background(lambda: chat(proxy.url, "first", 700))
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 1)
+    second = Background(lambda: chat(proxy.url, "second", 700))
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 2)
+    httpx.delete(f"{proxy.url}/admin/sessions/a", timeout=5)  # room for one
+    assert first.result().status_code == 200
+    assert metric(proxy.url, "prefixgate_admission_queue_depth") == 1
+    httpx.delete(f"{proxy.url}/admin/sessions/b", timeout=5)
+    assert second.result().status_code == 200
+
+
+def test_a_sessions_own_turns_are_never_refused(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    proxy = gateway(ranks, admission_wait=0.1, session_idle_ttl=60)
+    assert chat(proxy.url, "a", 700).status_code == 200
+    assert chat(proxy.url, "b", 700).status_code == 200
+    assert chat(proxy.url, "c", 700).status_code == 429  # full
+    # a grows past the budget and b with it past the pool: both keep being served
+    for tokens in (900, 1300, 1700):
+        assert chat(proxy.url, "a", tokens).status_code == 200
+    assert chat(proxy.url, "b", 760).status_code == 200
+    rows = {r["id"]: r for r in sessions_of(proxy.url)}
+    assert rows["a"]["turns"] == 4 and rows["b"]["turns"] == 2
+    assert rows["a"]["context_tokens"] > BUDGET
+    working_set = rows["a"]["context_tokens"] + rows["b"]["context_tokens"]
+    assert working_set > KV_TOKENS
+    name = ranks[0].name
+    assert metric(proxy.url, "prefixgate_rank_over_pool", backend=name) == 1
+    assert metric(proxy.url, "prefixgate_rank_working_set_tokens", backend=name) == working_set
+    # an over-pool rank takes no new session, even a tiny one
+    assert chat(proxy.url, "tiny", 10).status_code == 429
+
+
+def test_client_key_session_cap_and_visibility(fleet, gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("- {key: key-alice, label: alice, max_sessions: 1}\n- {key: key-bob, label: bob}\n")
+    proxy = gateway(ranks, api_keys_file=str(keys), admission_wait=0.1, session_idle_ttl=60)
+    alice = {"authorization": "Bearer key-alice"}
+    bob = {"authorization": "Bearer key-bob"}
+    assert chat(proxy.url, "alice-1", 100, alice).status_code == 200
+    assert chat(proxy.url, "alice-1", 150, alice).status_code == 200  # her own session goes on
+    refused = chat(proxy.url, "alice-2", 100, alice)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "too_many_sessions"
+    assert "retry-after" in refused.headers
+    assert chat(proxy.url, "bob-1", 100, bob).status_code == 200
+    # a client key sees its own sessions only
+    mine = httpx.get(proxy.url + "/admin/sessions", headers=alice, timeout=5).json()["data"]
+    assert [(r["id"], r["client"]) for r in mine] == [("alice-1", "alice")]
+    assert httpx.get(proxy.url + "/admin/sessions/bob-1", headers=alice, timeout=5).status_code == 404
+    assert metric(proxy.url, "prefixgate_admission_rejected_total", bob, reason="client_sessions") == 1
+
+
+def test_no_admission_admits_past_the_budget(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    proxy = gateway(ranks, no_admission=True, admission_wait=0.1, session_idle_ttl=60)
+    for key in ("a", "b", "c"):
+        assert chat(proxy.url, key, 700).status_code == 200
+    assert len(sessions_of(proxy.url, active="1")) == 3
+
+
+def test_two_replicas_share_sessions_through_redis(fleet, gateway, redis_server) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    options = {"redis_url": redis_server.url, "admission_wait": 0.2, "session_idle_ttl": 60}
+    one = gateway(ranks, **options)
+    two = gateway(ranks, **options)
+    assert chat(one.url, "a", 700).status_code == 200
+    assert chat(one.url, "b", 700).status_code == 200
+    # the other replica sees the rank full through the shared table
+    assert {r["id"] for r in sessions_of(two.url)} == {"a", "b"}
+    assert chat(two.url, "c", 700).status_code == 429
+    # a turn of a on the other replica continues the same record
+    assert chat(two.url, "a", 750).status_code == 200
+    record = httpx.get(f"{one.url}/admin/sessions/a", timeout=5).json()
+    assert record["turns"] == 2 and record["rank"] == ranks[0].name
+    # an end on one replica frees the budget for the other
+    assert httpx.delete(f"{two.url}/admin/sessions/b", timeout=5).status_code == 200
+    assert chat(one.url, "c", 700).status_code == 200
+
+
+def test_hit_rate_gauges_follow_what_the_ranks_report(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    proxy = gateway(ranks, session_idle_ttl=60)
+    for tokens in (300, 400, 500):  # each turn extends the previous prompt: later turns hit
+        assert chat(proxy.url, "a", tokens).status_code == 200
+    assert chat(proxy.url, "b", 200).status_code == 200
+    rows = {r["id"]: r for r in sessions_of(proxy.url)}
+    a = rows["a"]
+    assert a["hit_tokens_reported"] > 0
+    assert a["prefill_tokens"] == a["prompt_tokens_sent"] - a["hit_tokens_reported"]
+    assert a["hit_tokens_estimated"] > 0
+    name = ranks[0].name
+    assert metric(proxy.url, "prefixgate_session_hit_rate", session="a", backend=name) == a["hit_rate"]
+    sent = sum(r["prompt_tokens_sent"] for r in rows.values())
+    hits = sum(r["hit_tokens_reported"] for r in rows.values())
+    assert metric(proxy.url, "prefixgate_fleet_hit_rate") == hits / sent
+
+
+def test_admin_list_sorts_and_paginates(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(2)
+    proxy = gateway(ranks, session_idle_ttl=60)
+    for n, tokens in enumerate((50, 300, 120, 200)):
+        assert chat(proxy.url, f"s{n}", tokens).status_code == 200
+    by_size = sessions_of(proxy.url, sort="context_tokens", order="asc")
+    assert [r["id"] for r in by_size] == ["s0", "s2", "s3", "s1"]
+    page = httpx.get(
+        proxy.url + "/admin/sessions",
+        params={"sort": "context_tokens", "order": "desc", "limit": "2", "offset": "1"},
+        timeout=5,
+    ).json()
+    assert page["total"] == 4 and [r["id"] for r in page["data"]] == ["s3", "s2"]
+    bad = httpx.get(proxy.url + "/admin/sessions", params={"sort": "nope"}, timeout=5)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "sort"
+
+
+def test_a_client_that_leaves_the_queue_frees_its_place(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    proxy = gateway(ranks, admission_wait=30, session_idle_ttl=60)
+    for key in ("a", "b"):
+        assert chat(proxy.url, key, 700).status_code == 200
+    impatient = Background(lambda: chat(proxy.url, "c", 700, timeout=1.0))
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 1)
+    try:
+        impatient.result()
+        raise AssertionError("the queued request should have timed out on the client side")
+    except httpx.TimeoutException:
+        pass
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 0)
+    assert httpx.get(f"{proxy.url}/admin/sessions/c", timeout=5).status_code == 404
