@@ -1,0 +1,429 @@
+"""The pipeline for the agents' own APIs: Anthropic Messages and OpenAI Responses.
+
+The stages are those of ``proxy/pipeline.py``, run over two views of one request: the session key
+and canonicalization work on the client's body in its own API (canonicalization through the API's
+chat-shaped view of system text, tools and messages, mapped back); the rest (blocks, admission,
+routing, observation) works on the chat-completions body vLLM converts the request into
+(``tokenization.agent_apis``), which becomes ``ctx.body`` once the upstream bytes are fixed. The
+rank gets the client's request at the same path, re-serialized only when canonicalization changed
+it, and its answer is relayed as it comes, in the API's own SSE events; errors take the API's shape.
+
+Responses continuing a stored one (``previous_response_id``) and retrievals go to the rank that
+stored it (``proxy.responses.ResponseRanks``), never elsewhere: a rank that is gone is an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.agent_api import AgentApi, last_event_with, usage_from_body
+from proxy.anthropic import AnthropicApi
+from proxy.canonicalize import DEBUG_HEADER, OFF_HEADER, rewrites_header
+from proxy.context import ApiKind, RequestContext
+from proxy.errors import NO_BACKEND, ProxyError, bad_request, upstream_failed
+from proxy.forward import (
+    ClientDisconnected,
+    Forwarder,
+    RelayResponse,
+    StreamOutcome,
+    response_headers,
+    until_disconnected,
+    upstream_headers,
+)
+from proxy.parse import parse_json_object, read_body
+from proxy.pipeline import CLIENT_CLOSED, Pipeline
+from proxy.responses import ResponseRanks, ResponsesApi, make_response_ranks
+from proxy.session_id import fingerprint, identify_session
+from routing.backends import Backend
+from tokenization.agent_apis import ConversionError
+from tokenization.backend_tokenizer import BackendTokenizeError
+from tokenization.base import UnsupportedRequest
+
+log = logging.getLogger("prefixgate.agents")
+
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+RESPONSES_PATH = "/v1/responses"
+
+
+def rank_unavailable(response_id: str, backend: str, why: str) -> ProxyError:
+    return ProxyError(
+        503,
+        f"response {response_id!r} is stored on rank {backend}, which is {why}; it cannot be continued "
+        "or retrieved on another rank (start a new conversation, or resend the full input without "
+        "previous_response_id)",
+        type_="service_unavailable",
+        code="response_rank_unavailable",
+        param="previous_response_id",
+    )
+
+
+def response_not_found(response_id: str) -> ProxyError:
+    return ProxyError(
+        404,
+        f"response {response_id!r} is not known to prefixgate and no healthy rank holds it",
+        code="response_not_found",
+        param="previous_response_id",
+    )
+
+
+class _PinnedRouter:
+    """A router with one choice: the rank holding a stored response."""
+
+    def __init__(self, backend: Backend, response_id: str) -> None:
+        self.backend = backend
+        self.response_id = response_id
+
+    def pick(self, ctx: Any, tried: Any = ()) -> Backend:
+        if self.backend.name in tried or not self.backend.healthy:
+            raise rank_unavailable(self.response_id, self.backend.name, "down")
+        return self.backend
+
+
+class AgentPipeline:
+    """Handlers for ``/v1/messages``, ``/v1/messages/count_tokens`` and ``/v1/responses[/{id}]``."""
+
+    def __init__(self, pipeline: Pipeline, ranks: ResponseRanks, probe_timeout: float = 2.0) -> None:
+        self.pipeline = pipeline
+        self.forwarder = pipeline.forwarder
+        self.metrics = pipeline.metrics
+        self.ranks = ranks
+        self.probe_timeout = probe_timeout
+        self.anthropic = AnthropicApi()
+        self.responses = ResponsesApi()
+
+    @classmethod
+    def from_settings(cls, pipeline: Pipeline, settings: Any) -> AgentPipeline:
+        ranks = make_response_ranks(settings.redis_url, settings.redis_timeout)
+        return cls(pipeline, ranks, settings.health_timeout)
+
+    # -- POST ---------------------------------------------------------------------------------------
+    async def handle(self, request: Request, api: AgentApi) -> Response:
+        """``POST /v1/messages`` or ``POST /v1/responses``: the whole pipeline."""
+        endpoint = api.kind.upstream_path
+        started = time.perf_counter()
+        ctx: RequestContext | None = None
+        try:
+            ctx = await self._parse(request, api, started)
+            identify_session(ctx)
+            self._canonicalize(ctx, api)
+            upstream = orjson.dumps(ctx.body) if ctx.body_changed else ctx.raw_body
+            try:
+                chat = api.to_chat(ctx.body)
+            except ConversionError as exc:
+                raise bad_request(str(exc)) from None
+            if ctx.session_key is None:
+                key = fingerprint(chat)
+                if key is not None:
+                    ctx.session_key, ctx.session_source = key, "fingerprint"
+            previous = _previous_id(ctx) if api.kind is ApiKind.RESPONSES else None
+            ctx.body = chat  # from here on, the stages see the chat request the rank will render
+            forwarder = self.forwarder
+            if previous is not None:
+                backend = await self._rank_of(previous)
+                forwarder = Forwarder(
+                    self.forwarder.client,
+                    _PinnedRouter(backend, previous),  # type: ignore[arg-type]
+                    self.metrics,
+                    retries=0,
+                )
+            else:
+                await self._blocks(ctx)
+            if self.pipeline.admission is not None:
+                await self.pipeline.admission.admit(ctx)
+            opened = await until_disconnected(
+                request.receive,
+                forwarder.open(
+                    ctx,
+                    endpoint,
+                    upstream,
+                    upstream_headers(request.headers),
+                    stream=ctx.stream,
+                    endpoint=endpoint,
+                ),
+            )
+        except ProxyError as exc:
+            return self._error(api, endpoint, exc, started)
+        except ClientDisconnected:
+            return self._client_gone(endpoint, ctx, started)
+
+        backend = opened.backend.name
+        if self.pipeline.explainer is not None:
+            self.pipeline.explainer.after_route(ctx)
+        headers = self._session_headers(ctx)
+        if opened.chunks is not None:
+            stored = self._remember_from_stream(api, opened.first_chunk, backend)
+
+            def finish(outcome: StreamOutcome) -> None:
+                self._finish_stream(api, endpoint, ctx, backend, outcome, started, stored)
+
+            relay = RelayResponse(opened, finish, api.sse_error)
+            relay.headers.update(headers)
+            return relay
+
+        status = opened.response.status
+        assert opened.body is not None
+        if status == 200:
+            self.pipeline._observe(ctx, backend, usage_from_body(api, opened.body))
+            if api.kind is ApiKind.RESPONSES:
+                self._remember(_response_id(opened.body), backend)
+        out_headers = response_headers(opened.response, backend)
+        out_headers.update(headers)
+        now = time.perf_counter()
+        self.metrics.ttfb.labels(endpoint).observe(now - started)
+        self.metrics.duration.labels(endpoint).observe(now - started)
+        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+        return Response(opened.body, status_code=status, headers=out_headers)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``: any healthy rank counts the request as it would be sent
+        (canonicalized); nothing is cached, so nothing is routed by prefix."""
+        api = self.anthropic
+        started = time.perf_counter()
+        try:
+            ctx = await self._parse(request, api, started)
+            identify_session(ctx)
+            self._canonicalize(ctx, api)
+            opened = await until_disconnected(
+                request.receive,
+                self.forwarder.open(
+                    None,
+                    COUNT_TOKENS_PATH,
+                    ctx.upstream_body(),
+                    upstream_headers(request.headers),
+                    stream=False,
+                    endpoint=COUNT_TOKENS_PATH,
+                ),
+            )
+        except ProxyError as exc:
+            return self._error(api, COUNT_TOKENS_PATH, exc, started)
+        except ClientDisconnected:
+            return self._client_gone(COUNT_TOKENS_PATH, None, started)
+        backend = opened.backend.name
+        status = opened.response.status
+        self.metrics.requests.labels(COUNT_TOKENS_PATH, backend, str(status)).inc()
+        self.metrics.duration.labels(COUNT_TOKENS_PATH).observe(time.perf_counter() - started)
+        assert opened.body is not None
+        return Response(opened.body, status_code=status, headers=response_headers(opened.response, backend))
+
+    # -- GET /v1/responses/{id} ---------------------------------------------------------------------
+    async def retrieve(self, request: Request, response_id: str) -> Response:
+        """The stored response, from the rank that stored it."""
+        endpoint = RESPONSES_PATH + "/{id}"
+        started = time.perf_counter()
+        try:
+            backend = await self._rank_of(response_id)
+            headers = upstream_headers(request.headers)
+            headers.pop("content-type", None)
+            url = f"{backend.url}{RESPONSES_PATH}/{quote(response_id, safe='')}"
+            try:
+                async with self.forwarder.client.get(url, headers=headers) as upstream:
+                    body = await upstream.read()
+                    status = upstream.status
+                    out_headers = response_headers(upstream, backend.name)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise upstream_failed(f"{backend.name}: {type(exc).__name__}: {exc}") from None
+        except ProxyError as exc:
+            return self._error(self.responses, endpoint, exc, started)
+        self.metrics.requests.labels(endpoint, backend.name, str(status)).inc()
+        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        return Response(body, status_code=status, headers=out_headers)
+
+    # -- stages -------------------------------------------------------------------------------------
+    async def _parse(self, request: Request, api: AgentApi, started: float) -> RequestContext:
+        raw = await read_body(request, self.pipeline.max_body_bytes)
+        body = parse_json_object(raw)
+        api.validate(body, self.pipeline.bounds)
+        state = request.scope.get("state")
+        return RequestContext(
+            api=api.kind,
+            headers=request.headers,
+            raw_body=raw,
+            body=body,
+            stream=bool(body.get("stream") or False),
+            model=body.get("model"),
+            started=started,
+            client_label=state.get("client_label") if state else None,
+        )
+
+    def _canonicalize(self, ctx: RequestContext, api: AgentApi) -> None:
+        canon = self.pipeline.canon
+        if canon is None or canon.canonicalizer is None:
+            return
+        if ctx.headers.get(OFF_HEADER, "").lower() == "off":
+            return
+        try:
+            view = api.canon_view(ctx.body)
+        except ConversionError as exc:
+            raise bad_request(str(exc)) from None
+        state = canon.states.get(ctx.session_key) if ctx.session_key else None
+        result = canon.canonicalizer.apply(
+            view, api="chat", session=state, model=ctx.model, client_label=ctx.client_label
+        )
+        if not result.changed:
+            return
+        ctx.body = api.from_canon_view(ctx.body, view, result.body)
+        ctx.body_changed = True
+        ctx.rewrites = result.rewrites
+        counter = self.metrics.canonical_rewrites
+        for rule, count in result.rewrites.items():
+            counter.labels(rule).inc(count)
+
+    async def _blocks(self, ctx: RequestContext) -> None:
+        incremental = self.pipeline.blocks.incremental
+        if incremental is None:
+            return
+        try:
+            blocks = await incremental.blocks_for_chat(ctx.session_key, ctx.body)
+        except UnsupportedRequest as exc:
+            log.debug("cannot render the request into blocks: %s", exc)
+            return
+        except BackendTokenizeError as exc:
+            log.warning("backend tokenizer failed, routing without blocks: %s", exc)
+            return
+        ctx.prompt_blocks = blocks
+        ctx.prompt_tokens = blocks.num_tokens
+        ctx.block_hashes = blocks.block_hashes
+
+    async def _rank_of(self, response_id: str) -> Backend:
+        pool = self.forwarder.router.pool
+        name = self.ranks.get(response_id)
+        if name is None:
+            name = await self._probe(response_id)
+            if name is None:
+                raise response_not_found(response_id)
+            self.ranks.put(response_id, name)
+        backend = pool.get(name)
+        if backend is None:
+            raise rank_unavailable(response_id, name, "no longer configured")
+        if not backend.healthy:
+            raise rank_unavailable(response_id, name, "down")
+        return backend
+
+    async def _probe(self, response_id: str) -> str | None:
+        """The healthy rank that has ``response_id`` (for ids stored before this process knew them)."""
+        timeout = aiohttp.ClientTimeout(total=self.probe_timeout)
+        for backend in self.forwarder.router.pool.healthy():
+            url = f"{backend.url}{RESPONSES_PATH}/{quote(response_id, safe='')}"
+            try:
+                async with self.forwarder.client.get(url, timeout=timeout) as response:
+                    if response.status == 200:
+                        return backend.name
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+        return None
+
+    def _remember(self, response_id: str | None, backend: str) -> None:
+        if response_id:
+            self.ranks.put(response_id, backend)
+
+    def _remember_from_stream(self, api: AgentApi, first: bytes, backend: str) -> bool:
+        """Record the response id of ``response.created`` when the first chunk holds it."""
+        if api.kind is not ApiKind.RESPONSES:
+            return False
+        response_id = last_event_with((first,), b'"response"', _event_response_id)
+        self._remember(response_id, backend)
+        return response_id is not None
+
+    # -- observe ------------------------------------------------------------------------------------
+    def _finish_stream(
+        self,
+        api: AgentApi,
+        endpoint: str,
+        ctx: RequestContext,
+        backend: str,
+        outcome: StreamOutcome,
+        started: float,
+        stored: bool,
+    ) -> None:
+        now = time.perf_counter()
+        self.metrics.ttfb.labels(endpoint).observe(outcome.first_byte_at - started)
+        self.metrics.duration.labels(endpoint).observe(now - started)
+        if outcome.disconnected:
+            self.metrics.client_disconnects.labels(endpoint).inc()
+            self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
+            return
+        if outcome.error is not None:
+            self.metrics.stream_errors.labels(backend).inc()
+        self.metrics.requests.labels(endpoint, backend, "200").inc()
+        if not stored and api.kind is ApiKind.RESPONSES:
+            self._remember(last_event_with(outcome.tail, b'"response"', _event_response_id), backend)
+        usage = last_event_with(outcome.tail, b'"usage"', api.usage_from_json)
+        self.pipeline._observe(ctx, backend, usage)  # admission, explainer, router: as for chat
+
+    def _session_headers(self, ctx: RequestContext) -> dict[str, str]:
+        headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
+        if ctx.estimated_cached_tokens is not None:
+            headers["x-prefixgate-estimated-cached-tokens"] = str(ctx.estimated_cached_tokens)
+        if self.pipeline.debug_headers:
+            headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
+        return headers
+
+    def _error(self, api: AgentApi, endpoint: str, exc: ProxyError, started: float) -> Response:
+        self.metrics.requests.labels(endpoint, NO_BACKEND, str(exc.status)).inc()
+        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        return api.error_response(exc, NO_BACKEND)
+
+    def _client_gone(self, endpoint: str, ctx: RequestContext | None, started: float) -> Response:
+        self.metrics.client_disconnects.labels(endpoint).inc()
+        backend = ctx.backend.name if ctx is not None and ctx.backend is not None else NO_BACKEND
+        self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
+        return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": backend})
+
+
+def _previous_id(ctx: RequestContext) -> str | None:
+    previous = ctx.body.get("previous_response_id")
+    return previous if isinstance(previous, str) and previous else None
+
+
+def _response_id(raw: bytes) -> str | None:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    value = data.get("id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _event_response_id(event: Any) -> str | None:
+    response = event.get("response") if isinstance(event, dict) else None
+    value = response.get("id") if isinstance(response, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def install_routes(app: Any, gateway: Any) -> None:
+    """Add the agent APIs' routes to prefixgate's app; the handlers start with the gateway."""
+    agents: list[AgentPipeline] = []
+
+    def handler() -> AgentPipeline:
+        pipeline = gateway.pipeline
+        assert pipeline is not None, "the app's lifespan has not started"
+        if not agents or agents[0].pipeline is not pipeline:  # built once per gateway start
+            agents[:] = [AgentPipeline.from_settings(pipeline, gateway.settings)]
+        return agents[0]
+
+    @app.post(MESSAGES_PATH)
+    async def messages(request: Request) -> Response:
+        agent = handler()
+        return await agent.handle(request, agent.anthropic)
+
+    @app.post(COUNT_TOKENS_PATH)
+    async def count_tokens(request: Request) -> Response:
+        return await handler().count_tokens(request)
+
+    @app.post(RESPONSES_PATH)
+    async def responses(request: Request) -> Response:
+        agent = handler()
+        return await agent.handle(request, agent.responses)
+
+    @app.get(RESPONSES_PATH + "/{response_id}")
+    async def retrieve(request: Request, response_id: str) -> Response:
+        return await handler().retrieve(request, response_id)

@@ -1,0 +1,118 @@
+"""The Anthropic Messages API (Claude Code): ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
+
+Canonicalization sees ``system`` (a string, or text blocks whose ``cache_control`` markers ride
+along untouched) as the leading system message, the messages as they are, and the tools in chat
+form; the rewrites go back into ``system``, ``messages`` and ``tools`` (each rewritten tool keeps
+its other keys, ``cache_control`` included). Hits come from ``usage.cache_read_input_tokens``;
+vLLM reports ``input_tokens`` net of cache reads and writes, so the prompt is their sum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from proxy.agent_api import SLOT, check_stream_and_model, int_or_none
+from proxy.context import ApiKind
+from proxy.errors import ProxyError, bad_request
+from proxy.limits import Bounds, check_bounds
+from proxy.observe import Usage
+from tokenization.agent_apis import anthropic_to_chat, anthropic_tools_to_chat
+
+#: Anthropic's error ``type`` per HTTP status (https://docs.anthropic.com/en/api/errors).
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+class AnthropicApi:
+    kind = ApiKind.MESSAGES
+
+    def validate(self, body: dict[str, Any], bounds: Bounds) -> None:
+        check_stream_and_model(body)
+        if not isinstance(body.get("messages"), list):
+            raise bad_request("'messages' must be a list of messages", param="messages")
+        system = body.get("system")
+        if system is not None and not isinstance(system, (str, list)):
+            raise bad_request("'system' must be a string or a list of text blocks", param="system")
+        check_bounds(body, ApiKind.CHAT, bounds)
+
+    def canon_view(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages: list[Any] = []
+        system = body.get("system")
+        if system:
+            messages.append({"role": "system", "content": system, SLOT: "system"})
+        messages.extend(body["messages"])
+        view: dict[str, Any] = {"messages": messages}
+        tools = anthropic_tools_to_chat(body)
+        if tools:
+            view["tools"] = tools
+        return view
+
+    def from_canon_view(
+        self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
+    ) -> dict[str, Any]:
+        out = dict(body)
+        if after.get("messages") is not before.get("messages"):
+            system = [m for m in after["messages"] if isinstance(m, dict) and SLOT in m]
+            out["messages"] = [m for m in after["messages"] if not (isinstance(m, dict) and SLOT in m)]
+            if system:
+                out["system"] = system[0]["content"]
+            else:
+                out.pop("system", None)
+        if after.get("tools") is not before.get("tools"):
+            originals = {t.get("name"): t for t in body.get("tools") or () if isinstance(t, dict)}
+            tools = []
+            for tool in after.get("tools") or ():
+                fn = tool["function"]
+                mapped = {
+                    **originals.get(fn["name"], {}),
+                    "name": fn["name"],
+                    "input_schema": fn["parameters"],
+                }
+                if fn.get("description") is not None:
+                    mapped["description"] = fn["description"]
+                tools.append(mapped)
+            out["tools"] = tools
+        return out
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return anthropic_to_chat(body)
+
+    def usage_from_json(self, data: Any) -> Usage | None:
+        if not isinstance(data, dict):
+            return None
+        usage = data.get("usage")
+        if not isinstance(usage, dict) and isinstance(data.get("message"), dict):
+            usage = data["message"].get("usage")  # message_start
+        if not isinstance(usage, dict):
+            return None
+        fresh = int_or_none(usage.get("input_tokens"))
+        output = int_or_none(usage.get("output_tokens"))
+        if fresh is None or output is None:
+            return None
+        read = int_or_none(usage.get("cache_read_input_tokens"))
+        created = int_or_none(usage.get("cache_creation_input_tokens")) or 0
+        return Usage(fresh + (read or 0) + created, output, read)
+
+    def error_response(self, exc: ProxyError, backend: str) -> Response:
+        headers = {"x-prefixgate-backend": backend, **exc.headers}
+        body = orjson.dumps(error_body(exc.status, exc.message))
+        return Response(body, status_code=exc.status, media_type="application/json", headers=headers)
+
+    def sse_error(self, message: str) -> bytes:
+        return b"event: error\ndata: " + orjson.dumps(error_body(502, message)) + b"\n\n"

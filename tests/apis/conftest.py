@@ -1,0 +1,46 @@
+"""Simulated ranks and prefixgate (default policy) for the agent-API tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from bench.sim import SimConfig, start_fleet, stop_fleet
+from proxy.app import create_app
+from proxy.config import load_settings
+from proxy.server import ServerThread
+
+
+@pytest.fixture
+def fleet() -> Iterator[Callable[..., list[Any]]]:
+    """``fleet(n)``: ``n`` simulated ranks with instant timing; stopped after the test."""
+    started: list[Any] = []
+
+    def start(n: int = 2, **config: Any) -> list[Any]:
+        config.setdefault("kv_tokens", 200_000)
+        ranks = start_fleet(n, SimConfig(time_scale=0, **config))
+        started.extend(ranks)
+        return ranks
+
+    yield start
+    stop_fleet(started)
+
+
+@pytest.fixture
+def gateway() -> Iterator[Callable[..., ServerThread]]:
+    """``gateway(ranks, **flags)``: prefixgate with its defaults in front of ``ranks``."""
+    started: list[ServerThread] = []
+
+    def start(ranks: list[Any], **flags: Any) -> ServerThread:
+        flags.setdefault("health_interval", 0.2)
+        flags.setdefault("health_timeout", 1.0)
+        backends = [f"{r.name}={r.url}" for r in ranks]
+        server = ServerThread(create_app(load_settings(flags=flags, backend_specs=backends, environ={})))
+        started.append(server.start())
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
