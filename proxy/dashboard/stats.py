@@ -1,0 +1,199 @@
+"""What the dashboard remembers between polls: hit counters, the hit-rate time series, turns per session.
+
+All three are fed by ``Recorder.observed`` (one call per answered request, on the event loop) and
+are bounded: the series is a ring buffer, the turn log an LRU of sessions each holding its newest
+turns. Nothing here touches the session store, so recording costs a few integer updates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+#: Seconds between two points of the hit-rate series.
+SAMPLE_INTERVAL_S = 2.0
+#: Points kept: an hour of traffic at one point every two seconds.
+SERIES_POINTS = 1800
+#: Sessions whose turns are kept (least recently answered dropped first) and turns kept per session.
+TURN_SESSIONS = 4096
+TURNS_PER_SESSION = 100
+
+
+@dataclass(slots=True)
+class HitCounter:
+    """Prompt tokens sent and hit since start, counting only answers that reported ``cached_tokens``."""
+
+    requests: int = 0
+    queried: int = 0
+    hits: int = 0
+
+    def add(self, queried: int, hits: int) -> None:
+        self.requests += 1
+        self.queried += queried
+        self.hits += hits
+
+    @property
+    def rate(self) -> float | None:
+        return self.hits / self.queried if self.queried else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requests": self.requests, "prompt_tokens": self.queried, "hit_tokens": self.hits}
+
+
+class Point(NamedTuple):
+    """One sample of the fleet's reuse."""
+
+    time: float
+    window_rate: float | None  # hit rate over the last 1,000 requests
+    cumulative_rate: float | None  # since start
+    interval_rate: float | None  # over the requests answered since the previous point
+    computed_per_100: float | None  # prompt tokens computed per 100 sent, over the last 1,000 requests
+    requests: int  # answered since start
+
+
+class Series:
+    """The hit-rate time series: at most one point per ``interval`` seconds, the newest ``size`` kept.
+
+    Sampled lazily, when a request is answered or the dashboard polls, so an idle proxy runs no timer;
+    a quiet stretch shows as a gap in time rather than as repeated points.
+    """
+
+    def __init__(self, interval: float = SAMPLE_INTERVAL_S, size: int = SERIES_POINTS) -> None:
+        self.interval = interval
+        self.points: deque[Point] = deque(maxlen=size)
+        self._last_requests = 0
+        self._last_queried = 0
+        self._last_hits = 0
+
+    def due(self, now: float) -> bool:
+        return not self.points or now - self.points[-1].time >= self.interval
+
+    def sample(self, now: float, total: HitCounter, window_queried: int, window_hits: int) -> Point:
+        """Append the point for ``now`` (whether or not one is due) and return it."""
+        point = self.current(now, total, window_queried, window_hits)
+        self.points.append(point)
+        self._last_requests = total.requests
+        self._last_queried = total.queried
+        self._last_hits = total.hits
+        return point
+
+    def current(self, now: float, total: HitCounter, window_queried: int, window_hits: int) -> Point:
+        """The point ``sample`` would append now, without appending it."""
+        queried = total.queried - self._last_queried
+        hits = total.hits - self._last_hits
+        return Point(
+            now,
+            window_hits / window_queried if window_queried else None,
+            total.rate,
+            hits / queried if queried else None,
+            100.0 * (window_queried - window_hits) / window_queried if window_queried else None,
+            total.requests,
+        )
+
+
+class Turn(NamedTuple):
+    """One answered turn of a session."""
+
+    turn: int  # 0-based, as the prefix-break explainer numbers them
+    time: float
+    rank: str
+    prompt_tokens: int | None
+    cached_tokens: int | None  # as the rank reported (None: it did not say)
+    estimated_cached_tokens: int | None  # as prefixgate's index predicted
+    completion_tokens: int | None
+
+
+@dataclass(slots=True)
+class TurnLog:
+    """The newest turns of the most recently answered sessions."""
+
+    sessions: int = TURN_SESSIONS
+    turns: int = TURNS_PER_SESSION
+    _by_key: OrderedDict[str, deque[Turn]] = field(default_factory=OrderedDict)
+
+    def add(self, key: str, turn: Turn) -> None:
+        log = self._by_key.get(key)
+        if log is None:
+            log = self._by_key[key] = deque(maxlen=self.turns)
+            while len(self._by_key) > self.sessions:
+                self._by_key.popitem(last=False)
+        else:
+            self._by_key.move_to_end(key)
+        log.append(turn)
+
+    def get(self, key: str) -> list[Turn]:
+        log = self._by_key.get(key)
+        return list(log) if log is not None else []
+
+    def forget(self, key: str) -> None:
+        self._by_key.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+class Recorder:
+    """Everything the dashboard counts, fed once per answered request."""
+
+    def __init__(
+        self,
+        window: Any,
+        *,
+        interval: float = SAMPLE_INTERVAL_S,
+        points: int = SERIES_POINTS,
+        turn_log: TurnLog | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        #: The fleet's last-1,000-requests window (``proxy.sessions.HitRateWindow``): ``queried``, ``hits``.
+        self.window = window
+        self.total = HitCounter()
+        self.per_rank: dict[str, HitCounter] = {}
+        self.series = Series(interval, points)
+        self.turns = turn_log if turn_log is not None else TurnLog()
+        self.clock = clock
+
+    def observed(
+        self,
+        rank: str,
+        prompt_tokens: int | None,
+        cached_tokens: int | None,
+        *,
+        session: str | None = None,
+        turn: int | None = None,
+        estimated_cached_tokens: int | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
+        """A rank answered: count its hits (when it reported them) and log the session's turn."""
+        now = self.clock()
+        if prompt_tokens is not None and cached_tokens is not None:
+            self.total.add(prompt_tokens, cached_tokens)
+            counter = self.per_rank.get(rank)
+            if counter is None:
+                counter = self.per_rank[rank] = HitCounter()
+            counter.add(prompt_tokens, cached_tokens)
+        if session is not None and turn is not None:
+            self.turns.add(
+                session,
+                Turn(
+                    turn, now, rank, prompt_tokens, cached_tokens, estimated_cached_tokens, completion_tokens
+                ),
+            )
+        self.tick(now)
+
+    def tick(self, now: float | None = None) -> None:
+        """Take a point of the series if one is due."""
+        now = self.clock() if now is None else now
+        if self.series.due(now):
+            self.series.sample(now, self.total, self.window.queried, self.window.hits)
+
+    def points(self, since: float | None = None) -> list[Point]:
+        """The stored points after ``since`` (all of them when None), taking one first if due."""
+        self.tick()
+        return [p for p in self.series.points if since is None or p.time > since]
+
+    def live(self) -> Point:
+        """The point for this instant (not stored): what the chart's last point shows between samples."""
+        return self.series.current(self.clock(), self.total, self.window.queried, self.window.hits)

@@ -1,0 +1,231 @@
+"""``prefixgate top``: the dashboard's essentials in the terminal, refreshed live (rich).
+
+Polls ``GET /admin/overview`` and ``GET /admin/overview/sessions`` of a running prefixgate (with the
+admin token when one is configured) and draws: the fleet's hit rate (last 1,000 requests, since
+start, a sparkline of the series), prompt tokens computed per 100 sent, each rank's pool occupancy
+against its budget, in-flight requests and health, admission (queue, rejections), prefix breaks by
+cause and the most recent sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import httpx
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+SPARKS = "▁▂▃▄▅▆▇█"
+BAR_WIDTH = 24
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", default="http://127.0.0.1:8000", help="prefixgate's base URL (default %(default)s)"
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get("PREFIXGATE_ADMIN_TOKEN"),
+        help="the admin token, when prefixgate has one (default: $PREFIXGATE_ADMIN_TOKEN)",
+    )
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    parser.add_argument("--sessions", type=int, default=15, help="sessions listed (most recent first)")
+    parser.add_argument("--once", action="store_true", help="print one frame and exit")
+
+
+def pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def num(value: float | None) -> str:
+    return "–" if value is None else f"{round(value):,}"
+
+
+def idle(seconds: float) -> str:
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} m {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} m"
+
+
+def sparkline(values: list[float | None], width: int = 60) -> str:
+    """The last ``width`` rates (0..1) as block characters; a gap where a rate is unknown."""
+    out = []
+    for value in values[-width:]:
+        if value is None:
+            out.append(" ")
+        else:
+            out.append(SPARKS[min(len(SPARKS) - 1, max(0, int(value * len(SPARKS))))])
+    return "".join(out)
+
+
+def occupancy_bar(rank: dict[str, Any], width: int = BAR_WIDTH) -> Text:
+    """The pool as ``width`` cells: filled by the working set, ``|`` at the budget."""
+    pool = rank.get("pool_tokens")
+    if not pool:
+        return Text("pool size unknown", style="dim")
+    used = rank["working_set_tokens"]
+    filled = min(width, round(width * used / pool))
+    budget = rank.get("budget_tokens")
+    mark = min(width - 1, int(width * budget / pool)) if budget is not None else None
+    over_budget = budget is not None and used > budget
+    style = "red" if rank.get("over_pool") else ("yellow" if over_budget else "green")
+    text = Text()
+    for cell in range(width):
+        if cell == mark:
+            text.append("|", style="bold")
+        elif cell < filled:
+            text.append("█", style=style)
+        else:
+            text.append("░", style="dim")
+    text.append(f" {pct(used / pool)}")
+    return text
+
+
+def render_frame(overview: dict[str, Any], sessions: dict[str, Any], url: str = "") -> RenderableType:
+    """One screen of ``prefixgate top`` from the two documents the endpoints return."""
+    fleet = overview["fleet"]
+    window, total = fleet["window"], fleet["cumulative"]
+    admission = overview["admission"]
+    rejected = admission.get("rejected") or {}
+    head = Text()
+    head.append("prefixgate ", style="bold")
+    head.append(url, style="dim")
+    head.append("\nhit rate ")
+    head.append(pct(window["hit_rate"]), style="bold cyan")
+    head.append(f" last {num(window['requests'])} requests · ")
+    head.append(pct(total["hit_rate"]), style="bold")
+    head.append(f" since start ({num(total['hit_tokens'])} of {num(total['prompt_tokens'])} tokens)")
+    computed = window["computed_per_100"]
+    head.append(f"\nprompt tokens computed per 100 sent: {'–' if computed is None else f'{computed:.1f}'}")
+    head.append(f" · active sessions {num(fleet['active_sessions'])}")
+    head.append(f" · ranks healthy {fleet['healthy_ranks']}/{fleet['ranks']}")
+    rates = [p[1] for p in overview["series"]] + [overview["live"][1]]
+    head.append("\nhit rate ▕")
+    head.append(sparkline(rates), style="cyan")
+    head.append("▏")
+
+    ranks = Table(title="ranks", title_justify="left", expand=True, box=None, pad_edge=False)
+    for column, justify in (
+        ("rank", "left"),
+        ("health", "left"),
+        ("pool occupied (| budget)", "left"),
+        ("working set", "right"),
+        ("pool", "right"),
+        ("sessions", "right"),
+        ("in flight", "right"),
+        ("hit rate", "right"),
+    ):
+        ranks.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for rank in overview["ranks"]:
+        health = Text("up", style="green") if rank["healthy"] else Text("DOWN", style="bold red")
+        ranks.add_row(
+            rank["name"],
+            health,
+            occupancy_bar(rank),
+            num(rank["working_set_tokens"]),
+            num(rank["pool_tokens"]),
+            num(rank["sessions"]),
+            num(rank["in_flight"]),
+            pct(rank["hit_rate"]),
+        )
+
+    adm = Text("admission ")
+    adm.append("on" if admission["enabled"] else "off", style="bold")
+    adm.append(f" · queue {num(admission['queue_depth'])} · waited {num(admission['queued'])}")
+    adm.append(" · rejected ")
+    adm.append(
+        ", ".join(f"{k} {num(v)}" for k, v in rejected.items()) if rejected else "0",
+        style="red" if rejected else "",
+    )
+    breaks = overview.get("breaks") or {}
+    adm.append("\nprefix breaks ")
+    adm.append(
+        ", ".join(f"{k} {num(v)}" for k, v in sorted(breaks.items(), key=lambda kv: -kv[1])) or "none",
+        style="red" if breaks else "",
+    )
+
+    table = Table(
+        title=f"sessions ({sessions['total']} known, newest first)",
+        title_justify="left",
+        expand=True,
+        box=None,
+        pad_edge=False,
+    )
+    for column, justify in (
+        ("session", "left"),
+        ("rank", "left"),
+        ("turns", "right"),
+        ("context", "right"),
+        ("hit rate", "right"),
+        ("last break", "left"),
+        ("idle", "right"),
+    ):
+        table.add_column(column, justify=justify, overflow="ellipsis", no_wrap=True)  # type: ignore[arg-type]
+    for row in sessions["data"]:
+        last = row.get("last_break")
+        table.add_row(
+            row["key"],
+            row["rank"] or "—",
+            num(row["turns"]),
+            num(row["context_tokens"]),
+            pct(row["hit_rate"]),
+            Text(f"{last['cause']} @{last['turn']}", style="red") if last else Text("—", style="dim"),
+            idle(row["idle_s"]),
+            style=None if row["active"] else "dim",
+        )
+    return Group(Panel(head, border_style="cyan"), ranks, Text(""), adm, Text(""), table)
+
+
+class TopClient:
+    """Fetches the two documents a frame needs."""
+
+    def __init__(self, url: str, token: str | None, sessions: int, timeout: float = 5.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.sessions = sessions
+        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, trust_env=False)
+
+    def fetch(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        overview = self.client.get("/admin/overview")
+        overview.raise_for_status()
+        sessions = self.client.get("/admin/overview/sessions", params={"limit": self.sessions})
+        sessions.raise_for_status()
+        return overview.json(), sessions.json()
+
+    def frame(self) -> tuple[RenderableType, bool]:
+        """The next frame, and whether it shows data (False: it shows why not)."""
+        try:
+            overview, sessions = self.fetch()
+        except httpx.HTTPStatusError as exc:
+            hint = " (pass --admin-token)" if exc.response.status_code == 401 else ""
+            return Text(f"{self.url}: HTTP {exc.response.status_code}{hint}", style="bold red"), False
+        except httpx.HTTPError as exc:
+            return Text(f"cannot reach {self.url}: {exc}", style="bold red"), False
+        return render_frame(overview, sessions, self.url), True
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    client = TopClient(args.url, args.admin_token, args.sessions)
+    console = Console()
+    try:
+        if args.once:
+            frame, ok = client.frame()
+            console.print(frame)
+            return 0 if ok else 1
+        with Live(client.frame()[0], console=console, screen=True, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(client.frame()[0], refresh=True)
+    finally:
+        client.close()

@@ -1,0 +1,72 @@
+"""``prefixgate top``: one frame rendered from a live prefixgate, and the command's exit codes."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+from proxy import top_cmd
+from proxy.cli import build_parser
+from tests.dashboard.conftest import SYSTEM, converse
+
+
+def frame_text(url: str, token: str | None = None) -> str:
+    client = top_cmd.TopClient(url, token, sessions=10)
+    try:
+        frame, ok = client.frame()
+    finally:
+        client.close()
+    assert ok
+    console = Console(record=True, width=140, color_system=None)
+    console.print(frame)
+    return console.export_text()
+
+
+def test_top_renders_fleet_ranks_admission_and_sessions(deployment):
+    dep = deployment(2, admin_token="tok")
+    converse(dep.url, "top-one", 3)
+    converse(dep.url, "top-two", 4)
+    converse(dep.url, "top-two", 5, system=SYSTEM.replace("agent", "bot", 1))
+
+    text = frame_text(dep.url, "tok")
+    client = top_cmd.TopClient(dep.url, "tok", sessions=10)
+    overview, sessions = client.fetch()
+    client.close()
+    window = overview["fleet"]["window"]
+    assert f"{100 * window['hit_rate']:.1f}% last {window['requests']} requests" in text
+    assert "active sessions 2" in text and "ranks healthy 2/2" in text
+    for rank in overview["ranks"]:
+        line = next(line for line in text.splitlines() if line.startswith(rank["name"]))
+        assert " up " in line and "|" in line  # health, and the budget mark on the pool bar
+        assert f"{rank['working_set_tokens']:,}" in line and "65,536" in line
+    assert "admission on · queue 0" in text
+    assert "prefix breaks system_edited 1" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("top-")}
+    assert set(rows) == {"top-one", "top-two"}
+    assert "system_edited @4" in rows["top-two"] and "—" in rows["top-one"]
+    two = next(s for s in sessions["data"] if s["key"] == "top-two")
+    assert f"{100 * two['hit_rate']:.1f}%" in rows["top-two"]
+
+
+def test_top_frame_helpers():
+    assert top_cmd.sparkline([0.0, 0.5, None, 1.0]) == "▁▅ █"
+    bar = top_cmd.occupancy_bar(
+        {"pool_tokens": 100, "working_set_tokens": 50, "budget_tokens": 80, "over_pool": False}, width=10
+    )
+    assert bar.plain == "█████░░░|░ 50.0%"
+    assert top_cmd.occupancy_bar({"pool_tokens": None, "working_set_tokens": 5}).plain == "pool size unknown"
+    assert top_cmd.idle(5) == "5 s" and top_cmd.idle(125) == "2 m 5 s" and top_cmd.idle(7260) == "2 h 1 m"
+
+
+def test_top_once_exit_codes(deployment, capsys):
+    dep = deployment(1, admin_token="tok")
+    converse(dep.url, "once", 1)
+    parser = argparse.ArgumentParser()
+    top_cmd.configure_parser(parser)
+    assert top_cmd.run(parser.parse_args(["--url", dep.url, "--once", "--admin-token", "tok"])) == 0
+    assert "once" in capsys.readouterr().out
+    assert top_cmd.run(parser.parse_args(["--url", dep.url, "--once", "--admin-token", ""])) == 1
+    assert "HTTP 401 (pass --admin-token)" in capsys.readouterr().out
+    args = build_parser().parse_args(["top", "--url", dep.url, "--once"])
+    assert args._run is top_cmd.run and args.interval == 2.0
