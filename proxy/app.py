@@ -18,16 +18,29 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.admin import admin_router
+from proxy.admission import Admission, admission_from_settings
+from proxy.agent_pipeline import install_routes as install_agent_routes
+from proxy.auth import install as install_auth
+from proxy.auth import upstream_auth_headers
 from proxy.blocks import BlockStage
+from proxy.bodylog import BodyLogMiddleware
+from proxy.canonicalize import CanonStage
 from proxy.config import Settings
 from proxy.context import ApiKind
+from proxy.dashboard import Dashboard
 from proxy.errors import NO_BACKEND, ProxyError, error_response
+from proxy.explain import Explainer
 from proxy.forward import Forwarder, upstream_session
+from proxy.limits import Bounds, HeaderLimitMiddleware
 from proxy.metrics import Metrics
 from proxy.pipeline import Pipeline
 from proxy.route import Router
+from proxy.routing_setup import build_router, start_kv_event_feeds
+from proxy.sessions import SessionTable
 from routing.backends import Backend, BackendPool
 from routing.health import check_all, run_health_checks
+from routing.kv_events import KVEventSubscriber
 from routing.policy import make_policy
 from tokenization.backend_info import block_size_of, parse_cache_config_info
 from tokenization.config import TokenizerConfig
@@ -51,11 +64,22 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        # per-session prefix breaks: ``explainer.breaks(session_key)`` for the admin endpoints
+        self.explainer = Explainer(self.metrics)
+        # the session table (proxy/sessions.py): Redis when configured; ``add_break`` for the explainer
+        self.sessions = SessionTable.from_settings(
+            settings.redis_url, settings.session_idle_ttl, settings.redis_timeout
+        )
+        self.explainer.on_break = self.sessions.add_break
+        # the live dashboard (proxy/dashboard): hit-rate series and turns per session
+        self.dashboard = Dashboard(self.sessions.fleet)
+        self.admission: Admission | None = None
         self.pool = BackendPool(
             Backend(name=b.name, url=b.url, pool_tokens=b.pool_tokens, block_size=b.block_size)
             for b in settings.backends
         )
-        self.router = Router(self.pool, make_policy(settings.policy))
+        self.router: Router | None = None
+        self._kv_feeds: list[KVEventSubscriber] = []
         self.client: aiohttp.ClientSession | None = None
         self.forwarder: Forwarder | None = None
         self.pipeline: Pipeline | None = None
@@ -66,12 +90,33 @@ class Gateway:
     async def start(self) -> None:
         """Open the upstream client (it needs the running loop) and probe every rank once."""
         settings = self.settings
-        self.client = upstream_session(settings.connect_timeout, settings.read_timeout)
-        self.forwarder = Forwarder(self.client, self.router, self.metrics, settings.retries)
+        self.client = upstream_session(
+            settings.connect_timeout, settings.read_timeout, upstream_auth_headers(settings)
+        )
         await check_all(self.client, self.pool, self.settings.health_timeout)
         await asyncio.gather(*(self._learn_cache_config(b) for b in self.pool if b.healthy))
+        incremental = self._incremental_tokenizer()
+        block_size = incremental.block_size if incremental is not None else self._block_size()
+        model = await self._model_name()
+        self.router = build_router(settings, self.pool, self.metrics, model, block_size or 16)
+        hasher = incremental.hasher if incremental is not None else None
+        self._kv_feeds = await start_kv_event_feeds(settings, self.client, self.router, hasher, self.metrics)
+        self.forwarder = Forwarder(self.client, self.router, self.metrics, settings.retries)
+        self.admission = admission_from_settings(
+            settings, self.sessions, self.pool, self.metrics, self.router.block_size
+        )
+        self.router.on_pick = self.admission.routed
+        self.dashboard.attach(self.admission)
         self.pipeline = Pipeline(
-            self.forwarder, self.metrics, settings.max_body_bytes, BlockStage(self._incremental_tokenizer())
+            self.forwarder,
+            self.metrics,
+            settings.max_body_bytes,
+            BlockStage(incremental),
+            Bounds.from_settings(settings),
+            CanonStage.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
+            settings.debug_headers,
+            self.explainer,
+            admission=self.admission,
         )
         self._health_task = asyncio.create_task(
             run_health_checks(
@@ -98,15 +143,26 @@ class Gateway:
         if backend.pool_tokens is None and blocks.isdigit() and backend.block_size:
             backend.pool_tokens = int(blocks) * backend.block_size
 
-    def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
-        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks."""
-        if not self.router.uses_blocks:
-            return None
-        config = TokenizerConfig.model_validate(self.settings.tokenization)
+    def _block_size(self) -> int | None:
         sizes = {b.block_size for b in self.pool if b.block_size}
         if len(sizes) > 1:
             log.warning("backends report different block sizes %s: using %d", sorted(sizes), min(sizes))
-        block_size = min(sizes) if sizes else None
+        return min(sizes) if sizes else None
+
+    async def _model_name(self) -> str:
+        """The served model's name (namespaces the shared index), from the first rank that says."""
+        for backend in self.pool.healthy():
+            cards = await self._fetch_models(backend)
+            if cards and isinstance(cards[0], dict) and isinstance(cards[0].get("id"), str):
+                return cards[0]["id"]
+        return "default"
+
+    def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
+        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks."""
+        if not getattr(make_policy(self.settings.policy), "uses_blocks", False):
+            return None
+        config = TokenizerConfig.model_validate(self.settings.tokenization)
+        block_size = self._block_size()
         if config.kind == "backend":
             first = next(iter(self.pool))
             self._tokenizer_client = httpx.AsyncClient(trust_env=False)
@@ -116,6 +172,8 @@ class Gateway:
         return build_incremental(config, block_size=block_size)
 
     async def stop(self) -> None:
+        for feed in self._kv_feeds:
+            feed.stop()
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -175,6 +233,8 @@ class Gateway:
         return json_response(body)
 
     def metrics_response(self) -> Response:
+        if self.admission is not None:
+            self.admission.refresh_metrics()
         for backend in self.pool:
             self.metrics.backend_up.labels(backend.name).set(1 if backend.healthy else 0)
             self.metrics.in_flight.labels(backend.name).set(backend.in_flight)
@@ -195,6 +255,18 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="prefixgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+
+    def admission() -> Admission:
+        assert gateway.admission is not None, "the app's lifespan has not started"
+        return gateway.admission
+
+    app.include_router(admin_router(admission))
+    app.include_router(gateway.dashboard.router(lambda: gateway))
+    # middleware added last runs first: header bound, then auth, then (optional) body logging
+    if settings.log_bodies:
+        app.add_middleware(BodyLogMiddleware)
+    app.state.keys = install_auth(app, settings, gateway.metrics)
+    app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)
 
     def pipeline() -> Pipeline:
         assert gateway.pipeline is not None, "the app's lifespan has not started"
@@ -219,6 +291,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         return await pipeline().passthrough(request, "/detokenize")
+
+    install_agent_routes(app, gateway)  # /v1/messages[/count_tokens], /v1/responses[/{id}]
 
     @app.get("/health")
     async def health() -> Response:

@@ -1,14 +1,75 @@
 """Stage 3, canonicalize: make the system prompt and tools byte-stable across turns.
 
-Pass-through until the canonicalizer (``proxy/canonical/``) is wired in: the body is forwarded
-exactly as the client sent it.
+Runs the rule engine of ``proxy/canonical/`` over chat requests. What it needs to remember per
+session (first-seen tool order, where moved date lines went) lives in a bounded LRU here; a request
+that no rule changes is forwarded as the client's own bytes. Off globally with
+``--no-canonicalize``, per request with the header ``x-prefixgate-canonicalize: off``.
 """
 
 from __future__ import annotations
 
-from proxy.context import RequestContext
+from collections import OrderedDict
+
+from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
+from proxy.context import ApiKind, RequestContext
+from proxy.metrics import Metrics
+
+OFF_HEADER = "x-prefixgate-canonicalize"
+DEBUG_HEADER = "x-prefixgate-canonical-rewrites"
 
 
-def canonicalize(ctx: RequestContext) -> None:
-    """Rewrite ``ctx.body`` in place when a rule applies, setting ``ctx.body_changed``."""
-    return None
+class SessionCanonStates:
+    """Per-session canonicalization state, least recently used sessions dropped past ``capacity``."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._states: OrderedDict[str, InMemorySessionCanonState] = OrderedDict()
+
+    def get(self, session_key: str) -> InMemorySessionCanonState:
+        state = self._states.get(session_key)
+        if state is None:
+            state = self._states[session_key] = InMemorySessionCanonState()
+            if len(self._states) > self.capacity:
+                self._states.popitem(last=False)
+        else:
+            self._states.move_to_end(session_key)
+        return state
+
+
+class CanonStage:
+    def __init__(
+        self, canonicalizer: Canonicalizer | None, metrics: Metrics, states: SessionCanonStates
+    ) -> None:
+        self.canonicalizer = canonicalizer
+        self.metrics = metrics
+        self.states = states
+
+    @classmethod
+    def from_settings(cls, enabled: bool, config: dict, metrics: Metrics) -> CanonStage:
+        canonicalizer = Canonicalizer(CanonicalConfig.model_validate(config)) if enabled else None
+        return cls(canonicalizer, metrics, SessionCanonStates())
+
+    def __call__(self, ctx: RequestContext) -> None:
+        """Rewrite ``ctx.body`` when a rule applies, setting ``ctx.body_changed`` and ``ctx.rewrites``."""
+        canonicalizer = self.canonicalizer
+        if canonicalizer is None or ctx.api is not ApiKind.CHAT:
+            return
+        if ctx.headers.get(OFF_HEADER, "").lower() == "off":
+            return
+        state = self.states.get(ctx.session_key) if ctx.session_key else None
+        result = canonicalizer.apply(
+            ctx.body, api="chat", session=state, model=ctx.model, client_label=ctx.client_label
+        )
+        if not result.changed:
+            return
+        ctx.body = result.body
+        ctx.body_changed = True
+        ctx.rewrites = result.rewrites
+        counter = self.metrics.canonical_rewrites
+        for rule, count in result.rewrites.items():
+            counter.labels(rule).inc(count)
+
+
+def rewrites_header(rewrites: dict[str, int]) -> str:
+    """``rule=count`` pairs for the debug response header."""
+    return ",".join(f"{rule}={count}" for rule, count in sorted(rewrites.items()))

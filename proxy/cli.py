@@ -12,8 +12,10 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("proxy.serve_cmd", "run the proxy in front of vLLM ranks"),
     "demo": ("bench.demo", "simulated ranks, prefixgate in front, a short agent workload: see the hits"),
+    "bench": ("bench.bench_cmd", "replay agent traces through prefixgate and peer routers, side by side"),
     "sim": ("bench.sim.cli", "run simulated vLLM ranks (prefix cache, KV events, faults)"),
     "tokenize": ("tokenization.cli", "print a request's token and block counts and block hashes"),
+    "top": ("proxy.top_cmd", "live terminal view of a running prefixgate: hit rates, ranks, sessions"),
 }
 
 

@@ -15,9 +15,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 ENV_PREFIX = "PREFIXGATE_"
+KiB = 1024
 MiB = 1024 * 1024
 
 
@@ -56,7 +57,12 @@ class Settings(BaseModel):
     backends: list[BackendConfig] = Field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    policy: str = "round_robin"
+    policy: str = "prefix_affinity"
+    balance_factor: float = Field(default=1.25, ge=1.0)
+    redis_url: str | None = None
+    index_ttl: float = Field(default=3600.0, gt=0)
+    redis_timeout: float = Field(default=0.25, gt=0)
+    kv_events: str | None = None
     max_body_bytes: int = Field(default=32 * MiB, gt=0)
     health_interval: float = Field(default=2.0, gt=0)
     health_timeout: float = Field(default=2.0, gt=0)
@@ -65,6 +71,26 @@ class Settings(BaseModel):
     retries: int = Field(default=1, ge=0)
     models_cache_ttl: float = Field(default=5.0, ge=0)
     log_level: str = "info"
+    # security and bounds (proxy/auth.py, proxy/limits.py)
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    api_keys_file: str | None = None
+    admin_token: SecretStr | None = None
+    upstream_api_key: SecretStr | None = None
+    forward_client_auth: bool = False
+    log_bodies: bool = False
+    max_header_bytes: int = Field(default=64 * KiB, gt=0)
+    max_messages: int = Field(default=10_000, gt=0)
+    max_tools: int = Field(default=1_000, gt=0)
+    max_json_depth: int = Field(default=64, gt=0)
+    shutdown_timeout: float = Field(default=30.0, ge=0)
+    no_canonicalize: bool = False
+    debug_headers: bool = False
+    # sessions and admission control (proxy/sessions.py, proxy/admission.py)
+    no_admission: bool = False
+    target_fraction: float = Field(default=0.8, gt=0, le=1.0)
+    session_idle_ttl: float = Field(default=300.0, gt=0)
+    admission_wait: float = Field(default=30.0, ge=0)
+    max_sessions_per_rank: int = Field(default=0, ge=0)
     # Sections owned by later pipeline stages; validated by their own models.
     tokenization: dict[str, Any] = Field(default_factory=dict)
     canonical: dict[str, Any] = Field(default_factory=dict)
@@ -99,7 +125,22 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("host", str, "address to listen on"),
     Option("port", int, "port to listen on"),
-    Option("policy", str, "routing policy: round_robin"),
+    Option("policy", str, "routing policy: prefix_affinity, session_hash, least_loaded or round_robin"),
+    Option(
+        "balance_factor", float, "a rank may take a request while its load is within this factor of the mean"
+    ),
+    Option(
+        "redis_url", str, "redis://[:password@]host:port/db or rediss://...: prefix index shared by replicas"
+    ),
+    Option("index_ttl", float, "seconds an unused prefix-index entry lives in Redis"),
+    Option(
+        "redis_timeout", float, "seconds a Redis call may take before routing falls back to the local mirror"
+    ),
+    Option(
+        "kv_events",
+        str,
+        "'auto' (each rank's /kv_event_sources) or NAME=tcp://H:P[|tcp://H:P],...: exact mirror",
+    ),
     Option("max_body_bytes", int, "largest request body accepted, in bytes (larger: 413)"),
     Option("health_interval", float, "seconds between health checks of each backend"),
     Option("health_timeout", float, "seconds a health check may take before the backend counts as down"),
@@ -114,6 +155,33 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("models_cache_ttl", float, "seconds the merged /v1/models answer is cached"),
     Option("log_level", str, "critical, error, warning, info or debug"),
+    Option("no_canonicalize", bool, "forward system prompts and tools as sent (no canonicalization rules)"),
+    Option("debug_headers", bool, "add x-prefixgate-canonical-rewrites (rules applied) to responses"),
+    Option("no_admission", bool, "admit every new session (no per-rank KV budget, no queue, no 429)"),
+    Option("target_fraction", float, "share of a rank's KV pool its active sessions may fill (its budget)"),
+    Option(
+        "session_idle_ttl",
+        float,
+        "seconds after its last request a session stops counting against its rank's budget",
+    ),
+    Option(
+        "admission_wait", float, "seconds a new session waits for a rank with room before a 429 (FIFO)"
+    ),
+    Option("max_sessions_per_rank", int, "most active sessions on one rank (0: no limit)"),
+    Option(
+        "api_keys_file",
+        str,
+        "YAML or JSON list of client keys {key, label, max_sessions}; with --api-key: requests need one",
+    ),
+    Option("admin_token", str, "token (Bearer) required on /admin/*, /dashboard and /metrics"),
+    Option("upstream_api_key", str, "key sent to the ranks as 'Authorization: Bearer ...'"),
+    Option("forward_client_auth", bool, "forward the client's Authorization header to the ranks"),
+    Option("log_bodies", bool, "log request and response bodies (prompts and completions)"),
+    Option("max_header_bytes", int, "largest total size of the request headers, in bytes (larger: 413)"),
+    Option("max_messages", int, "most messages in a chat request (more: 400)"),
+    Option("max_tools", int, "most tools in a request (more: 400)"),
+    Option("max_json_depth", int, "deepest nesting of arrays and objects in a request body (deeper: 400)"),
+    Option("shutdown_timeout", float, "seconds in-flight requests may take to finish after SIGTERM"),
 )
 
 
@@ -149,6 +217,9 @@ def read_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         raw = environ.get(option.env)
         if raw is not None and raw != "":
             values[option.field] = raw
+    api_keys = environ.get(ENV_PREFIX + "API_KEYS")
+    if api_keys:
+        values["api_keys"] = [k.strip() for k in api_keys.split(",") if k.strip()]
     backends = environ.get(ENV_PREFIX + "BACKENDS")
     if backends:
         specs = [s for s in backends.split(",") if s.strip()]
@@ -161,6 +232,7 @@ def load_settings(
     flags: Mapping[str, Any] | None = None,
     backend_specs: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    api_keys: Sequence[str] | None = None,
 ) -> Settings:
     """Merge file, environment and flags (in rising precedence) into validated ``Settings``."""
     merged: dict[str, Any] = {}
@@ -172,6 +244,8 @@ def load_settings(
             merged[key] = value
     if backend_specs:
         merged["backends"] = [parse_backend_spec(s, i) for i, s in enumerate(backend_specs)]
+    if api_keys:
+        merged["api_keys"] = list(api_keys)
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:

@@ -29,6 +29,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.errors import ProxyError, sse_error_event, upstream_failed
 from proxy.metrics import Metrics
 from proxy.route import Router
+from proxy.sse_check import SseChecker
 from routing.backends import Backend
 
 log = logging.getLogger("prefixgate.forward")
@@ -55,6 +56,10 @@ DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding", "
 STREAM_TAIL_CHUNKS = 4
 
 
+class MalformedStream(Exception):
+    """The rank's SSE stream holds an event that does not decode."""
+
+
 class ClientDisconnected(Exception):
     """The client went away before its answer was complete."""
 
@@ -77,9 +82,12 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
 
 
-def upstream_session(connect_timeout: float, read_timeout: float) -> aiohttp.ClientSession:
-    """The one HTTP client of a prefixgate process towards its ranks."""
+def upstream_session(
+    connect_timeout: float, read_timeout: float, headers: dict[str, str] | None = None
+) -> aiohttp.ClientSession:
+    """The one HTTP client of a prefixgate process towards its ranks; ``headers`` go on every request."""
     return aiohttp.ClientSession(
+        headers=headers,
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True),
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout),
         auto_decompress=False,
@@ -123,6 +131,7 @@ class Opened:
     body: bytes | None = None
     first_chunk: bytes = b""
     chunks: AsyncIterator[bytes] | None = None
+    checker: SseChecker | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,8 +195,16 @@ class Forwarder:
                 return None, f"{backend.name} answered HTTP {status}"
             if stream and status == 200 and is_event_stream(response):
                 first = await response.content.readany()
+                checker = SseChecker()
+                problem = checker.feed(first)
+                if problem is not None:  # nothing reached the client yet: another rank may do better
+                    self.metrics.upstream_failures.labels(backend.name, "malformed").inc()
+                    response.close()
+                    return None, f"{backend.name} sent a {problem}"
                 keep_open = True
-                return Opened(backend, response, first_chunk=first, chunks=response.content.iter_any()), ""
+                opened = Opened(backend, response, first_chunk=first, chunks=response.content.iter_any())
+                opened.checker = checker
+                return opened, ""
             body = await response.read()
             return Opened(backend, response, body=body), ""
         except aiohttp.ClientConnectorError as exc:
@@ -214,9 +231,12 @@ class RelayResponse(Response):
         self,
         opened: Opened,
         on_done: Callable[[StreamOutcome], None],
+        error_event: Callable[[str], bytes] = sse_error_event,
     ) -> None:
+        """``error_event`` renders the event that ends a broken stream, in the client API's own shape."""
         self.opened = opened
         self.on_done = on_done
+        self.error_event = error_event
         self.status_code = opened.response.status
         self.background = None
         self.init_headers(response_headers(opened.response, opened.backend.name))
@@ -252,13 +272,19 @@ class RelayResponse(Response):
                 await send({"type": "http.response.body", "body": first, "more_body": True})
             assert opened.chunks is not None
             try:
+                checker = opened.checker
                 async for chunk in opened.chunks:
+                    problem = checker.feed(chunk) if checker is not None else None
+                    if problem is not None:  # end the stream here rather than relay what clients cannot parse
+                        raise MalformedStream(problem)
                     tail.append(chunk)
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (aiohttp.ClientError, TimeoutError, MalformedStream) as exc:
                 error = f"{backend.name} broke mid-stream: {type(exc).__name__}"
+                if isinstance(exc, MalformedStream):
+                    error = f"{backend.name} sent a {exc}"
                 log.warning("%s", error)
-                await send({"type": "http.response.body", "body": sse_error_event(error), "more_body": True})
+                await send({"type": "http.response.body", "body": self.error_event(error), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             completed = True
         finally:

@@ -84,5 +84,116 @@ class Metrics:
             registry=r,
         )
 
+        # routing and the prefix index
+        self.predicted_cached_tokens = Counter(
+            "prefixgate_predicted_cached_tokens",
+            "Prompt tokens the prefix index predicted as cache hits, for requests whose rank reported",
+            ("backend",),
+            registry=r,
+        )
+        self.reported_cached_tokens = Counter(
+            "prefixgate_reported_cached_tokens",
+            "Cache-hit tokens the ranks reported for the requests counted in predicted_cached_tokens",
+            ("backend",),
+            registry=r,
+        )
+        self.index_corrections = Counter(
+            "prefixgate_index_corrections",
+            "Requests whose rank hit fewer tokens than predicted (its mirror was trimmed)",
+            ("backend",),
+            registry=r,
+        )
+        self.index_redis_up = Gauge(
+            "prefixgate_index_redis_up",
+            "1 while the Redis prefix index is reachable; 0 while routing uses the local mirror",
+            registry=r,
+        )
+        self.kv_events = Counter(
+            "prefixgate_kv_events",
+            "KV-cache events applied to a rank's mirror, by backend and event type",
+            ("backend", "type"),
+            registry=r,
+        )
+
+        # client keys (proxy/auth.py): labelled by the key's label, never by the key
+        self.client_requests = Counter(
+            "prefixgate_client_requests",
+            "Authenticated requests, by the label of the client's API key",
+            ("client",),
+            registry=r,
+        )
+        self.auth_rejections = Counter(
+            "prefixgate_auth_rejections",
+            "Requests answered 401, by reason (missing, invalid, admin)",
+            ("reason",),
+            registry=r,
+        )
+
+        self.canonical_rewrites = Counter(
+            "prefixgate_canonical_rewrites",
+            "Rewrites made by canonicalization rules, by rule",
+            ("rule",),
+            registry=r,
+        )
+
+        # the prefix-break explainer (proxy/explain.py)
+        self.prefix_breaks = Counter(
+            "prefixgate_prefix_breaks",
+            "Turns whose prompt stopped extending the session's previous turn (or whose rank lost it), "
+            "by cause",
+            ("cause",),
+            registry=r,
+        )
+
+        # sessions and admission control (proxy/sessions.py, proxy/admission.py)
+        self.sessions_active = Gauge(
+            "prefixgate_sessions_active",
+            "Sessions seen within the idle TTL, by the backend holding them",
+            ("backend",),
+            registry=r,
+        )
+        self.admission_queue_depth = Gauge(
+            "prefixgate_admission_queue_depth",
+            "New sessions waiting for a rank with room (this replica's FIFO queue)",
+            registry=r,
+        )
+        self.admission_queued = Counter(
+            "prefixgate_admission_queued",
+            "New sessions that had to wait in the admission queue (admitted or refused later)",
+            registry=r,
+        )
+        self.admission_rejected = Counter(
+            "prefixgate_admission_rejected",
+            "New sessions answered 429, by reason (pool_full, rank_sessions, client_sessions)",
+            ("reason",),
+            registry=r,
+        )
+        self.rank_working_set = Gauge(
+            "prefixgate_rank_working_set_tokens",
+            "Context tokens of the active sessions on a backend (its KV working set)",
+            ("backend",),
+            registry=r,
+        )
+        self.rank_pool_tokens = Gauge(
+            "prefixgate_rank_pool_tokens", "KV cache pool of a backend, in tokens", ("backend",), registry=r
+        )
+        self.rank_over_pool = Gauge(
+            "prefixgate_rank_over_pool",
+            "1 while a backend's active working set exceeds its pool (it gets no new sessions)",
+            ("backend",),
+            registry=r,
+        )
+        self.fleet_hit_rate = Gauge(
+            "prefixgate_fleet_hit_rate",
+            "Prefix-cache hit tokens over prompt tokens across the last 1,000 answered requests",
+            registry=r,
+        )
+        self.session_hit_rate = Gauge(
+            "prefixgate_session_hit_rate",
+            "Reported prefix-cache hit rate of each active session",
+            ("session", "backend"),
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from proxy.context import ApiKind, RequestContext
 from proxy.errors import ProxyError, bad_request
+from proxy.limits import DEFAULT_BOUNDS, Bounds, check_bounds
 
 
 def too_large(limit: int) -> ProxyError:
@@ -50,7 +51,9 @@ def parse_json_object(raw: bytes) -> dict:
     return body
 
 
-async def parse_request(request: Request, api: ApiKind, max_body_bytes: int) -> RequestContext:
+async def parse_request(
+    request: Request, api: ApiKind, max_body_bytes: int, bounds: Bounds = DEFAULT_BOUNDS
+) -> RequestContext:
     started = time.perf_counter()
     raw = await read_body(request, max_body_bytes)
     body = parse_json_object(raw)
@@ -64,6 +67,16 @@ async def parse_request(request: Request, api: ApiKind, max_body_bytes: int) -> 
         raise bad_request("'messages' must be a list of messages", param="messages")
     if api is ApiKind.COMPLETIONS and "prompt" not in body:
         raise bad_request("'prompt' is required", param="prompt")
+    check_bounds(body, api, bounds)
+    state = request.scope.get("state")
     return RequestContext(
-        api=api, headers=request.headers, raw_body=raw, body=body, stream=stream, model=model, started=started
+        api=api,
+        headers=request.headers,
+        raw_body=raw,
+        body=body,
+        stream=stream,
+        model=model,
+        started=started,
+        client_label=state.get("client_label") if state else None,
+        client_max_sessions=state.get("client_max_sessions") if state else None,
     )

@@ -12,11 +12,12 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.admission import admit
+from proxy.admission import Admission
 from proxy.blocks import BlockStage
-from proxy.canonicalize import canonicalize
+from proxy.canonicalize import DEBUG_HEADER, CanonStage, rewrites_header
 from proxy.context import ApiKind, RequestContext
 from proxy.errors import NO_BACKEND, ProxyError, error_response
+from proxy.explain import Explainer
 from proxy.forward import (
     ClientDisconnected,
     Forwarder,
@@ -26,6 +27,7 @@ from proxy.forward import (
     until_disconnected,
     upstream_headers,
 )
+from proxy.limits import DEFAULT_BOUNDS, Bounds
 from proxy.metrics import Metrics
 from proxy.observe import Usage, record_usage, usage_from_body, usage_from_sse_tail
 from proxy.parse import parse_request, read_body
@@ -39,9 +41,23 @@ CLIENT_CLOSED = 499
 
 class Pipeline:
     def __init__(
-        self, forwarder: Forwarder, metrics: Metrics, max_body_bytes: int, blocks: BlockStage | None = None
+        self,
+        forwarder: Forwarder,
+        metrics: Metrics,
+        max_body_bytes: int,
+        blocks: BlockStage | None = None,
+        bounds: Bounds = DEFAULT_BOUNDS,
+        canon: CanonStage | None = None,
+        debug_headers: bool = False,
+        explainer: Explainer | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        self.admission = admission
+        self.explainer = explainer
+        self.canon = canon
+        self.debug_headers = debug_headers
         self.blocks = blocks or BlockStage(None)
+        self.bounds = bounds
         self.forwarder = forwarder
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -52,11 +68,13 @@ class Pipeline:
         started = time.perf_counter()
         ctx: RequestContext | None = None
         try:
-            ctx = await parse_request(request, api, self.max_body_bytes)
+            ctx = await parse_request(request, api, self.max_body_bytes, self.bounds)
             identify_session(ctx)
-            canonicalize(ctx)
+            if self.canon is not None:
+                self.canon(ctx)
             await self.blocks(ctx)
-            await admit(ctx)
+            if self.admission is not None:
+                await self.admission.admit(ctx, request.receive)
             opened = await until_disconnected(
                 request.receive,
                 self.forwarder.open(
@@ -74,7 +92,13 @@ class Pipeline:
             return self._client_gone(endpoint, ctx, started)
 
         backend = opened.backend.name
+        if self.explainer is not None:
+            self.explainer.after_route(ctx)
         session_headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
+        if ctx.estimated_cached_tokens is not None:
+            session_headers["x-prefixgate-estimated-cached-tokens"] = str(ctx.estimated_cached_tokens)
+        if self.debug_headers:
+            session_headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
         if opened.chunks is not None:
 
             def finish(outcome: StreamOutcome) -> None:
@@ -122,6 +146,13 @@ class Pipeline:
 
     def _observe(self, ctx: RequestContext, backend: str, usage: Usage | None) -> None:
         record_usage(self.metrics, backend, usage)
+        if self.admission is not None:
+            self.admission.observed(ctx, backend, usage)
+        if self.explainer is not None:
+            if usage is not None:
+                self.explainer.after_observe(ctx, usage.cached_tokens, usage.prompt_tokens)
+            else:
+                self.explainer.after_observe(ctx, None)
         if ctx.backend is not None:
             self.forwarder.router.observe(
                 ctx, ctx.backend, usage.cached_tokens if usage is not None else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from proxy.context import RequestContext
@@ -27,6 +27,10 @@ from routing.prefix_affinity import max_hit_blocks
 
 #: Block size assumed when neither the rank nor the configuration says (vLLM's CUDA default).
 DEFAULT_BLOCK_SIZE = 16
+#: Bound of a rank's speculative mirror when its pool size is unknown (no ``vllm:cache_config_info``,
+#: no ``pool_tokens``): without one, routing's own records grow the index forever (~200 B per block).
+#: 131,072 blocks = 2M tokens at block size 16 (~26 MB of mirror), the size of a large GPU pool.
+UNKNOWN_POOL_BLOCKS = 131_072
 #: A routed request not observed within this many seconds (it failed, or the client left) no longer
 #: counts as queued prefill on its rank.
 DEFAULT_PENDING_TTL_S = 120.0
@@ -62,6 +66,8 @@ class Router:
         self.pending_ttl = pending_ttl
         self._pending: OrderedDict[int, _Pending] = OrderedDict()
         self.queued_prefill: dict[str, int] = {b.name: 0 for b in pool}
+        #: Called with (ctx, backend) after each pick (admission records the session's rank).
+        self.on_pick: Callable[[RequestContext, Backend], None] | None = None
         for b in pool:
             self.index.set_capacity(b.name, self.capacity_blocks(b))
 
@@ -71,9 +77,12 @@ class Router:
         return bool(getattr(self.policy, "uses_blocks", False))
 
     def capacity_blocks(self, backend: Backend) -> int | None:
-        """The rank's pool in blocks (None: unbounded, for event-driven or unknown pools)."""
-        if backend.name in self.exact or not backend.pool_tokens:
+        """The rank's pool in blocks; ``UNKNOWN_POOL_BLOCKS`` for an unknown pool; None (unbounded)
+        for a mirror driven by KV-cache events, which remove what the rank evicts."""
+        if backend.name in self.exact:
             return None
+        if not backend.pool_tokens:
+            return UNKNOWN_POOL_BLOCKS
         return backend.pool_tokens // self.block_size
 
     def set_exact(self, backend: str, exact: bool = True) -> None:
@@ -88,6 +97,9 @@ class Router:
 
     def pick(self, ctx: RequestContext | None, tried: Collection[str] = ()) -> Backend:
         candidates = self.pool.healthy(exclude=tried)
+        allowed = ctx.allowed_backends if ctx is not None else None
+        if allowed is not None:  # admission: a new session only goes to a rank with room
+            candidates = [b for b in candidates if b.name in allowed]
         if not candidates:
             raise no_healthy_backend()
         if ctx is None:
@@ -124,6 +136,8 @@ class Router:
             self.index.set_session_backend(key, name)
         if hashes and name not in self.exact:
             self.index.record(name, hashes)
+        if self.on_pick is not None:
+            self.on_pick(ctx, backend)
         return backend
 
     def observe(self, ctx: RequestContext, backend: Backend, cached_tokens: int | None) -> None:

@@ -28,7 +28,23 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "(repeat for each rank; replaces the config file's backends; env PREFIXGATE_BACKENDS)",
     )
     parser.add_argument("--config", metavar="FILE", help="YAML configuration file (env PREFIXGATE_CONFIG)")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="a client API key, labelled key-0, key-1, ... (repeatable; requests then need one; "
+        "env PREFIXGATE_API_KEYS comma-separated; prefer --api-keys-file, flags show in ps)",
+    )
     for option in OPTIONS:
+        if option.type is bool:
+            parser.add_argument(
+                option.flag,
+                dest=option.field,
+                action="store_true",
+                default=None,
+                help=f"{option.help} (env {option.env})",
+            )
+            continue
         parser.add_argument(
             option.flag,
             dest=option.field,
@@ -50,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
     flags = {option.field: getattr(args, option.field) for option in OPTIONS}
     try:
-        settings = load_settings(config_file, flags, args.backend)
+        settings = load_settings(config_file, flags, args.backend, api_keys=args.api_key)
     except ConfigError as exc:
         print(f"prefixgate: {exc}", file=sys.stderr)
         return 2
@@ -64,8 +80,15 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    server = uvicorn.Server(
-        uvicorn_config(create_app(settings), settings.host, settings.port, settings.log_level)
-    )
+    try:
+        app = create_app(settings)
+    except ConfigError as exc:
+        print(f"prefixgate: {exc}", file=sys.stderr)
+        return 2
+    config = uvicorn_config(app, settings.host, settings.port, settings.log_level)
+    # SIGTERM: uvicorn stops listening, lets in-flight requests (streams too) finish up to this
+    # deadline, then cancels them and runs the app's shutdown
+    config.timeout_graceful_shutdown = settings.shutdown_timeout  # type: ignore[assignment]
+    server = uvicorn.Server(config)
     server.run()
     return 0

@@ -419,6 +419,9 @@ def build_app(rank: SimRank) -> FastAPI:
     async def state() -> Response:
         return _json(rank.state())
 
+    from bench.sim.agent_apis import add_agent_routes  # it imports this module's helpers
+
+    add_agent_routes(app, rank)
     return app
 
 

@@ -60,6 +60,9 @@ def proxy() -> Iterator[Callable[..., ServerThread]]:
     started: list[ServerThread] = []
 
     def start(ranks: list[StubRank], **options: Any) -> ServerThread:
+        # These suites test forwarding mechanics; round robin makes where traffic goes predictable.
+        # The default policy (prefix_affinity) is tested end to end in tests/routing.
+        options.setdefault("policy", "round_robin")
         options.setdefault("health_interval", 0.2)
         options.setdefault("health_timeout", 1.0)
         settings: Settings = load_settings(
