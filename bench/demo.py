@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from bench.common import write_json
+from bench.common import OUT_DIR, write_json
 from bench.replay import infinite_cache_bound, replay
 from bench.sim import SimConfig, start_fleet, stop_fleet
 from bench.workload import agent_sessions
@@ -61,7 +61,30 @@ def run_one(policy: str, args: argparse.Namespace, sim: SimConfig) -> dict[str, 
     summary = result.summary()
     summary["bound"] = infinite_cache_bound(result.requests, sim.block_size)
     summary["first_errors"] = result.errors[:3]
+    summary["turns"] = [
+        {
+            "sent_s": t.sent_s,
+            "prompt_tokens": t.prompt_tokens,
+            "cached_tokens": t.cached_tokens,
+            "ttft_s": t.ttft_s,
+        }
+        for t in result.turns
+    ]
     return summary
+
+
+def _plots(results: dict[str, dict[str, Any]], turns: dict[str, list[dict[str, Any]]]) -> None:
+    """Hit rate over the replay, prefill and TTFT CDF as PNGs, when matplotlib is installed."""
+    try:
+        from bench.plots import write_plots
+
+        data = {policy: {**r, "turns": turns[policy]} for policy, r in results.items()}
+        bound = next(iter(results.values()))["bound"]
+        paths = write_plots("demo", data, bound, OUT_DIR / "demo")
+    except RuntimeError as exc:  # matplotlib missing: the table above is the result
+        print(f"no plots: {exc}")
+        return
+    print("plots: " + ", ".join(str(p) for p in paths))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,8 +113,10 @@ def run(args: argparse.Namespace) -> int:
     print("\nhit rate = cached tokens / prompt tokens as the ranks reported them (usage.cached_tokens);")
     print("bound = the same workload on one rank with an unlimited KV pool.")
     options = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    turns = {policy: r.pop("turns") for policy, r in results.items()}
     path = write_json("demo.json", {"args": options, "results": results})
     print(f"wrote {path}")
+    _plots(results, turns)
     failed = [p for p, r in results.items() if r["errors"]]
     for policy in failed:
         print(f"errors with {policy}: {results[policy]['first_errors']}", file=sys.stderr)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 
 from bench.common import median, percentile
+from bench.traces import BlockText, ChatBuilder, TraceSession, UnitCacheBound
 from bench.workload import Session
 from tokenization.block_hash import BlockHasher
 from tokenization.chatml import render_segments
@@ -32,6 +33,10 @@ class TurnResult:
     ttft_s: float
     latency_s: float
     backend: str
+    #: Seconds from the start of the replay to sending the request.
+    sent_s: float = 0.0
+    #: The infinite-cache bound's hit tokens for this request (trace replays only).
+    bound_hit_tokens: int = 0
 
 
 @dataclass
@@ -40,35 +45,60 @@ class ReplayResult:
     requests: list[dict[str, Any]] = field(default_factory=list)  # as sent, for the cache bound
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    #: Sessions (trace replays: conversations, sub-agents included) that ran every request without error.
+    completed_sessions: int = 0
+    #: Approximate KV working set (tokens the active sessions' latest prompts hold) at each request sent.
+    working_set: list[int] = field(default_factory=list)
+    #: 429/503 answers that a retry later got past.
+    rejections: int = 0
 
     def summary(self) -> dict[str, Any]:
+        """Totals and percentiles over the answered requests, as the ranks reported them."""
         prompt = sum(t.prompt_tokens for t in self.turns)
         cached = sum(t.cached_tokens for t in self.turns)
         ttfts = [t.ttft_s for t in self.turns]
+        latencies = [t.latency_s for t in self.turns]
         return {
             "requests": len(self.turns),
             "errors": len(self.errors),
+            "rejections": self.rejections,
             "prompt_tokens": prompt,
             "cached_tokens": cached,
             "hit_rate": cached / prompt if prompt else 0.0,
             "prefill_tokens": prompt - cached,
             "ttft_p50_ms": median(ttfts) * 1000,
             "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+            "latency_p50_ms": median(latencies) * 1000,
+            "latency_p99_ms": percentile(latencies, 99) * 1000,
             "wall_s": self.wall_s,
         }
 
 
-async def _turn(
-    http: aiohttp.ClientSession, url: str, session: Session, turn: int, model: str, sent: list[dict[str, Any]]
-) -> TurnResult:
-    body = session.request(turn, model)
-    sent.append(body)
+@dataclass(slots=True)
+class StreamOutcome:
+    """What one streamed chat completion gave: the rank's usage and the client-side timings."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    latency_s: float
+    backend: str
+    content: str
+
+
+async def post_chat_stream(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], session_key: str
+) -> StreamOutcome:
+    """POST a streaming chat body; TTFT is the first content delta, usage comes from the stream's tail."""
     start = time.perf_counter()
     ttft = None
     content: list[str] = []
     usage: dict[str, Any] = {}
-    headers = {"content-type": "application/json", "x-session-id": session.key}
+    headers = {"content-type": "application/json", "x-session-id": session_key}
     async with http.post(url + "/v1/chat/completions", data=orjson.dumps(body), headers=headers) as response:
+        if response.status in (429, 503):
+            retry_after = float(response.headers.get("retry-after") or 1)
+            raise Rejected(response.status, retry_after, await response.read())
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {(await response.read())[:200]!r}")
         backend = response.headers.get("x-prefixgate-backend", "")
@@ -79,7 +109,7 @@ async def _turn(
             if "error" in event:
                 raise RuntimeError(f"stream error: {event['error']}")
             for choice in event.get("choices") or ():
-                delta = choice.get("delta", {}).get("content")
+                delta = (choice.get("delta") or {}).get("content")
                 if delta:
                     if ttft is None:
                         ttft = time.perf_counter() - start
@@ -87,14 +117,74 @@ async def _turn(
             if event.get("usage"):
                 usage = event["usage"]
     latency = time.perf_counter() - start
-    session.answer("".join(content))
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return StreamOutcome(
+        usage.get("prompt_tokens", 0), cached, ttft or latency, latency, backend, "".join(content)
+    )
+
+
+class Rejected(RuntimeError):
+    """The endpoint answered 429/503: come back after ``retry_after_s``."""
+
+    def __init__(self, status: int, retry_after_s: float, detail: bytes) -> None:
+        super().__init__(f"HTTP {status}: {detail[:200]!r}")
+        self.retry_after_s = retry_after_s
+
+
+async def post_with_retries(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    session_key: str,
+    attempts: int,
+    max_wait_s: float,
+) -> tuple[StreamOutcome, int]:
+    """``post_chat_stream``, retried on 429/503 like agents do (honouring ``Retry-After``, capped at
+    ``max_wait_s``); TTFT and latency count from the first attempt. Returns the outcome and the
+    number of rejections before it."""
+    start = time.perf_counter()
+    for attempt in range(attempts):
+        try:
+            out = await post_chat_stream(http, url, body, session_key)
+        except Rejected as exc:
+            if attempt + 1 == attempts:
+                raise
+            await asyncio.sleep(min(exc.retry_after_s, max_wait_s))
+            continue
+        waited = out.latency_s - (time.perf_counter() - start)  # negative: time spent before this attempt
+        out.ttft_s -= waited
+        out.latency_s -= waited
+        return out, attempt
+    raise AssertionError("unreachable")
+
+
+async def _turn(
+    http: aiohttp.ClientSession,
+    url: str,
+    session: Session,
+    turn: int,
+    model: str,
+    sent: list[dict[str, Any]],
+    sent_s: float,
+) -> TurnResult:
+    body = session.request(turn, model)
+    sent.append(body)
+    out = await post_chat_stream(http, url, body, session.key)
+    session.answer(out.content)
     return TurnResult(
-        session.key, turn, usage.get("prompt_tokens", 0), cached, ttft or latency, latency, backend
+        session.key,
+        turn,
+        out.prompt_tokens,
+        out.cached_tokens,
+        out.ttft_s,
+        out.latency_s,
+        out.backend,
+        sent_s,
     )
 
 
 async def replay(url: str, sessions: Sequence[Session], model: str, time_scale: float = 1.0) -> ReplayResult:
+    """Run synthetic ``sessions`` concurrently against ``url``, each turn after the previous answer."""
     result = ReplayResult()
     start = time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -104,7 +194,8 @@ async def replay(url: str, sessions: Sequence[Session], model: str, time_scale: 
                 if turn and session.think_time_s:
                     await asyncio.sleep(session.think_time_s * time_scale)
                 try:
-                    result.turns.append(await _turn(http, url, session, turn, model, result.requests))
+                    sent_s = time.perf_counter() - start
+                    result.turns.append(await _turn(http, url, session, turn, model, result.requests, sent_s))
                 except Exception as exc:  # recorded, and the session stops: its history is now unknown
                     result.errors.append(f"{session.key} turn {turn}: {exc}")
                     return
@@ -135,3 +226,113 @@ def infinite_cache_bound(requests: Sequence[dict[str, Any]], block_size: int) ->
         prompt_total += len(tokens)
         hit_total += hits * block_size
     return hit_total / prompt_total if prompt_total else 0.0
+
+
+@dataclass
+class TraceReplayConfig:
+    """How a trace is replayed: ``concurrency`` conversations at a time, think times x ``time_scale``."""
+
+    model: str
+    concurrency: int = 8
+    time_scale: float = 0.01
+    #: Output tokens asked per request (the trace's own output is already in the next request's ids).
+    max_tokens: int = 16
+    #: Token length of one trace block (64 for Claude Code, 512 for Mooncake).
+    block_tokens: int = 64
+    #: KV block size of the ranks (for the infinite-cache bound).
+    kv_block_size: int = 16
+    seed: int = 0
+    #: Think times longer than this (trace seconds: the user walked away) are cut to it before scaling.
+    max_think_s: float = 60.0
+    #: Attempts per request when the endpoint answers 429/503, and the longest wait between them (s).
+    attempts: int = 20
+    max_retry_wait_s: float = 1.0
+
+
+async def replay_trace(
+    url: str,
+    sessions: Sequence[TraceSession],
+    config: TraceReplayConfig,
+    on_turn: Callable[[TurnResult], None] | None = None,
+) -> ReplayResult:
+    """Replay trace sessions against ``url`` (OpenAI chat, streamed, ``x-session-id`` per session).
+
+    At most ``config.concurrency`` top-level sessions run at once, each no earlier than its
+    ``start_s`` x ``time_scale``; a session sends its requests in order, waiting for each answer
+    and then the request's think time x ``time_scale``; sub-agents run as sessions of their own
+    (concurrently with their siblings) before the parent's next request. A failed request is
+    recorded and the session goes on (its next request is fixed by the trace, not by the answer).
+    """
+    result = ReplayResult()
+    text = BlockText(config.block_tokens, config.seed)
+    bound = UnitCacheBound(config.kv_block_size)
+    active: dict[str, int] = {}  # session key -> prompt tokens of its latest request
+    slots = asyncio.Semaphore(config.concurrency)
+    start = time.perf_counter()
+
+    async def run(http: aiohttp.ClientSession, session: TraceSession) -> bool:
+        builder = ChatBuilder(session, text, config.block_tokens)
+        ok = True
+        try:
+            for index, request in enumerate(session.requests):
+                children = session.children.get(index)
+                if children:
+                    done = await asyncio.gather(*(run(http, child) for child in children))
+                    ok = ok and all(done)
+                if index and request.think_time_s and config.time_scale:
+                    await asyncio.sleep(min(request.think_time_s, config.max_think_s) * config.time_scale)
+                body = builder.body(index, config.model, config.max_tokens)
+                prompt, bound_hits = bound.add(builder.units())
+                active[session.key] = prompt
+                result.working_set.append(sum(active.values()))
+                sent = time.perf_counter() - start
+                try:
+                    out, rejections = await post_with_retries(
+                        http, url, body, session.key, config.attempts, config.max_retry_wait_s
+                    )
+                    result.rejections += rejections
+                except Exception as exc:  # recorded; the trace fixes the next request regardless
+                    result.errors.append(f"{session.key} request {index}: {exc}")
+                    ok = False
+                    continue
+                turn = TurnResult(
+                    session.key,
+                    index,
+                    out.prompt_tokens,
+                    out.cached_tokens,
+                    out.ttft_s,
+                    out.latency_s,
+                    out.backend,
+                    sent,
+                    bound_hits,
+                )
+                result.turns.append(turn)
+                if on_turn is not None:
+                    on_turn(turn)
+            trailing = session.children.get(len(session.requests), ())
+            done = await asyncio.gather(*(run(http, child) for child in trailing))
+            ok = ok and all(done)
+        finally:
+            active.pop(session.key, None)
+        if ok:
+            result.completed_sessions += 1
+        return ok
+
+    async def slot(http: aiohttp.ClientSession, session: TraceSession) -> None:
+        delay = session.start_s * config.time_scale - (time.perf_counter() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        async with slots:
+            await run(http, session)
+
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
+        await asyncio.gather(*(slot(http, s) for s in sessions))
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def bound_hit_rate(result: ReplayResult) -> float:
+    """The infinite-cache bound of the requests a trace replay sent (see ``UnitCacheBound``)."""
+    prompt = sum(t.prompt_tokens for t in result.turns)
+    return sum(t.bound_hit_tokens for t in result.turns) / prompt if prompt else 0.0

@@ -1,0 +1,230 @@
+"""The systems a benchmark compares, each in front of a fresh simulated fleet in its own process.
+
+``SimFleetProcess`` runs K simulated ranks (``prefixgate sim --ranks K``) in a subprocess and reads
+their ``/metrics`` (prefix cache hits and queries, preemptions: what the ranks report, never the
+proxy's estimates). ``system_under_test`` starts prefixgate (``prefixgate serve --policy P`` as a
+subprocess, so its CPU time is its own) or a peer router; ``ProcessCpu`` measures a process's CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+from bench.common import wait_until_up
+from bench.peers import PEERS, PeerRouter, PeerSpec
+from proxy.server import free_port
+
+#: Counters summed over the fleet (Prometheus exposes counters with a ``_total`` suffix).
+FLEET_COUNTERS = (
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:num_preemptions",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+)
+
+
+def _free_port_run(count: int) -> int:
+    """A base port such that ``count`` consecutive ports are free on 127.0.0.1 right now."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no run of {count} free ports found")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    ranks: int = 4
+    kv_tokens: int = 181_777
+    time_scale: float = 0.02
+    block_size: int = 16
+    model: str = "prefixgate-sim"
+
+
+class SimFleetProcess:
+    """``ranks`` simulated vLLM ranks in one subprocess on consecutive loopback ports."""
+
+    def __init__(self, config: FleetConfig, log: Path | None = None) -> None:
+        self.config = config
+        self.base_port = _free_port_run(config.ranks)
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{self.base_port + i}" for i in range(self.config.ranks)]
+
+    def start(self) -> SimFleetProcess:
+        c = self.config
+        args = [sys.executable, "-m", "proxy.cli", "sim", "--host", "127.0.0.1"]
+        args += ["--ranks", str(c.ranks), "--base-port", str(self.base_port)]
+        args += ["--kv-tokens", str(c.kv_tokens), "--time-scale", str(c.time_scale)]
+        args += ["--block-size", str(c.block_size), "--model", c.model]
+        if self.log is not None:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
+                self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        else:
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for url in self.urls:
+                wait_until_up(url + "/health")
+        except TimeoutError:
+            self.stop()
+            raise RuntimeError("the simulated fleet did not start") from None
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def metrics(self) -> dict[str, float]:
+        """The fleet's counters (``FLEET_COUNTERS``, suffix-free names) summed over its ranks."""
+        totals = dict.fromkeys(FLEET_COUNTERS, 0.0)
+        for url in self.urls:
+            text = httpx.get(url + "/metrics", timeout=10.0).text
+            for line in text.splitlines():
+                if not line or line[0] == "#":
+                    continue
+                name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+                if name in totals:
+                    totals[name] += float(line.rsplit(" ", 1)[1])
+        return totals
+
+    def __enter__(self) -> SimFleetProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ProcessCpu:
+    """CPU seconds (user + system) a process used between ``start()`` and ``stop()``."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.process = psutil.Process(pid) if pid else None
+        self._start = 0.0
+        self.seconds: float | None = None
+
+    def _now(self) -> float:
+        assert self.process is not None
+        times = self.process.cpu_times()
+        return times.user + times.system
+
+    def start(self) -> None:
+        if self.process is not None:
+            self._start = self._now()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.seconds = self._now() - self._start
+
+
+@dataclass(frozen=True, slots=True)
+class SystemSpec:
+    """One system of a comparison: prefixgate with a policy, or a peer router."""
+
+    name: str
+    kind: str  # "prefixgate" or "peer"
+    policy: str
+    peer: PeerSpec | None = None
+
+
+def prefixgate_systems(policies: Sequence[str]) -> list[SystemSpec]:
+    return [SystemSpec(f"prefixgate {p}", "prefixgate", p) for p in policies]
+
+
+def peer_systems() -> list[SystemSpec]:
+    return [SystemSpec(p.name, "peer", p.policy, p) for p in PEERS]
+
+
+@dataclass
+class RunningSystem:
+    url: str
+    pid: int | None
+
+
+@contextmanager
+def system_under_test(
+    spec: SystemSpec,
+    workers: Sequence[str],
+    log_dir: Path,
+    prefixgate_args: Sequence[str] = (),
+    prefixgate_root: Path | None = None,
+) -> Iterator[RunningSystem]:
+    """Start ``spec`` in front of ``workers``; yields its URL and PID; stops it on exit.
+
+    Output goes to a log file per system under ``log_dir`` (a pipe nobody reads could fill up and
+    stall the process under test). ``prefixgate_root``: run prefixgate from that source tree (a
+    snapshot) instead of the installed one.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{spec.name.replace(' ', '_')}.log"
+    if spec.kind == "prefixgate":
+        with _prefixgate(spec.policy, workers, log, prefixgate_args, prefixgate_root) as running:
+            yield running
+        return
+    assert spec.peer is not None
+    with PeerRouter(spec.peer, workers, log=log) as router:
+        yield RunningSystem(router.url, router.pid)
+
+
+@contextmanager
+def _prefixgate(
+    policy: str, workers: Sequence[str], log: Path, extra: Sequence[str], root: Path | None
+) -> Iterator[RunningSystem]:
+    port = free_port()
+    args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    args += ["--policy", policy, "--log-level", "warning"]
+    for i, url in enumerate(workers):
+        args += ["--backend", f"sim-{i}={url}"]
+    args += list(extra)
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "ab") as out:
+        env = {**os.environ, "PYTHONPATH": str(root)} if root is not None else None
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env)
+        try:
+            try:
+                wait_until_up(url + "/health")
+            except TimeoutError:
+                raise RuntimeError(f"prefixgate --policy {policy} did not start (log: {log})") from None
+            if proc.poll() is not None:
+                raise RuntimeError(f"prefixgate --policy {policy} exited on start (log: {log})")
+            yield RunningSystem(url, proc.pid)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
