@@ -44,8 +44,6 @@ from proxy.responses import ResponseRanks, ResponsesApi, make_response_ranks
 from proxy.session_id import fingerprint, identify_session
 from routing.backends import Backend
 from tokenization.agent_apis import ConversionError
-from tokenization.backend_tokenizer import BackendTokenizeError
-from tokenization.base import UnsupportedRequest
 
 log = logging.getLogger("prefixgate.agents")
 
@@ -136,7 +134,7 @@ class AgentPipeline:
                     retries=0,
                 )
             else:
-                await self._blocks(ctx)
+                await self.pipeline.blocks(ctx)
             if self.pipeline.admission is not None:
                 await self.pipeline.admission.admit(ctx)
             opened = await until_disconnected(
@@ -276,22 +274,6 @@ class AgentPipeline:
         counter = self.metrics.canonical_rewrites
         for rule, count in result.rewrites.items():
             counter.labels(rule).inc(count)
-
-    async def _blocks(self, ctx: RequestContext) -> None:
-        incremental = self.pipeline.blocks.incremental
-        if incremental is None:
-            return
-        try:
-            blocks = await incremental.blocks_for_chat(ctx.session_key, ctx.body)
-        except UnsupportedRequest as exc:
-            log.debug("cannot render the request into blocks: %s", exc)
-            return
-        except BackendTokenizeError as exc:
-            log.warning("backend tokenizer failed, routing without blocks: %s", exc)
-            return
-        ctx.prompt_blocks = blocks
-        ctx.prompt_tokens = blocks.num_tokens
-        ctx.block_hashes = blocks.block_hashes
 
     async def _rank_of(self, response_id: str) -> Backend:
         pool = self.forwarder.router.pool

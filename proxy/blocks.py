@@ -28,10 +28,10 @@ class BlockStage:
         if incremental is None:
             return
         try:
-            if ctx.api is ApiKind.CHAT:
-                blocks = await incremental.blocks_for_chat(ctx.session_key, ctx.body)
-            else:
+            if ctx.api is ApiKind.COMPLETIONS:
                 blocks = await incremental.blocks_for_completion(ctx.session_key, ctx.body)
+            else:  # chat, or an agent API whose body the pipeline converted to chat messages
+                blocks = await incremental.blocks_for_chat(ctx.session_key, ctx.body)
         except UnsupportedRequest as exc:
             log.debug("cannot render the request into blocks: %s", exc)
             return
