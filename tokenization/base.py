@@ -59,7 +59,9 @@ class Encoded:
     """A prompt's token ids, plus what the tokenizer keeps to encode the next turn incrementally.
 
     ``reused`` counts the leading tokens known equal to the previous ``Encoded``'s tokens (the one
-    passed to ``plan_*``); block hashes of those tokens can be reused. ``tokens`` must not be mutated.
+    passed to ``plan_*``); block hashes of those tokens can be reused. ``shared_tokens`` counts the
+    leading tokens of a segment many sessions likely share (system prompt + tools), whose block
+    hashes a cross-session cache may hold. ``tokens`` must not be mutated.
     """
 
     tokens: array  # typecode "I"
@@ -67,6 +69,7 @@ class Encoded:
     reused: int = 0
     memo: Any = None
     memo_bytes: int = 0
+    shared_tokens: int = 0
 
     @property
     def nbytes(self) -> int:

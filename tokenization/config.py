@@ -37,6 +37,12 @@ class TokenizerConfig(BaseModel):
         default=ExtraKeysStyle.TAGGED, description="tagged: vLLM >= 0.12 style; plain: vLLM 0.11"
     )
     session_cache_mb: float = Field(default=256.0, ge=0, description="memory budget of the per-session cache")
+    shared_cache_mb: float = Field(
+        default=32.0,
+        ge=0,
+        description="memory budget of each cross-session cache of shared leading segments (system "
+        "prompt + tools: their token ids, and their block hashes)",
+    )
     offload_tokens: int = Field(
         default=8192, ge=0, description="uncached work above this many (estimated) tokens runs in a thread"
     )
@@ -53,6 +59,10 @@ class TokenizerConfig(BaseModel):
     @property
     def session_cache_bytes(self) -> int:
         return int(self.session_cache_mb * 1024 * 1024)
+
+    @property
+    def shared_cache_bytes(self) -> int:
+        return int(self.shared_cache_mb * 1024 * 1024)
 
 
 def load_tokenizer_config(path: str | Path | None) -> TokenizerConfig:

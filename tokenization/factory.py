@@ -23,7 +23,7 @@ def build_tokenizer(
     if config.kind == "tiktoken":
         from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
-        return TiktokenTokenizer()
+        return TiktokenTokenizer(config.shared_cache_bytes)
     if config.kind == "hf":
         if config.path is None:
             raise ValueError("tokenization.kind 'hf' needs 'path' (a model directory with tokenizer.json)")
@@ -61,5 +61,9 @@ def build_incremental(
     hasher = make_hasher(config.hash_algo, size, config.hash_seed, config.cache_salt_style)
     tok = tokenizer or build_tokenizer(config, client=client, base_url=base_url, model=model)
     return IncrementalTokenizer(
-        tok, hasher, cache_bytes=config.session_cache_bytes, offload_tokens=config.offload_tokens
+        tok,
+        hasher,
+        cache_bytes=config.session_cache_bytes,
+        offload_tokens=config.offload_tokens,
+        shared_cache_bytes=config.shared_cache_bytes,
     )

@@ -18,12 +18,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import xxhash
+
 from tokenization.base import ChatPrompt, Encoded, Part, Plan, Tokenizer, UnsupportedRequest, token_ids_plan
 from tokenization.block_hash import BlockHash, kv_event_hash
 from tokenization.hashers import ChainHasher
+from tokenization.shared_prefix import DEFAULT_SHARED_CACHE_BYTES, SharedPrefixCache
 
 # Per cached block hash: the bytes object header (33) + list slot (8) on top of the digest.
 _HASH_OVERHEAD = 41
+# A shared-cache entry's key and tuple, on top of its hashes.
+_SHARED_ENTRY_BYTES = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,7 @@ class PromptBlocks:
     tokens: array  # typecode "I"
     reused_tokens: int = 0  # leading tokens taken from the session's previous turn without re-encoding
     reused_blocks: int = 0  # leading block hashes taken from the previous turn
+    shared_blocks: int = 0  # leading block hashes taken from the cross-session cache (not hashed here)
 
     @property
     def num_blocks(self) -> int:
@@ -109,6 +115,10 @@ class IncrementalTokenizer:
     One instance per backend group (one tokenizer, one block size, one hash algorithm). CPU-heavy
     uncached work (above ``offload_tokens`` estimated tokens) runs in a worker thread so a 100k-token
     first turn does not stall the event loop; small increments run inline.
+
+    Besides the per-session cache, ``shared`` keeps the block hashes of leading segments that many
+    sessions share (``Encoded.shared_tokens``, e.g. one agent's system prompt + tools), keyed by
+    those tokens and the salt: a new session of a known agent hashes only its own messages.
     """
 
     def __init__(
@@ -118,6 +128,7 @@ class IncrementalTokenizer:
         *,
         cache_bytes: int = 256 * 1024 * 1024,
         offload_tokens: int = 8192,
+        shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
     ) -> None:
         self.tokenizer = tokenizer
         self.hasher = hasher
@@ -125,6 +136,7 @@ class IncrementalTokenizer:
         self.sessions = SessionCache(cache_bytes)
         self.offload_tokens = offload_tokens
         self._hash_bytes = len(hasher.none_hash) + _HASH_OVERHEAD
+        self.shared = SharedPrefixCache[tuple[BlockHash, ...]](shared_cache_bytes)
 
     async def blocks_for_chat(self, session_key: str | None, body: Mapping[str, Any]) -> PromptBlocks:
         """Blocks of an OpenAI chat request (``messages``, ``tools``, ``add_generation_prompt``,
@@ -164,10 +176,11 @@ class IncrementalTokenizer:
         else:
             encoded = plan.finish()
         keep = self._reusable_blocks(encoded, prev, salt)
+        shared, keep = self._shared_blocks(encoded, prev, keep, salt)
         if len(encoded.tokens) - keep * self.block_size > self.offload_tokens:
-            hashes = await asyncio.to_thread(self._hash, encoded, prev, keep, salt)
+            hashes = await asyncio.to_thread(self._hash, encoded, prev, keep, salt, shared)
         else:
-            hashes = self._hash(encoded, prev, keep, salt)
+            hashes = self._hash(encoded, prev, keep, salt, shared)
         if session_key is not None:
             nbytes = encoded.nbytes + len(hashes) * self._hash_bytes + 200
             self.sessions.put(session_key, _Entry(kind, encoded, salt, hashes, nbytes))
@@ -178,8 +191,33 @@ class IncrementalTokenizer:
             parts=encoded.parts,
             tokens=encoded.tokens,
             reused_tokens=encoded.reused,
-            reused_blocks=keep,
+            reused_blocks=keep if shared is None else 0,
+            shared_blocks=0 if shared is None else keep,
         )
+
+    def _shared_blocks(
+        self, encoded: Encoded, prev: _Entry | None, keep: int, salt: str | None
+    ) -> tuple[tuple[BlockHash, ...] | None, int]:
+        """The cross-session hashes of the shared leading blocks when they beat the session's own
+        reuse, and the number of leading blocks then known: ``(None, keep)`` otherwise."""
+        lead = encoded.shared_tokens // self.block_size
+        if lead <= keep:
+            return None, keep
+        cached = self.shared.get(self._shared_key(encoded, lead, salt))
+        if cached is None:
+            return None, keep
+        return cached, lead
+
+    def _shared_key(self, encoded: Encoded, lead: int, salt: str | None) -> tuple[bytes, int, str | None]:
+        # The hashes depend only on these tokens and the salt (the hasher is this instance's).
+        view = memoryview(encoded.tokens)[: lead * self.block_size]
+        return xxhash.xxh3_128_digest(view), lead, salt
+
+    def _store_shared(self, encoded: Encoded, hashes: list[BlockHash], salt: str | None) -> None:
+        lead = min(encoded.shared_tokens // self.block_size, len(hashes))
+        if lead:
+            nbytes = _SHARED_ENTRY_BYTES + lead * self._hash_bytes
+            self.shared.put(self._shared_key(encoded, lead, salt), tuple(hashes[:lead]), nbytes)
 
     def _reusable_blocks(self, encoded: Encoded, prev: _Entry | None, salt: str | None) -> int:
         # The salt sits in block 0's hash, so a changed salt changes every block.
@@ -187,14 +225,29 @@ class IncrementalTokenizer:
             return 0
         return min(encoded.reused // self.block_size, len(prev.hashes))
 
-    def _hash(self, encoded: Encoded, prev: _Entry | None, keep: int, salt: str | None) -> list[BlockHash]:
+    def _hash(
+        self,
+        encoded: Encoded,
+        prev: _Entry | None,
+        keep: int,
+        salt: str | None,
+        shared: tuple[BlockHash, ...] | None = None,
+    ) -> list[BlockHash]:
+        """Hashes of every full block: the first ``keep`` from ``shared`` or the previous turn."""
         if keep == 0:
-            return self.hasher.hash_blocks(encoded.tokens, cache_salt=salt)
-        assert prev is not None
-        hashes = prev.hashes[:keep]
-        hashes += self.hasher.hash_blocks(
-            encoded.tokens, start_block=keep, parent=hashes[-1], cache_salt=salt
-        )
+            hashes = self.hasher.hash_blocks(encoded.tokens, cache_salt=salt)
+        else:
+            if shared is not None:
+                hashes = list(shared)
+            else:
+                assert prev is not None
+                hashes = prev.hashes[:keep]
+            hashes += self.hasher.hash_blocks(
+                encoded.tokens, start_block=keep, parent=hashes[-1], cache_salt=salt
+            )
+        if shared is None and keep < encoded.shared_tokens // self.block_size:
+            # The shared segment was hashed here (a first turn, a changed system prompt): keep it.
+            self._store_shared(encoded, hashes, salt)
         return hashes
 
 

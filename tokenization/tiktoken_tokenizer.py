@@ -21,9 +21,12 @@ import xxhash
 from tokenization.base import ChatPrompt, Encoded, Part, Plan, common_prefix_len
 from tokenization.chatml import GENERATION_PROMPT, SYSTEM_ROLES, content_text, render_message, render_system
 from tokenization.encoding import chatml_encoding
+from tokenization.shared_prefix import DEFAULT_SHARED_CACHE_BYTES, SharedPrefixCache
 
 # Rough chars per token of code and prose, only to size the work for the thread/inline decision.
 CHARS_PER_TOKEN = 4
+# An array object's own size, on top of its items, for the shared cache's budget.
+_ARRAY_BYTES = 80
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +66,10 @@ class TiktokenTokenizer:
 
     kind = "tiktoken"
 
-    def __init__(self) -> None:
+    def __init__(self, shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES) -> None:
         self._encoding = chatml_encoding()
+        #: The system+tools segment's token ids by segment key, across sessions (see ``shared_prefix``).
+        self.shared = SharedPrefixCache[array](shared_cache_bytes)
 
     def _encode(self, text: str) -> list[int]:
         return self._encoding.encode(text, allowed_special="all", disallowed_special=())
@@ -95,8 +100,11 @@ class TiktokenTokenizer:
         first = 0 if memo is None else common_prefix_len(memo.keys, keys)
         reused = memo.ends[first - 1] if first else 0
         offset = first_message - (1 if system_segment else 0)  # segment index -> message index
+        # A session's first turn (or a changed system prompt): another session of the same agent
+        # may have encoded this system+tools segment already.
+        lead: array | None = self.shared.get(keys[0]) if first == 0 and system_segment else None
         segments: list[str] = []
-        for j in range(first, len(keys)):
+        for j in range(first if lead is None else 1, len(keys)):
             if j == 0 and system_segment:
                 system_text = content_text(messages[0].get("content")) if has_system else None
                 segments.append(render_system(system_text, tools) or "")
@@ -120,16 +128,33 @@ class TiktokenTokenizer:
             ends = list(memo.ends[:first]) if memo is not None else []
             # Unchanged segments keep their labels: same keys up to ``first`` = same message layout.
             parts: list[Part] = list(prev.parts[:first]) if prev is not None and first else []
-            labels = [_label(j) for j in range(first, len(frozen_keys))]
             start = reused
-            for segment, label in zip(segments, labels, strict=True):
-                tokens.fromlist(self._encode(segment))
+            encode_from = first
+            if lead is not None:
+                tokens = lead[:]  # a copy: the cached ids are shared
+                ends.append(len(lead))
+                parts.append((_label(0), 0, len(lead)))
+                start = len(lead)
+                encode_from = 1
+            labels = [_label(j) for j in range(encode_from, len(frozen_keys))]
+            for j, (segment, label) in enumerate(zip(segments, labels, strict=True), encode_from):
+                ids = self._encode(segment)
+                if j == 0 and system_segment:
+                    self.shared.put(frozen_keys[0], array("I", ids), _ARRAY_BYTES + 4 * len(ids))
+                tokens.fromlist(ids)
                 end = len(tokens)
                 ends.append(end)
                 parts.append((label, start, end))
                 start = end
             memo_bytes = len(frozen_keys) * 90
-            return Encoded(tokens, tuple(parts), reused, _SegmentMemo(frozen_keys, tuple(ends)), memo_bytes)
+            return Encoded(
+                tokens,
+                tuple(parts),
+                reused,
+                _SegmentMemo(frozen_keys, tuple(ends)),
+                memo_bytes,
+                shared_tokens=ends[0] if system_segment else 0,
+            )
 
         return Plan(work, finish)
 

@@ -114,22 +114,37 @@ class MemoryPrefixIndex:
     # -- updates ---------------------------------------------------------------------------------
 
     def record(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        """Touch ``block_hashes`` (one chain, distinct hashes) on ``backend``: tail first, so that the
+        head ends up the most recently used, then evict past capacity.
+
+        Invariant: afterwards the chain's blocks are the most recent entries, in reverse chain order
+        (head newest), and the other entries keep their relative order; so eviction, least recently
+        used first, takes a chain's tail before its head.
+        """
         with self._lock:
             mirror = self._mirror(backend)
             lru = mirror.lru
             holders = self._holders
             bit = mirror.bit
             touch = lru.move_to_end
-            # Tail first, so that the head of the chain ends up the most recently used.
-            for h in reversed(block_hashes):
-                count = lru.get(h)
-                if count is None:
-                    lru[h] = 1
-                    holders[h] = holders.get(h, 0) | bit
-                else:
-                    if counted:
+            # Tail first, so that the head of the chain ends up the most recently used. One hash
+            # probe per held block (move_to_end raises for a new one) instead of a get, then a move.
+            if counted:
+                for h in reversed(block_hashes):
+                    count = lru.get(h)
+                    if count is None:
+                        lru[h] = 1
+                        holders[h] = holders.get(h, 0) | bit
+                    else:
                         lru[h] = count + 1
-                    touch(h)
+                        touch(h)
+            else:
+                for h in reversed(block_hashes):
+                    try:
+                        touch(h)
+                    except KeyError:
+                        lru[h] = 1
+                        holders[h] = holders.get(h, 0) | bit
             self._evict(mirror)
 
     def remove(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:

@@ -1,0 +1,182 @@
+"""Per-stage CPU cost of the request pipeline, measured in-process (no HTTP, no event-loop noise).
+
+The stages are built as ``proxy.app.Gateway.start`` builds them (tiktoken tokenizer, vLLM sha256
+block hashes, a memory prefix index, the prefix_affinity policy over four ranks) and timed one by
+one on three workloads:
+
+- ``repeat_100k``: one session re-sending the same ~100k-token conversation (the session caches
+  are warm: this is the steady state of a long agent session);
+- ``new_sessions``: the first turn of many sessions of one agent (same ~2k-token system prompt and
+  12 tools, a different first user message each);
+- ``small``: a load.py-shaped small chat request, first turns of distinct sessions.
+
+Prints a table of medians (microseconds) and writes ``bench/out/pipeline_cost.json``.
+
+    python -m bench.pipeline_cost [--repeats 40] [--sessions 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.datastructures import Headers
+
+from bench.common import machine, median, percentile, write_json
+from bench.overhead import large_request
+from bench.workload import agent_sessions
+from proxy.canonicalize import CanonStage
+from proxy.context import ApiKind, RequestContext
+from proxy.metrics import Metrics
+from proxy.route import Router
+from proxy.session_id import identify_session
+from routing.backends import Backend, BackendPool
+from routing.index.memory import MemoryPrefixIndex
+from routing.policy import make_policy
+from tokenization.config import TokenizerConfig
+from tokenization.factory import build_incremental
+from tokenization.prompt import IncrementalTokenizer
+
+RANKS = 4
+POOL_TOKENS = 2_000_000  # per rank: 125k blocks of 16, room for every workload here
+SMALL_SYSTEM = "You are a careful coding agent working in a large repository. " * 20
+
+
+class Stages:
+    """The pipeline's CPU stages, built once per workload (fresh caches and index)."""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+        self.canon = CanonStage.from_settings(True, {}, self.metrics)
+        self.incremental: IncrementalTokenizer = build_incremental(TokenizerConfig(), block_size=16)
+        pool = BackendPool(
+            Backend(f"rank{i}", f"http://127.0.0.1:{9000 + i}", pool_tokens=POOL_TOKENS, block_size=16)
+            for i in range(RANKS)
+        )
+        self.index = MemoryPrefixIndex()
+        self.router = Router(pool, make_policy("prefix_affinity"), self.index, block_size=16)
+
+
+def _context(raw: bytes, session: str | None) -> RequestContext:
+    headers = Headers({"x-session-id": session} if session else {})
+    return RequestContext(
+        api=ApiKind.CHAT, headers=headers, raw_body=raw, body={}, stream=True, model=None, started=0.0
+    )
+
+
+def _timed(samples: dict[str, list[float]], name: str, fn: Callable[[], Any]) -> Any:
+    start = time.perf_counter()
+    out = fn()
+    samples.setdefault(name, []).append(time.perf_counter() - start)
+    return out
+
+
+async def _one_request(
+    stages: Stages, raw: bytes, session: str | None, samples: dict[str, list[float]]
+) -> None:
+    ctx = _context(raw, session)
+    ctx.body = _timed(samples, "parse", lambda: orjson.loads(raw))
+    _timed(samples, "session_id", lambda: identify_session(ctx))
+    _timed(samples, "canonicalize", lambda: stages.canon(ctx))
+    start = time.perf_counter()
+    blocks = await stages.incremental.blocks_for_chat(ctx.session_key, ctx.body)
+    samples.setdefault("blocks", []).append(time.perf_counter() - start)
+    ctx.prompt_blocks, ctx.prompt_tokens, ctx.block_hashes = blocks, blocks.num_tokens, blocks.block_hashes
+    # Router.pick, and its two index accesses timed on their own (a repeated lookup, a repeated
+    # record: both leave the index as pick left it).
+    index = stages.index
+    _timed(samples, "route.index_lookup", lambda: index.lookup(ctx.block_hashes, ctx.session_key))
+    backend = _timed(samples, "route.pick", lambda: stages.router.pick(ctx))
+    _timed(samples, "route.index_record", lambda: index.record(backend.name, ctx.block_hashes))
+    stages.router.observe(ctx, backend, ctx.estimated_cached_tokens)
+    _timed(samples, "reserialize", lambda: orjson.dumps(ctx.body))
+
+
+async def _run(requests: list[tuple[bytes, str | None]], samples: dict[str, list[float]]) -> Stages:
+    stages = Stages()
+    gc.collect()
+    for raw, session in requests:
+        await _one_request(stages, raw, session, samples)
+    return stages
+
+
+def repeat_100k(repeats: int) -> list[tuple[bytes, str | None]]:
+    raw = large_request(stream=True)
+    return [(raw, "long-session")] * repeats
+
+
+def new_sessions(count: int) -> list[tuple[bytes, str | None]]:
+    out = []
+    for s in agent_sessions(sessions=count, turns=1, seed=7):
+        out.append((orjson.dumps(s.request(0, "stub-model")), s.key))
+    return out
+
+
+def small(count: int) -> list[tuple[bytes, str | None]]:
+    out = []
+    for i in range(count):
+        messages = [
+            {"role": "system", "content": SMALL_SYSTEM},
+            {"role": "user", "content": f"session {i} turn 1: fix the next failing test"},
+        ]
+        body = {"model": "stub-model", "messages": messages, "stream": True, "max_tokens": 8}
+        out.append((orjson.dumps(body), f"load-{i}"))
+    return out
+
+
+def summarize(samples: dict[str, list[float]], skip: int) -> dict[str, dict[str, float]]:
+    """Median and p90 per stage in microseconds, dropping the first ``skip`` (cold) samples."""
+    out = {}
+    for name, values in samples.items():
+        kept = values[skip:] or values
+        out[name] = {
+            "p50_us": round(median(kept) * 1e6, 1),
+            "p90_us": round(percentile(kept, 90) * 1e6, 1),
+            "n": len(kept),
+        }
+    return out
+
+
+def print_table(results: dict[str, Any]) -> None:
+    stages = list(next(iter(results.values())).keys())
+    header = f"{'stage':<22}" + "".join(f"{name + ' p50/p90 us':>30}" for name in results)
+    print(header)
+    print("-" * len(header))
+    for stage in stages:
+        row = f"{stage:<22}"
+        for result in results.values():
+            s = result.get(stage)
+            cell = "" if s is None else f"{s['p50_us']:.1f} / {s['p90_us']:.1f}"
+            row += f"{cell:>30}"
+        print(row)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=40, help="requests of the 100k-token session")
+    parser.add_argument("--sessions", type=int, default=200, help="first turns of new sessions")
+    args = parser.parse_args()
+    workloads = {
+        "repeat_100k": (repeat_100k(args.repeats), 2),
+        "new_sessions": (new_sessions(args.sessions), 5),
+        "small": (small(args.sessions), 5),
+    }
+    results: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for name, (requests, skip) in workloads.items():
+        samples: dict[str, list[float]] = {}
+        stages = asyncio.run(_run(requests, samples))
+        results[name] = summarize(samples, skip)
+        extra[name] = {"requests": len(requests), "index": stages.index.stats()}
+    print_table(results)
+    path = write_json("pipeline_cost.json", {"machine": machine(), "stages_us": results, "workloads": extra})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
