@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import time
 from typing import Any
 
@@ -133,11 +134,17 @@ def main() -> None:
         "--seconds", type=float, default=5.0, help="duration of each throughput run (default 5)"
     )
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--proxy-args",
+        default="",
+        help="extra 'prefixgate serve' flags, e.g. '--policy round_robin --no-canonicalize --no-admission' "
+        "(the pass-through pipeline); default: prefixgate's defaults",
+    )
     args = parser.parse_args()
 
     rank, rank_url = stub_rank_process()
     with rank:
-        proxy, proxy_url = proxy_process([rank_url])
+        proxy, proxy_url = proxy_process([rank_url], extra=shlex.split(args.proxy_args))
         with proxy:
             cases: dict[str, dict[str, float]] = {}
             for size, build, samples in (
@@ -153,6 +160,7 @@ def main() -> None:
                 "direct": asyncio.run(throughput(rank_url, small, args.concurrency, args.seconds)),
             }
 
+    print(f"prefixgate serve {args.proxy_args or '(defaults)'}")
     print(
         f"{'case':<24}{'direct p50':>11}{'proxy p50':>11}{'added p50':>11}{'direct p99':>11}{'proxy p99':>11}"
     )
@@ -173,11 +181,13 @@ def main() -> None:
         verdict = "OK" if added <= target else "MISSED"
         verdicts.append(f"{size}: added p50 {added:.2f} ms (target <= {target} ms) {verdict}")
     print("\n".join(verdicts))
+    suffix = "" if not args.proxy_args else "_" + "_".join(a.strip("-") for a in shlex.split(args.proxy_args))
     path = write_json(
-        "overhead.json",
+        f"overhead{suffix}.json",
         {
             "machine": machine(),
             "samples": args.samples,
+            "proxy_args": args.proxy_args or "(defaults)",
             "cases": cases,
             "throughput": rps,
             "targets_ms": TARGET_ADDED_P50_MS,

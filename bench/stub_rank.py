@@ -36,17 +36,20 @@ class StubBehavior:
     healthy: bool = True
     gate: threading.Event | None = None  # streams wait here after their first chunk
     record: bool = True  # keep every request in ``received`` (off for benchmarks)
+    cache_details: bool = True  # report usage.prompt_tokens_details.cached_tokens
     received: list[dict[str, Any]] = field(default_factory=list)
     chunks_sent: int = 0
     streams_closed: int = 0  # streams that ended for any reason (finished, dropped, cancelled)
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def _usage(prompt_tokens: int, completion_tokens: int, cache_details: bool = True) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2},
+        # A made-up figure: tests check it is relayed. Benchmarks turn it off (a rank without
+        # --enable-prompt-tokens-details), since it would make prefixgate correct its index every request.
+        **({"prompt_tokens_details": {"cached_tokens": prompt_tokens // 2}} if cache_details else {}),
     }
 
 
@@ -96,7 +99,7 @@ def create_stub_app(
                 "created": created,
                 "model": body.get("model", model),
                 "choices": choices,
-                "usage": _usage(prompt_tokens, behavior.chunks * n),
+                "usage": _usage(prompt_tokens, behavior.chunks * n, behavior.cache_details),
             }
             return Response(orjson.dumps(data), media_type="application/json")
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -183,7 +186,7 @@ async def _stream(
                 "created": created,
                 "model": model,
                 "choices": [],
-                "usage": _usage(prompt_tokens, behavior.chunks * n),
+                "usage": _usage(prompt_tokens, behavior.chunks * n, behavior.cache_details),
             }
             yield b"data: " + orjson.dumps(usage) + b"\n\n"
         yield b"data: [DONE]\n\n"
@@ -201,7 +204,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=3, help="content chunks per streamed answer")
     args = parser.parse_args()
-    app = create_stub_app(StubBehavior(chunks=args.chunks, record=False))
+    app = create_stub_app(StubBehavior(chunks=args.chunks, record=False, cache_details=False))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, loop="uvloop")
 
 

@@ -9,11 +9,20 @@ goes first.
 
 from __future__ import annotations
 
+import sys
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import repeat
 
 from routing.index import Lookup
+
+#: Below this many blocks ``match`` walks them one by one; above, it gathers masks in bulk.
+_VECTOR_MIN_BLOCKS = 64
+#: For bit j of a mask byte: a table mapping each byte value to 1 if bit j is set, else 0.
+_BIT_COLUMNS = tuple(bytes((value >> j) & 1 for value in range(256)) for j in range(8))
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 #: Sessions remembered per process; the oldest is forgotten past this.
 DEFAULT_MAX_SESSIONS = 100_000
@@ -64,22 +73,54 @@ class MemoryPrefixIndex:
     # -- lookups ---------------------------------------------------------------------------------
 
     def match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
+        """Leading blocks of ``block_hashes`` each backend holds (backends holding none left out).
+
+        Long prompts take the vectorized path: the holder masks of all blocks are gathered in one
+        C-level pass (``map(dict.get)`` into an ``array``), then each backend's first missing block
+        is found with ``bytes.translate`` + ``find`` over its bit column. Same result as walking
+        the blocks one by one (the short path), at a fraction of the cost for ~6,000 blocks.
+        """
         held: dict[str, int] = {}
-        get = self._holders.get
+        if not block_hashes:
+            return held
+        holders = self._holders
         with self._lock:
-            mask = get(block_hashes[0], 0) if block_hashes else 0
+            mask = holders.get(block_hashes[0], 0)
             if not mask:
                 return held
-            i = 1
-            for h in block_hashes[1:]:
-                m = get(h, 0) & mask
-                if m != mask:
-                    self._settle(held, mask & ~m, i)
-                    mask = m
-                    if not mask:
-                        return held
-                i += 1
-            self._settle(held, mask, len(block_hashes))
+            n = len(block_hashes)
+            if n < _VECTOR_MIN_BLOCKS or len(self._mirrors) > 64:
+                return self._walk(block_hashes, mask)
+            masks = array("Q", map(holders.get, block_hashes, repeat(0, n)))
+            names = self._names
+        raw = masks.tobytes()
+        columns: dict[int, bytes] = {}
+        while mask:
+            low = mask & -mask
+            mask ^= low
+            group, bit = divmod(low.bit_length() - 1, 8)
+            column = columns.get(group)
+            if column is None:
+                offset = group if _LITTLE_ENDIAN else 7 - group
+                column = columns[group] = raw[offset::8]
+            first_miss = column.translate(_BIT_COLUMNS[bit]).find(0)
+            held[names[low]] = n if first_miss < 0 else first_miss
+        return held
+
+    def _walk(self, block_hashes: Sequence[bytes], mask: int) -> dict[str, int]:
+        """``match`` one block at a time (short prompts, or more than 64 backends). Holds the lock."""
+        held: dict[str, int] = {}
+        get = self._holders.get
+        i = 1
+        for h in block_hashes[1:]:
+            m = get(h, 0) & mask
+            if m != mask:
+                self._settle(held, mask & ~m, i)
+                mask = m
+                if not mask:
+                    return held
+            i += 1
+        self._settle(held, mask, len(block_hashes))
         return held
 
     def _settle(self, held: dict[str, int], bits: int, count: int) -> None:
