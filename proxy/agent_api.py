@@ -8,10 +8,9 @@ rank will render (``tokenization.agent_apis``), and reads usage and renders erro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol
 
-import orjson
 from starlette.responses import Response
 
 from proxy.context import ApiKind
@@ -68,33 +67,47 @@ def check_stream_and_model(body: dict[str, Any]) -> tuple[bool, str | None]:
     return stream, model
 
 
-def usage_from_body(api: AgentApi, raw: bytes) -> Usage | None:
-    try:
-        return api.usage_from_json(orjson.loads(raw))
-    except orjson.JSONDecodeError:
-        return None
-
-
-def last_event_with(chunks: Iterable[bytes], needle: bytes, read: Callable[[Any], Any]) -> Any:
-    """``read(event)`` of the last ``data:`` event containing ``needle`` that ``read`` accepts (not
-    None), among a stream's last raw chunks; None when there is none."""
-    tail = b"".join(chunks)
-    end = len(tail)
-    while True:
-        start = tail.rfind(b"data:", 0, end)
-        if start < 0:
-            return None
-        line_end = tail.find(b"\n", start)
-        payload = tail[start + 5 : line_end if line_end >= 0 else len(tail)].strip()
-        if payload.startswith(b"{") and needle in payload:
-            try:
-                found = read(orjson.loads(payload))
-            except orjson.JSONDecodeError:
-                found = None
-            if found is not None:
-                return found
-        end = start
-
-
 def int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def canon_view_of(slot: str, system: Any, messages: Iterable[Any], tools: list[Any]) -> dict[str, Any]:
+    """The chat-shaped canonicalization view: ``system`` (when set) as a leading system message
+    marked with its field name ``slot``, then ``messages``, then the chat-form ``tools`` if any."""
+    view_messages: list[Any] = [{"role": "system", "content": system, SLOT: slot}] if system else []
+    view_messages.extend(messages)
+    view: dict[str, Any] = {"messages": view_messages}
+    if tools:
+        view["tools"] = tools
+    return view
+
+
+def unslot_messages(out: dict[str, Any], field: str, messages: list[Any]) -> list[Any]:
+    """Map the view's slot message back into ``out[field]`` (dropped when canonicalization removed
+    it) and return the other messages."""
+    slots = [m for m in messages if isinstance(m, dict) and SLOT in m]
+    if slots:
+        out[field] = slots[0]["content"]
+    else:
+        out.pop(field, None)
+    return [m for m in messages if not (isinstance(m, dict) and SLOT in m)]
+
+
+def tool_from_chat(tool: dict[str, Any], original: dict[str, Any], schema_key: str) -> dict[str, Any]:
+    """A rewritten chat tool in the API's flat shape, keeping the original tool's other keys."""
+    fn = tool["function"]
+    mapped = {**original, "name": fn["name"], schema_key: fn.get("parameters")}
+    if fn.get("description") is not None:
+        mapped["description"] = fn["description"]
+    return mapped
+
+
+def usage_of(data: Any, nested: str) -> dict[str, Any] | None:
+    """The ``usage`` object of a body or event, or of its ``nested`` object (the stream's start or
+    end event carries it there)."""
+    if not isinstance(data, dict):
+        return None
+    usage = data.get("usage")
+    if not isinstance(usage, dict) and isinstance(data.get(nested), dict):
+        usage = data[nested].get("usage")
+    return usage if isinstance(usage, dict) else None

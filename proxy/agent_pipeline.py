@@ -24,9 +24,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.agent_api import AgentApi, last_event_with, usage_from_body
+from proxy.agent_api import AgentApi
 from proxy.anthropic import AnthropicApi
-from proxy.canonicalize import DEBUG_HEADER, OFF_HEADER, rewrites_header
+from proxy.canonicalize import OFF_HEADER
 from proxy.context import ApiKind, RequestContext
 from proxy.errors import NO_BACKEND, ProxyError, bad_request, upstream_failed
 from proxy.forward import (
@@ -38,8 +38,9 @@ from proxy.forward import (
     until_disconnected,
     upstream_headers,
 )
+from proxy.observe import last_event_with, usage_from_body
 from proxy.parse import parse_json_object, read_body
-from proxy.pipeline import CLIENT_CLOSED, Pipeline
+from proxy.pipeline import Pipeline
 from proxy.responses import ResponseRanks, ResponsesApi, make_response_ranks
 from proxy.session_id import fingerprint, identify_session
 from routing.backends import Backend
@@ -151,12 +152,12 @@ class AgentPipeline:
         except ProxyError as exc:
             return self._error(api, endpoint, exc, started)
         except ClientDisconnected:
-            return self._client_gone(endpoint, ctx, started)
+            return self.pipeline.client_closed(endpoint, ctx)
 
         backend = opened.backend.name
         if self.pipeline.explainer is not None:
             self.pipeline.explainer.after_route(ctx)
-        headers = self._session_headers(ctx)
+        headers = self.pipeline.session_headers(ctx)
         if opened.chunks is not None:
             stored = self._remember_from_stream(api, opened.first_chunk, backend)
 
@@ -170,15 +171,12 @@ class AgentPipeline:
         status = opened.response.status
         assert opened.body is not None
         if status == 200:
-            self.pipeline._observe(ctx, backend, usage_from_body(api, opened.body))
+            self.pipeline.observe(ctx, backend, usage_from_body(opened.body, api.usage_from_json))
             if api.kind is ApiKind.RESPONSES:
                 self._remember(_response_id(opened.body), backend)
         out_headers = response_headers(opened.response, backend)
         out_headers.update(headers)
-        now = time.perf_counter()
-        self.metrics.ttfb.labels(endpoint).observe(now - started)
-        self.metrics.duration.labels(endpoint).observe(now - started)
-        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+        self.pipeline.answered(endpoint, backend, status, started)
         return Response(opened.body, status_code=status, headers=out_headers)
 
     async def count_tokens(self, request: Request) -> Response:
@@ -204,13 +202,8 @@ class AgentPipeline:
         except ProxyError as exc:
             return self._error(api, COUNT_TOKENS_PATH, exc, started)
         except ClientDisconnected:
-            return self._client_gone(COUNT_TOKENS_PATH, None, started)
-        backend = opened.backend.name
-        status = opened.response.status
-        self.metrics.requests.labels(COUNT_TOKENS_PATH, backend, str(status)).inc()
-        self.metrics.duration.labels(COUNT_TOKENS_PATH).observe(time.perf_counter() - started)
-        assert opened.body is not None
-        return Response(opened.body, status_code=status, headers=response_headers(opened.response, backend))
+            return self.pipeline.client_closed(COUNT_TOKENS_PATH, None)
+        return self.pipeline.relay_whole(COUNT_TOKENS_PATH, opened, started)
 
     # -- GET /v1/responses/{id} ---------------------------------------------------------------------
     async def retrieve(self, request: Request, response_id: str) -> Response:
@@ -326,39 +319,16 @@ class AgentPipeline:
         started: float,
         stored: bool,
     ) -> None:
-        now = time.perf_counter()
-        self.metrics.ttfb.labels(endpoint).observe(outcome.first_byte_at - started)
-        self.metrics.duration.labels(endpoint).observe(now - started)
-        if outcome.disconnected:
-            self.metrics.client_disconnects.labels(endpoint).inc()
-            self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
+        if not self.pipeline.stream_ended(endpoint, backend, outcome, started):
             return
-        if outcome.error is not None:
-            self.metrics.stream_errors.labels(backend).inc()
-        self.metrics.requests.labels(endpoint, backend, "200").inc()
         if not stored and api.kind is ApiKind.RESPONSES:
             self._remember(last_event_with(outcome.tail, b'"response"', _event_response_id), backend)
         usage = last_event_with(outcome.tail, b'"usage"', api.usage_from_json)
-        self.pipeline._observe(ctx, backend, usage)  # admission, explainer, router: as for chat
-
-    def _session_headers(self, ctx: RequestContext) -> dict[str, str]:
-        headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
-        if ctx.estimated_cached_tokens is not None:
-            headers["x-prefixgate-estimated-cached-tokens"] = str(ctx.estimated_cached_tokens)
-        if self.pipeline.debug_headers:
-            headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
-        return headers
+        self.pipeline.observe(ctx, backend, usage)  # admission, explainer, router: as for chat
 
     def _error(self, api: AgentApi, endpoint: str, exc: ProxyError, started: float) -> Response:
-        self.metrics.requests.labels(endpoint, NO_BACKEND, str(exc.status)).inc()
-        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        self.pipeline.count_error(endpoint, exc, started)
         return api.error_response(exc, NO_BACKEND)
-
-    def _client_gone(self, endpoint: str, ctx: RequestContext | None, started: float) -> Response:
-        self.metrics.client_disconnects.labels(endpoint).inc()
-        backend = ctx.backend.name if ctx is not None and ctx.backend is not None else NO_BACKEND
-        self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
-        return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": backend})
 
 
 def _previous_id(ctx: RequestContext) -> str | None:

@@ -14,7 +14,14 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from proxy.agent_api import SLOT, check_stream_and_model, int_or_none
+from proxy.agent_api import (
+    canon_view_of,
+    check_stream_and_model,
+    int_or_none,
+    tool_from_chat,
+    unslot_messages,
+    usage_of,
+)
 from proxy.context import ApiKind
 from proxy.errors import ProxyError, bad_request
 from proxy.limits import Bounds, check_bounds
@@ -52,54 +59,28 @@ class AnthropicApi:
         check_bounds(body, ApiKind.CHAT, bounds)
 
     def canon_view(self, body: dict[str, Any]) -> dict[str, Any]:
-        messages: list[Any] = []
-        system = body.get("system")
-        if system:
-            messages.append({"role": "system", "content": system, SLOT: "system"})
-        messages.extend(body["messages"])
-        view: dict[str, Any] = {"messages": messages}
-        tools = anthropic_tools_to_chat(body)
-        if tools:
-            view["tools"] = tools
-        return view
+        return canon_view_of("system", body.get("system"), body["messages"], anthropic_tools_to_chat(body))
 
     def from_canon_view(
         self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
     ) -> dict[str, Any]:
         out = dict(body)
         if after.get("messages") is not before.get("messages"):
-            system = [m for m in after["messages"] if isinstance(m, dict) and SLOT in m]
-            out["messages"] = [m for m in after["messages"] if not (isinstance(m, dict) and SLOT in m)]
-            if system:
-                out["system"] = system[0]["content"]
-            else:
-                out.pop("system", None)
+            out["messages"] = unslot_messages(out, "system", after["messages"])
         if after.get("tools") is not before.get("tools"):
             originals = {t.get("name"): t for t in body.get("tools") or () if isinstance(t, dict)}
-            tools = []
-            for tool in after.get("tools") or ():
-                fn = tool["function"]
-                mapped = {
-                    **originals.get(fn["name"], {}),
-                    "name": fn["name"],
-                    "input_schema": fn["parameters"],
-                }
-                if fn.get("description") is not None:
-                    mapped["description"] = fn["description"]
-                tools.append(mapped)
-            out["tools"] = tools
+            out["tools"] = [
+                tool_from_chat(tool, originals.get(tool["function"]["name"], {}), "input_schema")
+                for tool in after.get("tools") or ()
+            ]
         return out
 
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         return anthropic_to_chat(body)
 
     def usage_from_json(self, data: Any) -> Usage | None:
-        if not isinstance(data, dict):
-            return None
-        usage = data.get("usage")
-        if not isinstance(usage, dict) and isinstance(data.get("message"), dict):
-            usage = data["message"].get("usage")  # message_start
-        if not isinstance(usage, dict):
+        usage = usage_of(data, "message")  # nested in message_start
+        if usage is None:
             return None
         fresh = int_or_none(usage.get("input_tokens"))
         output = int_or_none(usage.get("output_tokens"))

@@ -69,9 +69,15 @@ _MAX_TEXT = 160  # characters of a line or name list kept in a break record
 _MAX_NAMES = 20
 
 
-@dataclass(frozen=True, slots=True)
+#: Approximate bytes of one cached ``RequestPart`` (the object, its name and digest; the value is
+#: the body's own object, already counted).
+_PART_BYTES = 200
+
+
+@dataclass(slots=True)
 class _Turn:
-    """What the next turn of a session is compared with. Everything here is shared, never mutated."""
+    """What the next turn of a session is compared with. The body, hashes and tokens are shared, never
+    mutated; ``parts`` is filled in (and ``nbytes`` grown) the first time the turn is split."""
 
     number: int
     body: dict[str, Any]
@@ -81,6 +87,7 @@ class _Turn:
     block_size: int
     backend: str | None
     nbytes: int
+    parts: list[RequestPart] | None = None
 
 
 @dataclass(slots=True)
@@ -158,7 +165,7 @@ class Explainer:
             self._expect(ctx, key, turn, expected, prev.backend)
         elif blocks is None and prev.tokens is None:
             # No blocks (policy without them, or an unrenderable body): compare by parts alone.
-            found = first_differing_part(split_parts(prev.body), split_parts(turn.body))
+            found = first_differing_part(_parts_of(prev), self._parts(turn))
             if found is not None:
                 self._record(key, session, self._classify(prev, turn, found, None, None, None))
             elif prev.backend is not None and turn.backend != prev.backend:
@@ -234,6 +241,17 @@ class Explainer:
             nbytes,
         )
 
+    def _parts(self, turn: _Turn) -> list[RequestPart]:
+        """The request parts of the session's newest ``turn``, split once and kept with it, so that
+        the next turn's break is explained without splitting this body again."""
+        parts = turn.parts
+        if parts is None:
+            parts = turn.parts = split_parts(turn.body)
+            added = len(parts) * _PART_BYTES
+            turn.nbytes += added
+            self.nbytes += added
+        return parts
+
     def _expect(
         self, ctx: RequestContext, key: str, turn: _Turn, expected: int, prev_backend: str | None
     ) -> None:
@@ -261,8 +279,8 @@ class Explainer:
             return _record(
                 turn, prev, CACHE_SALT_CHANGED, offset, common_blocks, lost, None, "cache_salt changed"
             )
-        old_parts = split_parts(prev.body)
-        new_parts = split_parts(turn.body)
+        old_parts = _parts_of(prev)
+        new_parts = self._parts(turn)
         found = first_differing_part(old_parts, new_parts)
         settings_changed = _settings(prev.body) != _settings(turn.body)
         if settings_changed:
@@ -411,6 +429,11 @@ class Explainer:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+
+def _parts_of(prev: _Turn) -> list[RequestPart]:
+    """The parts of a turn that is being replaced: its cached split, else a fresh one (not kept)."""
+    return prev.parts if prev.parts is not None else split_parts(prev.body)
 
 
 def _divergence(prev: _Turn, turn: _Turn) -> tuple[int, int]:

@@ -6,7 +6,7 @@ chunk last, just before ``data: [DONE]``), so streamed chunks are never parsed o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,16 +34,23 @@ def usage_from_dict(usage: Any) -> Usage | None:
     return Usage(prompt, completion, cached if isinstance(cached, int) else None)
 
 
-def usage_from_body(body: bytes) -> Usage | None:
+def usage_of_json(data: Any) -> Usage | None:
+    """Usage from a chat/completions response body or stream chunk, already parsed."""
+    return usage_from_dict(data.get("usage")) if isinstance(data, dict) else None
+
+
+def usage_from_body(body: bytes, read: Callable[[Any], Usage | None] = usage_of_json) -> Usage | None:
+    """``read`` (by default the chat shape) of a plain response's JSON body; None when it is not JSON."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return usage_from_dict(data.get("usage")) if isinstance(data, dict) else None
+    return read(data)
 
 
-def usage_from_sse_tail(chunks: Iterable[bytes]) -> Usage | None:
-    """The usage of the last ``data:`` event carrying one, among the stream's last raw chunks."""
+def last_event_with(chunks: Iterable[bytes], needle: bytes, read: Callable[[Any], Any]) -> Any:
+    """``read(event)`` of the last ``data:`` event containing ``needle`` that ``read`` accepts (not
+    None), among a stream's last raw chunks; None when there is none."""
     tail = b"".join(chunks)
     end = len(tail)
     while True:
@@ -52,14 +59,19 @@ def usage_from_sse_tail(chunks: Iterable[bytes]) -> Usage | None:
             return None
         line_end = tail.find(b"\n", start)
         payload = tail[start + 5 : line_end if line_end >= 0 else len(tail)].strip()
-        if payload.startswith(b"{") and b'"usage"' in payload:
+        if payload.startswith(b"{") and needle in payload:
             try:
-                usage = usage_from_dict(orjson.loads(payload).get("usage"))
-            except (orjson.JSONDecodeError, AttributeError):
-                usage = None
-            if usage is not None:
-                return usage
+                found = read(orjson.loads(payload))
+            except orjson.JSONDecodeError:
+                found = None
+            if found is not None:
+                return found
         end = start
+
+
+def usage_from_sse_tail(chunks: Iterable[bytes]) -> Usage | None:
+    """The usage of the last ``data:`` event carrying one, among the stream's last raw chunks."""
+    return last_event_with(chunks, b'"usage"', usage_of_json)
 
 
 def record_usage(metrics: Metrics, backend: str, usage: Usage | None) -> None:

@@ -21,6 +21,7 @@ from proxy.explain import Explainer
 from proxy.forward import (
     ClientDisconnected,
     Forwarder,
+    Opened,
     RelayResponse,
     StreamOutcome,
     response_headers,
@@ -94,15 +95,12 @@ class Pipeline:
         backend = opened.backend.name
         if self.explainer is not None:
             self.explainer.after_route(ctx)
-        session_headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
-        if ctx.estimated_cached_tokens is not None:
-            session_headers["x-prefixgate-estimated-cached-tokens"] = str(ctx.estimated_cached_tokens)
-        if self.debug_headers:
-            session_headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
+        session_headers = self.session_headers(ctx)
         if opened.chunks is not None:
 
             def finish(outcome: StreamOutcome) -> None:
-                self._finish_stream(endpoint, ctx, backend, outcome, started)
+                if self.stream_ended(endpoint, backend, outcome, started):
+                    self.observe(ctx, backend, usage_from_sse_tail(outcome.tail))
 
             relay = RelayResponse(opened, finish)
             relay.headers.update(session_headers)
@@ -111,13 +109,10 @@ class Pipeline:
         status = opened.response.status
         assert opened.body is not None
         if status == 200:
-            self._observe(ctx, backend, usage_from_body(opened.body))
+            self.observe(ctx, backend, usage_from_body(opened.body))
         headers = response_headers(opened.response, backend)
         headers.update(session_headers)
-        now = time.perf_counter()
-        self.metrics.ttfb.labels(endpoint).observe(now - started)
-        self.metrics.duration.labels(endpoint).observe(now - started)
-        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+        self.answered(endpoint, backend, status, started)
         return Response(opened.body, status_code=status, headers=headers)
 
     async def passthrough(self, request: Request, path: str) -> Response:
@@ -135,16 +130,21 @@ class Pipeline:
             return self._error(path, exc, started)
         except ClientDisconnected:
             return self._client_gone(path, None, started)
-        backend = opened.backend.name
-        status = opened.response.status
-        self.metrics.requests.labels(path, backend, str(status)).inc()
-        self.metrics.duration.labels(path).observe(time.perf_counter() - started)
-        assert opened.body is not None
-        return Response(opened.body, status_code=status, headers=response_headers(opened.response, backend))
+        return self.relay_whole(path, opened, started)
 
-    # -- observe usage / update stats -------------------------------------------------------------
+    # -- observe usage / update stats (shared with proxy/agent_pipeline.py) -------------------------
 
-    def _observe(self, ctx: RequestContext, backend: str, usage: Usage | None) -> None:
+    def session_headers(self, ctx: RequestContext) -> dict[str, str]:
+        """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""
+        headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
+        if ctx.estimated_cached_tokens is not None:
+            headers["x-prefixgate-estimated-cached-tokens"] = str(ctx.estimated_cached_tokens)
+        if self.debug_headers:
+            headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
+        return headers
+
+    def observe(self, ctx: RequestContext, backend: str, usage: Usage | None) -> None:
+        """Feed a finished request's usage to the metrics, admission, the explainer and the router."""
         record_usage(self.metrics, backend, usage)
         if self.admission is not None:
             self.admission.observed(ctx, backend, usage)
@@ -158,29 +158,53 @@ class Pipeline:
                 ctx, ctx.backend, usage.cached_tokens if usage is not None else None
             )
 
-    def _finish_stream(
-        self, endpoint: str, ctx: RequestContext, backend: str, outcome: StreamOutcome, started: float
-    ) -> None:
+    def answered(self, endpoint: str, backend: str, status: int, started: float) -> None:
+        """Count a whole (non-streamed) answer: its time to first byte equals its duration."""
+        elapsed = time.perf_counter() - started
+        self.metrics.ttfb.labels(endpoint).observe(elapsed)
+        self.metrics.duration.labels(endpoint).observe(elapsed)
+        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+
+    def relay_whole(self, endpoint: str, opened: Opened, started: float) -> Response:
+        """Count and return an upstream answer as it came (no usage observed, no session headers)."""
+        backend = opened.backend.name
+        status = opened.response.status
+        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        assert opened.body is not None
+        return Response(opened.body, status_code=status, headers=response_headers(opened.response, backend))
+
+    def stream_ended(self, endpoint: str, backend: str, outcome: StreamOutcome, started: float) -> bool:
+        """Count a relayed stream's end; False when the client went away (nothing to observe then)."""
         now = time.perf_counter()
         self.metrics.ttfb.labels(endpoint).observe(outcome.first_byte_at - started)
         self.metrics.duration.labels(endpoint).observe(now - started)
         if outcome.disconnected:
             self.metrics.client_disconnects.labels(endpoint).inc()
             self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
-            return
+            return False
         if outcome.error is not None:
             self.metrics.stream_errors.labels(backend).inc()
         self.metrics.requests.labels(endpoint, backend, "200").inc()
-        self._observe(ctx, backend, usage_from_sse_tail(outcome.tail))
+        return True
 
-    def _error(self, endpoint: str, exc: ProxyError, started: float) -> Response:
+    def count_error(self, endpoint: str, exc: ProxyError, started: float) -> None:
+        """Count a request that failed before reaching a rank."""
         self.metrics.requests.labels(endpoint, NO_BACKEND, str(exc.status)).inc()
         self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
-        return error_response(exc)
 
-    def _client_gone(self, endpoint: str, ctx: RequestContext | None, started: float) -> Response:
+    def client_closed(self, endpoint: str, ctx: RequestContext | None) -> Response:
+        """Count a client that went away before its answer started, and the 499 logged for it."""
         self.metrics.client_disconnects.labels(endpoint).inc()
         backend = ctx.backend.name if ctx is not None and ctx.backend is not None else NO_BACKEND
         self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
-        log.info("client went away before %s completed", endpoint)
         return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": backend})
+
+    def _error(self, endpoint: str, exc: ProxyError, started: float) -> Response:
+        self.count_error(endpoint, exc, started)
+        return error_response(exc)
+
+    def _client_gone(self, endpoint: str, ctx: RequestContext | None, started: float) -> Response:
+        response = self.client_closed(endpoint, ctx)
+        log.info("client went away before %s completed", endpoint)
+        return response

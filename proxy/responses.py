@@ -19,7 +19,14 @@ from typing import Any, Protocol
 
 from starlette.responses import Response
 
-from proxy.agent_api import SLOT, check_stream_and_model, int_or_none
+from proxy.agent_api import (
+    canon_view_of,
+    check_stream_and_model,
+    int_or_none,
+    tool_from_chat,
+    unslot_messages,
+    usage_of,
+)
 from proxy.context import ApiKind
 from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
 from proxy.limits import Bounds, check_bounds
@@ -57,47 +64,31 @@ class ResponsesApi:
         check_bounds(body, ApiKind.RESPONSES, bounds)
 
     def canon_view(self, body: dict[str, Any]) -> dict[str, Any]:
-        messages: list[Any] = []
         instructions = body.get("instructions")
-        if isinstance(instructions, str) and instructions:
-            messages.append({"role": "system", "content": instructions, SLOT: "instructions"})
         items = body["input"]
-        if isinstance(items, str):
-            messages.append({"role": "user", "content": items})
-        else:
-            messages.extend(items)
-        view: dict[str, Any] = {"messages": messages}
-        tools = responses_tools_to_chat(body)
-        if tools:
-            view["tools"] = tools
-        return view
+        return canon_view_of(
+            "instructions",
+            instructions if isinstance(instructions, str) else None,
+            [{"role": "user", "content": items}] if isinstance(items, str) else items,
+            responses_tools_to_chat(body),
+        )
 
     def from_canon_view(
         self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
     ) -> dict[str, Any]:
         out = dict(body)
         if after.get("messages") is not before.get("messages"):
-            slots = [m for m in after["messages"] if isinstance(m, dict) and SLOT in m]
-            if slots:
-                out["instructions"] = slots[0]["content"]
-            else:
-                out.pop("instructions", None)
-            out["input"] = [
-                _input_item(m) for m in after["messages"] if not (isinstance(m, dict) and SLOT in m)
-            ]
+            out["input"] = [_input_item(m) for m in unslot_messages(out, "instructions", after["messages"])]
         if after.get("tools") is not before.get("tools"):
             originals = body.get("tools") or []
             by_name = {
                 t.get("name"): t for t in originals if isinstance(t, dict) and t.get("type") == "function"
             }
-            tools: list[Any] = []
-            for tool in after.get("tools") or ():
-                fn = tool["function"]
-                original = by_name.get(fn["name"], {"type": "function"})
-                mapped = {**original, "name": fn["name"], "parameters": fn.get("parameters")}
-                if fn.get("description") is not None:
-                    mapped["description"] = fn["description"]
-                tools.append(mapped)
+            function = {"type": "function"}
+            tools: list[Any] = [
+                tool_from_chat(tool, by_name.get(tool["function"]["name"], function), "parameters")
+                for tool in after.get("tools") or ()
+            ]
             tools.extend(t for t in originals if not (isinstance(t, dict) and t.get("type") == "function"))
             out["tools"] = tools
         return out
@@ -106,12 +97,8 @@ class ResponsesApi:
         return responses_to_chat(body)
 
     def usage_from_json(self, data: Any) -> Usage | None:
-        if not isinstance(data, dict):
-            return None
-        usage = data.get("usage")
-        if not isinstance(usage, dict) and isinstance(data.get("response"), dict):
-            usage = data["response"].get("usage")  # response.completed
-        if not isinstance(usage, dict):
+        usage = usage_of(data, "response")  # nested in response.completed
+        if usage is None:
             return None
         prompt = int_or_none(usage.get("input_tokens"))
         output = int_or_none(usage.get("output_tokens"))

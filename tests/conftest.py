@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ SHARED = ROOT.parent / "shared"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.helpers.redis_server import RedisServer  # noqa: E402  (needs ROOT on sys.path)
+
 
 @pytest.fixture
 def shared_dir() -> Path:
@@ -19,3 +22,11 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"shared material not found at {SHARED}")
     return SHARED
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, killed after the test."""
+    server = RedisServer().start()
+    yield server
+    server.stop()

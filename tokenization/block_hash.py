@@ -86,6 +86,22 @@ def cache_salt_extra_keys(
     return (("cache_salt", salt),) if style is ExtraKeysStyle.TAGGED else (salt,)
 
 
+def check_block_size(block_size: int) -> None:
+    """Raise ``ValueError`` unless ``block_size`` is a positive token count."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+
+
+def chain_parent(none_hash: BlockHash, start_block: int, parent: BlockHash | None) -> BlockHash:
+    """The parent hash that block ``start_block`` chains from: NONE_HASH for block 0, else ``parent``
+    (required)."""
+    if start_block == 0:
+        return none_hash
+    if parent is None:
+        raise ValueError("parent is required when start_block > 0")
+    return parent
+
+
 class BlockHasher:
     """Hashes token sequences into vLLM's chained block hashes for one rank configuration.
 
@@ -102,8 +118,7 @@ class BlockHasher:
         seed: str | None = None,
         extra_keys_style: ExtraKeysStyle = ExtraKeysStyle.TAGGED,
     ) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+        check_block_size(block_size)
         self.block_size = block_size
         self.algo = HashAlgo(algo)
         self.seed = none_hash_seed() if seed is None else seed
@@ -127,10 +142,7 @@ class BlockHasher:
         size = self.block_size
         h = self._hash
         n_full = len(tokens) // size
-        if start_block == 0:
-            parent = self.none_hash
-        elif parent is None:
-            raise ValueError("parent is required when start_block > 0")
+        parent = chain_parent(self.none_hash, start_block, parent)
         out: list[BlockHash] = []
         append = out.append
         salt_keys = cache_salt_extra_keys(cache_salt, self.extra_keys_style)

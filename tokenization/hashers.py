@@ -14,7 +14,15 @@ from typing import Protocol
 
 import xxhash
 
-from tokenization.block_hash import BlockHash, BlockHasher, ExtraKeysStyle, HashAlgo, none_hash_seed
+from tokenization.block_hash import (
+    BlockHash,
+    BlockHasher,
+    ExtraKeysStyle,
+    HashAlgo,
+    chain_parent,
+    check_block_size,
+    none_hash_seed,
+)
 
 #: Internal chain: xxh3-128 over (parent digest, block tokens as little-endian uint32). Not vLLM's.
 XXH3 = "xxh3"
@@ -53,8 +61,7 @@ class Xxh3ChainHasher:
     __slots__ = ("block_size", "none_hash", "seed")
 
     def __init__(self, block_size: int, seed: str | None = None) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+        check_block_size(block_size)
         self.block_size = block_size
         self.seed = none_hash_seed() if seed is None else seed
         self.none_hash = xxhash.xxh3_128_digest(b"prefixgate-xxh3:" + self.seed.encode())
@@ -72,10 +79,7 @@ class Xxh3ChainHasher:
         n_full = len(tokens) // size
         if start_block >= n_full:
             return []
-        if start_block == 0:
-            parent = self.none_hash
-        elif parent is None:
-            raise ValueError("parent is required when start_block > 0")
+        parent = chain_parent(self.none_hash, start_block, parent)
         # One contiguous uint32 buffer, sliced zero-copy per block.
         if isinstance(tokens, array) and tokens.typecode == "I":
             buf = memoryview(tokens)[start_block * size : n_full * size].cast("B")
@@ -106,8 +110,7 @@ class IntSha256BlockHasher:
     __slots__ = ("block_size", "none_hash", "seed")
 
     def __init__(self, block_size: int, seed: str | None = None) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+        check_block_size(block_size)
         self.block_size = block_size
         self.seed = none_hash_seed() if seed is None else seed
         self.none_hash = hashlib.sha256(pickle.dumps(self.seed, protocol=5)).digest()
@@ -124,10 +127,7 @@ class IntSha256BlockHasher:
         if cache_salt is not None:
             raise ValueError("vLLM 0.8.5 has no cache_salt")
         size = self.block_size
-        if start_block == 0:
-            parent = self.none_hash
-        elif parent is None:
-            raise ValueError("parent is required when start_block > 0")
+        parent = chain_parent(self.none_hash, start_block, parent)
         sha256, dumps, from_bytes = hashlib.sha256, pickle.dumps, int.from_bytes
         parent_int = from_bytes(parent, "big")
         out: list[BlockHash] = []

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 DEFAULT_OUT = Path.home() / ".cache" / "prefixgate" / "tiny-llama"
 #: Bumped whenever the model, tokenizer or template below changes, so cached folders rebuild.
@@ -78,26 +79,34 @@ def _corpus() -> list[str]:
     return texts
 
 
+def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts``, with the ChatML ``SPECIALS``
+    (shared with the tiny tokenizer of tests/tokenization)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
 def build(out: Path) -> Path:
     """Write config, weights, tokenizer and template into ``out``; a no-op when already built."""
     stamp = out / ".prefixgate-model"
     if stamp.exists() and stamp.read_text(encoding="utf-8").strip() == VERSION:
         return out
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     out.mkdir(parents=True, exist_ok=True)
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIALS,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    core.train_from_iterator(_corpus(), trainer=trainer)
+    core = train_tokenizer(_corpus(), VOCAB_SIZE)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token="<|im_end|>",

@@ -16,25 +16,27 @@ import zmq
 
 from bench.real_vllm.ranks import SERVED_MODEL
 
-TOOLS: list[dict[str, Any]] = [
-    {
+
+def path_tool(name: str, description: str, path_description: str | None = None) -> dict[str, Any]:
+    """A chat function tool taking one required ``path`` string, as coding agents declare them."""
+    path: dict[str, Any] = {"type": "string"}
+    if path_description is not None:
+        path["description"] = path_description
+    return {
         "type": "function",
         "function": {
             "name": name,
             "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}},
-                "required": ["path"],
-            },
+            "parameters": {"type": "object", "properties": {"path": path}, "required": ["path"]},
         },
     }
-    for name, description in (
-        ("read_file", "Read a file of the repository and return its text."),
-        ("write_file", "Replace a file of the repository with new text."),
-        ("run_tests", "Run the test suite and return the failures."),
-        ("grep", "Search the repository for a regular expression."),
-    )
+
+
+TOOLS: list[dict[str, Any]] = [
+    path_tool("read_file", "Read a file of the repository and return its text."),
+    path_tool("write_file", "Replace a file of the repository with new text."),
+    path_tool("run_tests", "Run the test suite and return the failures."),
+    path_tool("grep", "Search the repository for a regular expression."),
 ]
 
 _FILE = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n" * 3

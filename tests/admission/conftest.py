@@ -13,7 +13,6 @@ from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
 from proxy.app import create_app
 from proxy.config import load_settings
 from proxy.server import ServerThread
-from tests.routing.conftest import RedisServer
 
 #: A rank's pool: two 700-token sessions fit its 0.8 budget (1,638 tokens), a third does not.
 KV_TOKENS = 2048
@@ -50,13 +49,6 @@ def gateway() -> Iterator[Callable[..., ServerThread]]:
     yield start
     for server in started:
         server.stop()
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    yield server
-    server.stop()
 
 
 def prompt_of(session: str, tokens: int) -> str:

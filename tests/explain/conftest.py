@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.real_vllm.session import path_tool
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
 from proxy.app import Gateway, create_app
 from proxy.config import load_settings
@@ -73,18 +74,7 @@ def prefixgate() -> Iterator[Callable[..., Prefixgate]]:
 
 
 def tool(name: str, description: str) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {"path": {"type": "string", "description": "A file path."}},
-                "required": ["path"],
-            },
-        },
-    }
+    return path_tool(name, description, "A file path.")
 
 
 TOOLS = [

@@ -7,9 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+from bench.real_vllm.build_model import train_tokenizer
 
 # Qwen-style: tools inside the system turn, tool calls as JSON in <tool_call>, loop controls, the
 # {% generation %} tag, raise_exception and tojson on a dict literal (key order must survive).
@@ -54,16 +53,7 @@ TRAINING_TEXT = [
 
 def build_model_dir(path: Path) -> Path:
     """A model directory with tokenizer.json (byte-level BPE, vocab 600) and tokenizer_config.json."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=SPECIALS,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(TRAINING_TEXT * 20, trainer=trainer)
+    tok = train_tokenizer(TRAINING_TEXT * 20, vocab_size=600)
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
     config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE}

