@@ -1,30 +1,33 @@
-"""Routing benchmark: prefix index lookup cost, and fleet hit rate per policy on replayed traces.
+"""Routing benchmark: prefix index lookup cost, and fleet hit rate per policy on replayed Claude Code traces.
 
 Part 1, lookup cost: median time of one ``lookup`` for a 100k-token prompt (6,250 blocks of 16) that
 4 ranks hold fully, in memory and in Redis on loopback (a redis-server is started on a free port).
 
-Part 2, replay: 4 simulated ranks (``bench.sim``, pools of 181,777 tokens, model time off) and
-``../shared/traces/claude-code`` conversations replayed concurrently, one task per session. Each
-hash id becomes a fixed chunk of text (ids of the shared tool + system head are shared across
-sessions); a request re-sends the longest run of the previous request's messages its ids still
-start with and appends the rest as one new message. The router is driven directly (pick, forward
-to the rank, observe), as the proxy pipeline does. Reported per policy: fleet hit rate (cached /
-prompt tokens from the ranks' usage), prefill tokens, next to the infinite-cache bound of the
-replayed prompts.
+Part 2, replay: the trace machinery of ``prefixgate bench`` (``bench.traces``, ``bench.replay``,
+``bench.systems``) with prefixgate alone. For each policy in turn, a fresh fleet of 4 simulated ranks
+(pools of 181,777 tokens) and ``prefixgate serve --policy P`` in front of it, each in its own process;
+``--sessions`` Claude Code conversations (those whose every request, sub-agents included, stays under
+``--max-prompt-tokens``: they fit a rank's pool and the sim's context) replayed concurrently, their
+first ``--turns`` requests each. Reported per policy, from what the ranks report: fleet hit rate
+(cached / prompt tokens of the ranks' ``usage``, and the ranks' own prefix-cache counters), prefill
+tokens, next to the infinite-cache bound of the requests as sent.
 
-    python bench/routing.py [--sessions 16] [--turns 12] [--policies prefix_affinity,round_robin,...]
+Run time: requests are few but long (tens of thousands of tokens), so the cost is tokenizing and
+hashing them (prefixgate and the ranks) and the ranks' modelled GPU time; ``--sim-time-scale``
+compresses the latter (0.25: a 50k-token prefill of 2.5 s takes 0.6 s, enough for queues to form at
+the ranks, which is what load-aware policies react to) and ``--time-scale`` the trace's think times
+(0.005: a minute of thought takes 0.3 s). The defaults (16 conversations, every request of each:
+about 300 requests per policy) take about 2 minutes on 2 cores.
+
+    python bench/routing.py [--sessions 16] [--turns 0] [--policies prefix_affinity,round_robin,...]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gzip
 import json
 import random
 import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -35,19 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
-
-from bench.common import write_json  # noqa: E402
+from bench.common import OUT_DIR, median, percentile  # noqa: E402
+from proxy.server import free_port  # noqa: E402
 from routing.index.memory import MemoryPrefixIndex  # noqa: E402
+from routing.policy import POLICIES  # noqa: E402
 
-TRACES = ROOT.parent / "shared" / "traces" / "claude-code"
-WORDS = [f"w{i:03d}" for i in range(900)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+LOOKUP_TOKENS = 100_000
+LOOKUP_BLOCK = 16
 
 
 def _hashes(n: int, tag: str) -> list[bytes]:
@@ -60,11 +57,21 @@ def _hashes(n: int, tag: str) -> list[bytes]:
     return out
 
 
+def _time(fn: Any, repeats: int) -> dict[str, float]:
+    fn()  # warm caches and connections
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return {"median_ms": median(samples), "p90_ms": percentile(samples, 90)}
+
+
 def lookup_cost(repeats: int = 200) -> dict[str, Any]:
-    """Median lookup time for 6,250 blocks held by 4 ranks, memory and Redis."""
+    """Median lookup time for a 100k-token prompt's blocks held by 4 ranks, memory and Redis."""
     from routing.index.redis_store import RedisPrefixIndex
 
-    blocks = _hashes(100_000 // 16, "lookup")
+    blocks = _hashes(LOOKUP_TOKENS // LOOKUP_BLOCK, "lookup")
     results: dict[str, Any] = {}
     memory = MemoryPrefixIndex()
     for r in range(4):
@@ -75,14 +82,14 @@ def lookup_cost(repeats: int = 200) -> dict[str, Any]:
     if binary is None:
         results["redis"] = None
         return results
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        store = RedisPrefixIndex(f"redis://127.0.0.1:{port}/0", model="bench", block_size=16)
+        store = RedisPrefixIndex(f"redis://127.0.0.1:{port}/0", model="bench", block_size=LOOKUP_BLOCK)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -95,10 +102,10 @@ def lookup_cost(repeats: int = 200) -> dict[str, Any]:
         for r in range(4):
             store.set_capacity(f"r{r}", None)
             store.record(f"r{r}", blocks)
-        assert store.match(blocks) == {f"r{r}": len(blocks) for r in range(4)}
+        if store.match(blocks) != {f"r{r}": len(blocks) for r in range(4)}:
+            raise RuntimeError("the Redis index does not hold the recorded blocks")
         results["redis"] = _time(lambda: store.lookup(blocks, "s"), repeats)
         results["redis_record"] = _time(lambda: store.record("r0", blocks), max(repeats // 4, 10))
-        assert store.up
         store.close()
     finally:
         proc.kill()
@@ -106,168 +113,154 @@ def lookup_cost(repeats: int = 200) -> dict[str, Any]:
     return results
 
 
-def _time(fn: Any, repeats: int) -> dict[str, float]:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1000)
-    samples.sort()
-    return {"median_ms": statistics.median(samples), "p90_ms": samples[int(0.9 * (len(samples) - 1))]}
+def replay_policies(args: argparse.Namespace) -> dict[str, Any]:
+    """Replay the selected conversations through prefixgate once per policy, each on a fresh fleet."""
+    from bench.bench_cmd import Preset, run_system, time_scaled_prefixgate_flags
+    from bench.replay import TraceReplayConfig, TurnResult
+    from bench.systems import FleetConfig, prefixgate_systems
+    from bench.traces import load_claude_code, trace_block_reuse
 
+    sessions = load_claude_code(max_prompt_tokens=args.max_prompt_tokens, max_requests=args.turns or None)
+    random.Random(args.seed).shuffle(sessions)
+    sessions = sessions[: args.sessions]
+    every = [s for top in sessions for s in top.all_sessions()]
+    n_requests = sum(len(s.requests) for s in every)
+    fleet = FleetConfig(ranks=args.ranks, kv_tokens=args.kv_tokens, time_scale=args.sim_time_scale)
+    replay_config = TraceReplayConfig(
+        model=fleet.model,
+        concurrency=len(sessions),
+        time_scale=args.time_scale,
+        max_tokens=8,
+        block_tokens=64,
+        kv_block_size=fleet.block_size,
+        seed=args.seed,
+    )
+    # prefixgate's session TTL and admission wait compressed like the replay's clocks
+    clocks = Preset(time_scale=args.time_scale, sim_time_scale=args.sim_time_scale)
+    prefixgate_args = time_scaled_prefixgate_flags(clocks)
+    which = f"first {args.turns}" if args.turns else "all"
+    print(
+        f"\nreplay: {len(sessions)} Claude Code conversations at once ({len(every)} sessions with "
+        f"sub-agents), {which} requests of each, every request under {args.max_prompt_tokens:,} "
+        f"tokens: {n_requests} requests per policy, trace block reuse {trace_block_reuse(every):.3f}\n"
+        f"        {args.ranks} simulated ranks x {args.kv_tokens:,} KV tokens; model time x "
+        f"{args.sim_time_scale:g}, think times x {args.time_scale:g} (cut to 60 s); prefixgate "
+        f"{' '.join(prefixgate_args)}",
+        flush=True,
+    )
+    out_dir = OUT_DIR / "routing_logs"
 
-# -- replay -----------------------------------------------------------------------------------------
+    def on_turn(turn: TurnResult) -> None:
+        pass
 
-
-def _chunk(trace: str, block_id: int, shared: bool) -> str:
-    rnd = random.Random(f"shared:{block_id}" if shared else f"{trace}:{block_id}")
-    return " ".join(rnd.choice(WORDS) for _ in range(40)) + "\n"
-
-
-def load_sessions(n: int, turns: int) -> list[tuple[str, int, list[list[int]]]]:
-    files = sorted(TRACES.glob("*.json.gz"))[:n]
-    sessions = []
-    for f in files:
-        with gzip.open(f) as fh:
-            data = json.load(fh)
-        head = (data.get("tool_tokens", 0) + data.get("system_tokens", 0)) // data["block_size"]
-        requests = [r["hash_ids"] for r in data["requests"] if r.get("hash_ids")][:turns]
-        sessions.append((f.name.split(".")[0], head, requests))
-    return sessions
-
-
-def build_messages(
-    trace: str, head: int, ids: list[int], previous: list[tuple[tuple[int, ...], dict[str, str]]]
-) -> list[tuple[tuple[int, ...], dict[str, str]]]:
-    """Reuse the previous request's leading messages its ids still match; append the rest."""
-    out: list[tuple[tuple[int, ...], dict[str, str]]] = []
-    pos = 0
-    for group, message in previous:
-        if tuple(ids[pos : pos + len(group)]) != group:
-            break
-        out.append((group, message))
-        pos += len(group)
-    if not out:
-        system = tuple(ids[:head])
-        text = "".join(_chunk(trace, i, shared=k < head) for k, i in enumerate(system))
-        out.append((system, {"role": "system", "content": text}))
-        pos = len(system)
-    rest = tuple(ids[pos:])
-    if rest:
-        role = "user" if out[-1][1]["role"] != "user" else "assistant"
-        out.append((rest, {"role": role, "content": "".join(_chunk(trace, i, False) for i in rest)}))
-    return out
-
-
-async def replay(policy: str, sessions: list[Any], kv_tokens: int) -> dict[str, Any]:
-    from bench.sim import SimConfig, start_fleet, stop_fleet
-    from bench.sim.prompts import PromptProcessor
-    from proxy.route import Router
-    from routing.backends import Backend, BackendPool
-    from routing.policy import make_policy
-    from tests.routing.conftest import make_ctx
-    from tokenization.block_hash import BlockHasher
-
-    fleet = start_fleet(4, SimConfig(kv_tokens=kv_tokens, time_scale=0, hash_seed="0"))
-    try:
-        pool = BackendPool(Backend(r.name, r.url, pool_tokens=kv_tokens, block_size=16) for r in fleet)
-        router = Router(pool, make_policy(policy), MemoryPrefixIndex())
-        hasher = BlockHasher(16, "sha256", seed="0")
-        prompts = PromptProcessor(hasher)
-        seen: set[bytes] = set()
-        totals = {"prompt": 0, "cached": 0, "bound": 0, "requests": 0}
-        async with httpx.AsyncClient(timeout=120) as client:
-
-            async def run(trace: str, head: int, requests: list[list[int]]) -> None:
-                previous: list[Any] = []
-                for ids in requests:
-                    previous = build_messages(trace, head, ids, previous)
-                    messages = [m for _, m in previous]
-                    prompt = prompts.chat(messages)
-                    n = len(prompt.token_ids)
-                    limit = (n - 1) // 16
-                    held = 0
-                    for h in prompt.block_hashes[:limit]:
-                        if h not in seen:
-                            break
-                        held += 1
-                    seen.update(prompt.block_hashes)
-                    ctx = make_ctx(trace, list(prompt.block_hashes), n)
-                    backend = router.pick(ctx)
-                    backend.in_flight += 1
-                    try:
-                        body = {"model": "prefixgate-sim", "messages": messages, "max_tokens": 8}
-                        answer = (await client.post(backend.url + "/v1/chat/completions", json=body)).json()
-                    finally:
-                        backend.in_flight -= 1
-                    usage = answer["usage"]
-                    cached = usage["prompt_tokens_details"]["cached_tokens"]
-                    router.observe(ctx, backend, cached)
-                    totals["prompt"] += usage["prompt_tokens"]
-                    totals["cached"] += cached
-                    totals["bound"] += held * 16
-                    totals["requests"] += 1
-
-            await asyncio.gather(*(run(*s) for s in sessions))
-    finally:
-        stop_fleet(fleet)
-    prompt = totals["prompt"]
+    runs: list[dict[str, Any]] = []
+    for spec in prefixgate_systems([p.strip() for p in args.policies.split(",") if p.strip()]):
+        try:
+            r = run_system(spec, sessions, fleet, replay_config, out_dir, on_turn, prefixgate_args)
+        except Exception as exc:  # one policy failing must not lose the others' figures
+            runs.append({"policy": spec.policy, "failed": f"{type(exc).__name__}: {exc}"})
+            print(f"{spec.policy}: failed: {exc}", flush=True)
+            continue
+        r.pop("turns")
+        runs.append({"policy": spec.policy, **r})
+        print(
+            f"  {spec.policy}: {r['requests']} requests in {r['run_s']:.0f}s, hit rate {r['hit_rate']:.3f}",
+            flush=True,
+        )
     return {
-        "policy": policy,
-        "requests": totals["requests"],
-        "prompt_tokens": prompt,
-        "hit_rate": totals["cached"] / prompt if prompt else 0.0,
-        "bound_hit_rate": totals["bound"] / prompt if prompt else 0.0,
-        "prefill_tokens": prompt - totals["cached"],
+        "conversations": len(sessions),
+        "sessions": len(every),
+        "turns": args.turns,
+        "requests_per_policy": n_requests,
+        "max_prompt_tokens": args.max_prompt_tokens,
+        "ranks": args.ranks,
+        "kv_tokens": args.kv_tokens,
+        "sim_time_scale": args.sim_time_scale,
+        "time_scale": args.time_scale,
+        "prefixgate_args": prefixgate_args,
+        "trace_block_reuse": trace_block_reuse(every),
+        "runs": runs,
     }
+
+
+def print_replay(replay: dict[str, Any]) -> None:
+    print(
+        f"\n{'policy':16s} {'hit rate':>9s} {'rank ctr':>9s} {'bound':>7s} {'/ bound':>8s} "
+        f"{'prefill tok':>12s} {'preempt':>8s} {'TTFT p50':>9s} {'errors':>7s} {'run s':>6s}"
+    )
+    for r in replay["runs"]:
+        if "failed" in r:
+            print(f"{r['policy']:16s} failed: {r['failed'][:80]}")
+            continue
+        ratio = r["hit_rate"] / r["bound"] if r["bound"] else 0.0
+        print(
+            f"{r['policy']:16s} {r['hit_rate']:9.3f} {r['rank_prefix_cache_hit_rate']:9.3f} "
+            f"{r['bound']:7.3f} "
+            f"{ratio:8.3f} {r['prefill_tokens']:12,d} {r['preemptions']:8d} {r['ttft_p50_ms']:7.0f}ms "
+            f"{r['errors']:7d} {r['run_s']:6.0f}"
+        )
+    done = [r for r in replay["runs"] if "failed" not in r]
+    if done:
+        r = done[0]
+        print(
+            "hit rate: cached / prompt tokens of the ranks' usage; rank ctr: the ranks' prefix-cache "
+            "hits / queries (/metrics);\nbound: one rank with an unlimited pool; working set "
+            f"{r['working_set_mean_x_pools']:.2f}x the pools on average "
+            f"(peak {r['working_set_peak_x_pools']:.2f}x)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sessions", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=12, help="requests replayed per trace")
+    parser.add_argument("--sessions", type=int, default=16, help="concurrent Claude Code conversations")
+    parser.add_argument(
+        "--turns", type=int, default=0, help="first N requests of each conversation (0: all of them)"
+    )
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=100_000,
+        help="only conversations whose requests all stay under this (fits a pool and the sim's context)",
+    )
+    parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--kv-tokens", type=int, default=181_777)
-    parser.add_argument("--policies", default="prefix_affinity,session_hash,least_loaded,round_robin")
+    parser.add_argument("--sim-time-scale", type=float, default=0.25, help="ranks' model time factor")
+    parser.add_argument("--time-scale", type=float, default=0.005, help="factor on the trace's think times")
+    parser.add_argument("--seed", type=int, default=0, help="conversation order and block text seed")
+    parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--skip-replay", action="store_true")
     args = parser.parse_args(argv)
 
+    started = time.perf_counter()
     out: dict[str, Any] = {"lookup": lookup_cost()}
-    print("index lookup, 100k-token prompt (6,250 blocks), 4 ranks holding it:")
+    print(
+        f"index lookup, {LOOKUP_TOKENS // 1000}k-token prompt ({LOOKUP_TOKENS // LOOKUP_BLOCK:,} blocks), "
+        "4 ranks holding it:"
+    )
     for store, r in out["lookup"].items():
         if r:
             print(f"  {store:13s} median {r['median_ms']:.3f} ms   p90 {r['p90_ms']:.3f} ms")
-    if not args.skip_replay:
-        if not TRACES.is_dir():
-            print(f"replay skipped: {TRACES} not found")
         else:
-            sessions = load_sessions(args.sessions, args.turns)
-            out["replay"] = {
-                "sessions": len(sessions),
-                "turns": args.turns,
-                "kv_tokens": args.kv_tokens,
-                "runs": [],
-            }
-            print(
-                f"\nreplay: {len(sessions)} sessions x {args.turns} requests, "
-                f"4 ranks of {args.kv_tokens:,} tokens"
-            )
-            print(f"{'policy':16s} {'hit rate':>9s} {'bound':>7s} {'of bound':>9s} {'prefill tokens':>15s}")
-            for policy in args.policies.split(","):
-                t0 = time.perf_counter()
-                r = asyncio.run(replay(policy, sessions, args.kv_tokens))
-                r["seconds"] = time.perf_counter() - t0
-                out["replay"]["runs"].append(r)
-                ratio = r["hit_rate"] / r["bound_hit_rate"] if r["bound_hit_rate"] else 0.0
-                print(
-                    f"{policy:16s} {r['hit_rate']:9.3f} {r['bound_hit_rate']:7.3f} {ratio:9.3f} "
-                    f"{r['prefill_tokens']:15,d}"
-                )
-    path = write_json("routing", out)
-    print(f"\nwrote {path}")
-    return 0
+            print(f"  {store:13s} skipped: no redis-server on PATH")
+    failed = False
+    if not args.skip_replay:
+        from bench.traces import TracesMissing
+
+        try:
+            out["replay"] = replay_policies(args)
+        except TracesMissing as exc:
+            print(f"replay skipped: {exc}")
+        else:
+            print_replay(out["replay"])
+            failed = any("failed" in r or r["errors"] for r in out["replay"]["runs"])
+    out["wall_s"] = time.perf_counter() - started
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / "routing.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"\nwrote {path} ({out['wall_s']:.0f}s)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -99,6 +99,10 @@ class Gateway:
         block_size = incremental.block_size if incremental is not None else self._block_size()
         model = await self._model_name()
         self.router = build_router(settings, self.pool, self.metrics, model, block_size or 16)
+        if settings.redis_url:  # name a wrong password or a TLS mismatch, not just "unreachable"
+            from proxy.redis_check import log_redis_problem
+
+            await asyncio.to_thread(log_redis_problem, settings.redis_url, max(settings.redis_timeout, 1.0))
         hasher = incremental.hasher if incremental is not None else None
         self._kv_feeds = await start_kv_event_feeds(settings, self.client, self.router, hasher, self.metrics)
         self.forwarder = Forwarder(self.client, self.router, self.metrics, settings.retries)

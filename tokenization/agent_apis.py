@@ -343,7 +343,8 @@ def responses_to_chat(
     tools = responses_tools_to_chat(body)
     if tools:
         chat["tools"] = tools
-    for key in ("model", "stream", "prompt_cache_key", "user"):
+    # cache_salt is a vLLM extra of its Responses endpoint: it salts block 0 like a chat request's
+    for key in ("model", "stream", "prompt_cache_key", "user", "cache_salt"):
         if key in body:
             chat[key] = body[key]
     if isinstance(body.get("max_output_tokens"), int):

@@ -76,12 +76,15 @@ class AgentApis:
         messages = chat["messages"]
         if not messages:
             raise ValueError("messages must contain at least one item")
-        return self.rank.processor.chat(messages, chat.get("tools"), True, None)
+        salt = chat.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise ValueError("cache_salt must be a string")
+        return self.rank.processor.chat(messages, chat.get("tools"), True, salt)
 
     def submit(self, chat: dict[str, Any], max_tokens: Any) -> tuple[list[SimRequest], OutQueue]:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError("max_tokens must be a positive integer")
-        return self.rank.engine.submit(self.prompt(chat), max_tokens, 1)
+        return self.rank.engine.submit(self.prompt(chat), max_tokens, 1, cache_salt=chat.get("cache_salt"))
 
     def cached(self, req: SimRequest) -> int | None:
         if not self.rank.config.enable_prompt_tokens_details:

@@ -1,0 +1,149 @@
+"""Redis behind a password, and ``rediss://`` URLs, for all three things prefixgate keeps in Redis.
+
+The prefix index, the session table and the Responses id -> rank map all take their connection from
+``--redis-url``; a password in the URL (``redis://:pw@host:port/db``) must reach every one of them.
+The redis-server here is built without TLS (``--tls-port`` is an unknown directive), so TLS itself
+cannot be tested end to end: a ``rediss://`` URL is checked to be accepted, and a plain server behind
+it to be reported clearly instead of failing requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import httpx
+import pytest
+import redis
+
+from proxy.responses import REDIS_PREFIX
+from tests.helpers.redis_server import RedisServer
+from tests.reliability.conftest import chat
+
+PASSWORD = "s3cret:/@pw"  # URL-special characters, percent-encoded in the URL
+QUOTED = "s3cret%3A%2F%40pw"
+
+
+def redis_up(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("prefixgate_index_redis_up "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("prefixgate_index_redis_up not exported")
+
+
+def protect(server: RedisServer) -> redis.Redis:
+    """Turn on ``requirepass`` on the test's server; returns a client that authenticates."""
+    plain = redis.Redis(port=server.port, socket_timeout=2)
+    plain.config_set("requirepass", PASSWORD)
+    plain.close()
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=server.port, socket_timeout=2).ping()
+    return redis.Redis(port=server.port, password=PASSWORD, socket_timeout=2)
+
+
+def keys(client: redis.Redis, pattern: str) -> list[bytes]:
+    return list(client.scan_iter(match=pattern, count=1000))
+
+
+def wait_for(predicate, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_password_in_the_url_reaches_index_sessions_and_response_map(sims, gateway, redis_server):  # type: ignore[no-untyped-def]
+    authed = protect(redis_server)
+    ranks = sims(2)
+    url = f"redis://:{QUOTED}@127.0.0.1:{redis_server.port}/0"
+    proxy = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=url)
+    for turn in range(2):
+        answer = httpx.post(
+            proxy.url + "/v1/chat/completions",
+            json=chat("password test " * 60 + f"turn {turn}"),
+            headers={"x-session-id": "pw-session"},
+            timeout=15,
+        )
+        assert answer.status_code == 200, answer.text
+    stored = httpx.post(
+        proxy.url + "/v1/responses",
+        json={"model": "prefixgate-sim", "input": "remember me " * 30, "max_output_tokens": 4, "store": True},
+        timeout=15,
+    )
+    assert stored.status_code == 200, stored.text
+    response_id = stored.json()["id"]
+
+    # the response map and the session table write synchronously, the index from its writer thread
+    assert authed.get(REDIS_PREFIX + response_id) == stored.headers["x-prefixgate-backend"].encode()
+    wait_for(lambda: any(b"pw-session" in k for k in keys(authed, "prefixgate:sessions:*")), "no session")
+    wait_for(lambda: len(keys(authed, "prefixgate:*")) > 3, "no index records")
+    index_keys = [
+        k
+        for k in keys(authed, "prefixgate:*")
+        if not k.startswith((b"prefixgate:sessions:", REDIS_PREFIX.encode()))
+    ]
+    assert index_keys, "the prefix index wrote nothing to Redis"
+    assert redis_up(proxy.url) == 1.0
+
+    # a second replica with the same URL reads all three back through the password
+    second = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=url)
+    sessions = httpx.get(second.url + "/admin/sessions", timeout=5).json()["data"]
+    assert "pw-session" in {row["id"] for row in sessions}
+    follow = httpx.post(
+        second.url + "/v1/responses",
+        json={
+            "model": "prefixgate-sim",
+            "input": "and then?",
+            "previous_response_id": response_id,
+            "max_output_tokens": 4,
+        },
+        timeout=15,
+    )
+    assert follow.status_code == 200, follow.text
+    assert follow.headers["x-prefixgate-backend"] == stored.headers["x-prefixgate-backend"]
+    again = httpx.post(
+        second.url + "/v1/chat/completions",
+        json=chat("password test " * 60 + "turn 2"),
+        headers={"x-session-id": "pw-session"},
+        timeout=15,
+    )
+    assert again.status_code == 200
+    assert redis_up(second.url) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("credentials", "finding"),
+    [(":not-this-one@", "refused the credentials"), ("", "requires a password: use redis://:PASSWORD@")],
+)
+def test_a_wrong_or_missing_password_is_named_and_requests_still_succeed(  # type: ignore[no-untyped-def]
+    sims, gateway, redis_server, caplog, credentials, finding
+):
+    protect(redis_server)
+    ranks = sims(1)
+    url = f"redis://{credentials}127.0.0.1:{redis_server.port}/0"
+    with caplog.at_level(logging.WARNING):
+        proxy = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=url)
+        for turn in range(2):
+            answer = httpx.post(
+                proxy.url + "/v1/chat/completions", json=chat(f"turn {turn} " * 40), timeout=15
+            )
+            assert answer.status_code == 200, answer.text
+        wait_for(lambda: redis_up(proxy.url) == 0.0, "the index still claims Redis is up")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert finding in logged, logged
+    assert "not-this-one" not in logged  # the password itself is never logged
+
+
+def test_rediss_url_is_accepted_and_a_plain_server_is_reported_clearly(sims, gateway, redis_server, caplog):  # type: ignore[no-untyped-def]
+    ranks = sims(1)
+    url = f"rediss://127.0.0.1:{redis_server.port}/0"
+    with caplog.at_level(logging.WARNING):
+        proxy = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=url)
+        for turn in range(2):
+            answer = httpx.post(
+                proxy.url + "/v1/chat/completions", json=chat(f"tls {turn} " * 40), timeout=15
+            )
+            assert answer.status_code == 200, answer.text
+        wait_for(lambda: redis_up(proxy.url) == 0.0, "the index claims a TLS Redis behind a plain server")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "speaks plain Redis, not TLS" in logged, logged
