@@ -164,8 +164,13 @@ class Explainer:
             expected = min(common_blocks, hittable) * turn.block_size
             self._expect(ctx, key, turn, expected, prev.backend)
         elif blocks is None and prev.tokens is None:
-            # No blocks (policy without them, or an unrenderable body): compare by parts alone.
-            found = first_differing_part(_parts_of(prev), self._parts(turn))
+            # No blocks (policy without them, or an unrenderable body): compare by parts alone,
+            # after a C-level deep comparison has shown the new body does not simply extend the old.
+            found = (
+                None
+                if _extends(prev.body, turn.body)
+                else first_differing_part(_parts_of(prev), self._parts(turn))
+            )
             if found is not None:
                 self._record(key, session, self._classify(prev, turn, found, None, None, None))
             elif prev.backend is not None and turn.backend != prev.backend:
@@ -531,3 +536,21 @@ def _part_matches_label(found: tuple[RequestPart | None, RequestPart | None], la
 
 
 _SYSTEM_LABELS = frozenset({"system", "tools", "system+tools", "prelude"})
+
+
+def _extends(old: Any, new: Any) -> bool:
+    """True when ``new`` re-sends ``old`` unchanged and only appends messages (no part differs).
+
+    Deep ``==`` on the parsed JSON runs in C, so the common turn costs no splitting or hashing.
+    """
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    old_messages, new_messages = old.get("messages"), new.get("messages")
+    if not isinstance(old_messages, list) or not isinstance(new_messages, list):
+        return False
+    if len(new_messages) < len(old_messages):
+        return False
+    for key in old.keys() | new.keys():
+        if key != "messages" and old.get(key) != new.get(key):
+            return False
+    return new_messages[: len(old_messages)] == old_messages

@@ -51,3 +51,16 @@ def test_divergence_offset_inside_a_block_and_unobserved_requests_expire() -> No
     explainer.after_observe(unobserved[-1], 0, 100)
     assert explainer.breaks("s")[-1]["cause"] == "evicted"
     assert len(explainer._pending) == 1
+
+
+def test_extends_is_true_only_for_an_unchanged_body_with_appended_messages() -> None:
+    from proxy.explain import _extends
+
+    old = {"model": "m", "tools": [{"a": 1}], "messages": [{"role": "user", "content": "x"}]}
+    grown = {**old, "messages": [*old["messages"], {"role": "assistant", "content": "y"}]}
+    assert _extends(old, old) and _extends(old, grown)
+    assert not _extends(grown, old)  # a dropped message (compaction)
+    assert not _extends(old, {**grown, "tools": [{"a": 2}]})
+    assert not _extends(old, {**grown, "reasoning_effort": "high"})
+    edited = {**grown, "messages": [{"role": "user", "content": "X"}, *grown["messages"][1:]]}
+    assert not _extends(old, edited)
