@@ -17,6 +17,20 @@ against their rank's budget.
 Between admission and the router's pick a new session is a *reservation* counted against every rank
 it was allowed on, so a burst of new sessions cannot all take the same last room.
 
+Two refinements keep the budget close to what the rank's prefix cache really holds:
+
+- Sessions of one agent share their leading system+tools segment (about 15k tokens for Claude
+  Code), and a rank caches those blocks once: a rank's working set counts each distinct head once,
+  and a new session whose head a rank already holds needs room for the rest of its prompt only.
+- A session rarely announces its end, and the idle TTL is sized for the slowest thinkers. A session
+  whose latest request was answered and which has then been quiet for longer than
+  ``release_factor`` x its own longest think gap so far (bounded to ``[release_min, idle_ttl]``;
+  ``idle_ttl`` until it has shown a gap) is *reclaimable*: it keeps counting while nobody needs the
+  room (so it is never thrashed for nothing), but when a new session finds no room, the rank's
+  reclaimable sessions are released longest-idle first until it fits. A released session that comes
+  back is a new session (it waits for room like any other); its blocks are the rank's LRU victims
+  first anyway. Sessions with a request in flight are never reclaimable.
+
 The FIFO queue is per replica; with Redis the replicas share the table (and so each other's
 working sets), not the queue.
 """
@@ -43,12 +57,20 @@ from routing.backends import Backend, BackendPool
 
 log = logging.getLogger("prefixgate.admission")
 
+#: Labels of a prompt's first part when it is the system+tools segment sessions of one agent share.
+_HEAD_PARTS = frozenset({"system+tools", "system", "tools"})
+
 DEFAULT_TARGET_FRACTION = 0.8
 #: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
 #: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. A session quiet for longer has
 #: most likely ended (or its user has left), and its blocks are fair game.
 DEFAULT_IDLE_TTL_S = 300.0
 DEFAULT_WAIT_S = 30.0
+#: A session quiet for longer than this many times its longest think gap so far has most likely ended:
+#: in those traces a session's next gap exceeds twice its longest earlier gap for ~5 % of gaps.
+DEFAULT_RELEASE_FACTOR = 2.0
+#: ... but never sooner than this fraction of the idle TTL (30 s for the default 300 s).
+DEFAULT_RELEASE_MIN_FRACTION = 0.1
 #: A reservation not routed within this many seconds (its request failed early) is dropped.
 RESERVATION_TTL_S = 30.0
 #: Without a token count (policies that skip the blocks stage) a prompt is estimated from its body.
@@ -63,6 +85,16 @@ class AdmissionConfig:
     wait: float = DEFAULT_WAIT_S
     max_sessions_per_rank: int | None = None
     block_size: int = 16
+    release_factor: float = DEFAULT_RELEASE_FACTOR
+    #: Fraction of ``idle_ttl``: the least idle time after which a session can be reclaimed.
+    release_min_fraction: float = DEFAULT_RELEASE_MIN_FRACTION
+
+    def release_after(self, session: Session) -> float:
+        """Seconds after its last answer from which ``session`` counts as ended when room is needed."""
+        if not session.gaps:
+            return self.idle_ttl  # no think time seen yet: nothing to judge by
+        floor = self.idle_ttl * self.release_min_fraction
+        return min(self.idle_ttl, max(floor, self.release_factor * session.gap_max))
 
     @property
     def poll_interval(self) -> float:
@@ -83,6 +115,11 @@ class RankState:
     reserved_sessions: int = 0
     #: When its oldest active session idles out (wall-clock seconds), for Retry-After.
     next_idle_at: float | None = None
+    #: Distinct shared heads held (head key -> sessions holding it) and the tokens not double-counted.
+    heads: dict[str, int] = field(default_factory=dict)
+    shared_head_tokens: int = 0
+    #: Sessions past their own release time, longest idle first, with the tokens releasing each frees.
+    reclaimable: list[tuple[Session, int]] = field(default_factory=list)
 
     @property
     def over_pool(self) -> bool:
@@ -96,6 +133,8 @@ class RankState:
             "working_set_tokens": self.working_set_tokens,
             "sessions": self.sessions,
             "reserved_tokens": self.reserved_tokens,
+            "shared_head_tokens": self.shared_head_tokens,
+            "reclaimable_sessions": len(self.reclaimable),
             "over_pool": self.over_pool,
         }
 
@@ -104,6 +143,8 @@ class RankState:
 class _Reservation:
     allowed: frozenset[str]
     tokens: int
+    #: Per allowed rank, the reclaimable sessions it only has room with once they are released.
+    victims: dict[str, tuple[str, ...]] = field(default_factory=dict)
     since: float = field(default_factory=time.monotonic)
 
 
@@ -151,8 +192,10 @@ class Admission:
         now = self.table.clock()
         tokens = self._prompt_tokens(ctx)
         session = self.table.get(key)
+        head_key, head_tokens = self._head(ctx)
         if session is not None and session.is_active(now, self.config.idle_ttl):
-            session.last_seen = now
+            session.note_request(now)
+            session.head_key, session.head_tokens = head_key, head_tokens
             session.turns += 1
             session.context_tokens = tokens
             session.context_blocks = self._blocks(ctx, session.context_tokens)
@@ -163,9 +206,13 @@ class Admission:
             return
         if session is None:
             session = Session(key=key, created=now, last_seen=now, client=ctx.client_label)
+        else:
+            session.note_request(now)  # back after ending: that gap is one of its think times too
         if self.config.enabled:
             self._check_client_cap(ctx.client_label, ctx.client_max_sessions, now)
-            ctx.allowed_backends = await self._wait_for_room(key, tokens, receive)
+            ctx.allowed_backends = await self._wait_for_room(key, tokens, receive, head_key, head_tokens)
+        session.released = False
+        session.head_key, session.head_tokens = head_key, head_tokens
         session.last_seen = self.table.clock()
         session.turns += 1
         session.context_tokens = tokens
@@ -178,6 +225,18 @@ class Admission:
         if ctx.prompt_tokens is not None:
             return ctx.prompt_tokens
         return len(ctx.raw_body) // BYTES_PER_TOKEN
+
+    def _head(self, ctx: RequestContext) -> tuple[str | None, int]:
+        """The prompt's leading system+tools segment in full blocks: (key, tokens), or (None, 0)."""
+        blocks = ctx.prompt_blocks
+        if blocks is None or not blocks.parts or blocks.parts[0][0] not in _HEAD_PARTS:
+            return None, 0
+        count = min(blocks.parts[0][2] // blocks.block_size, len(blocks.block_hashes))
+        if count == 0:
+            return None, 0
+        last = blocks.block_hashes[count - 1]
+        # chained hashes: the last block's hash names the whole head (and its salt)
+        return (last.hex() if isinstance(last, bytes) else str(last)), count * blocks.block_size
 
     def _blocks(self, ctx: RequestContext, tokens: int) -> int:
         if ctx.block_hashes and tokens == ctx.prompt_tokens:
@@ -198,26 +257,37 @@ class Admission:
                 idle_at + self.config.idle_ttl - now,
             )
 
-    async def _wait_for_room(self, key: str, tokens: int, receive: Receive | None) -> frozenset[str] | None:
+    async def _wait_for_room(
+        self,
+        key: str,
+        tokens: int,
+        receive: Receive | None,
+        head_key: str | None = None,
+        head_tokens: int = 0,
+    ) -> frozenset[str] | None:
         """The ranks with room for a new session of ``tokens``, waiting FIFO up to ``wait`` seconds.
 
         None: admission cannot restrict anything (no rank has a known pool or session cap).
         """
         if not self.pool.healthy():
             return None  # the router answers 503: waiting for room would not bring a rank back
-        allowed, _ = self.rooms(tokens)
-        if allowed and not self._queue:
-            return self._reserve(key, allowed, tokens)
+        if not self._queue:
+            allowed, victims, _ = self._find_room(tokens, head_key, head_tokens)
+            if allowed:
+                return self._reserve(key, allowed, tokens, victims)
+        queued = self._queued(key, tokens, head_key, head_tokens)
         if receive is None:
-            return await self._queued(key, tokens)
-        return await until_disconnected(receive, self._queued(key, tokens))
+            return await queued
+        return await until_disconnected(receive, queued)
 
-    def _reserve(self, key: str, allowed: frozenset[str], tokens: int) -> frozenset[str]:
+    def _reserve(
+        self, key: str, allowed: frozenset[str], tokens: int, victims: dict[str, tuple[str, ...]]
+    ) -> frozenset[str]:
         # in the same step as the room check: the next waiter must see this session's claim
-        self._reservations[key] = _Reservation(allowed, tokens)
+        self._reservations[key] = _Reservation(allowed, tokens, victims)
         return allowed
 
-    async def _queued(self, key: str, tokens: int) -> frozenset[str]:
+    async def _queued(self, key: str, tokens: int, head_key: str | None, head_tokens: int) -> frozenset[str]:
         states: dict[str, RankState] = {}
         waiter = object()
         if self.metrics is not None:
@@ -228,9 +298,9 @@ class Admission:
         try:
             while True:
                 if self._queue[0] is waiter:
-                    allowed, states = self.rooms(tokens)
+                    allowed, victims, states = self._find_room(tokens, head_key, head_tokens)
                     if allowed:
-                        return self._reserve(key, allowed, tokens)
+                        return self._reserve(key, allowed, tokens, victims)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._no_room(tokens, states or self.rank_states())
@@ -272,17 +342,42 @@ class Admission:
             b.name: RankState(b.name, b.pool_tokens, int(b.pool_tokens * fraction) if b.pool_tokens else None)
             for b in self.pool
         }
-        idle_ttl = self.config.idle_ttl
+        config = self.config
+        idle_ttl = config.idle_ttl
+        self._expire_reservations()
+        # sessions a pending reservation will release: their room is spoken for already
+        claimed = {
+            (name, victim)
+            for reservation in self._reservations.values()
+            for name, victims in reservation.victims.items()
+            for victim in victims
+        }
+        reclaimable: list[tuple[float, Session, RankState]] = []
         for session in self.table.active(now):
             state = states.get(session.rank) if session.rank is not None else None
-            if state is None:
+            if state is None or (state.name, session.key) in claimed:
                 continue
-            state.working_set_tokens += session.context_tokens
+            tokens = session.context_tokens
+            head = session.head_key
+            if head is not None:
+                held = state.heads.get(head, 0)
+                if held:
+                    tokens -= min(session.head_tokens, tokens)
+                    state.shared_head_tokens += session.head_tokens
+                state.heads[head] = held + 1
+            state.working_set_tokens += tokens
             state.sessions += 1
             idle_at = session.last_seen + idle_ttl
             if state.next_idle_at is None or idle_at < state.next_idle_at:
                 state.next_idle_at = idle_at
-        self._expire_reservations()
+            if session.answered and now - session.answered_at > config.release_after(session):
+                reclaimable.append((session.answered_at, session, state))
+        reclaimable.sort(key=lambda item: item[0])  # longest idle first
+        for _, session, state in reclaimable:
+            # a head other sessions also hold stays cached: releasing frees the rest only
+            shared = session.head_key is not None and state.heads[session.head_key] > 1
+            freed = session.context_tokens - (session.head_tokens if shared else 0)
+            state.reclaimable.append((session, max(freed, 0)))
         for reservation in self._reservations.values():
             for name in reservation.allowed:
                 state = states.get(name)
@@ -292,13 +387,28 @@ class Admission:
         self._report(states)
         return states
 
-    def rooms(self, tokens: int) -> tuple[frozenset[str], dict[str, RankState]]:
-        """The healthy ranks with room for a new session of ``tokens``, and every rank's state."""
+    def rooms(
+        self, tokens: int, head_key: str | None = None, head_tokens: int = 0
+    ) -> tuple[frozenset[str], dict[str, RankState]]:
+        """The healthy ranks with room for a new session of ``tokens``, and every rank's state.
+
+        With ``head_key``, a rank already holding that shared head needs room for the rest only.
+        Ranks that have room only once reclaimable sessions are released count as having room.
+        """
+        allowed, _, states = self._find_room(tokens, head_key, head_tokens)
+        return allowed, states
+
+    def _find_room(
+        self, tokens: int, head_key: str | None, head_tokens: int
+    ) -> tuple[frozenset[str], dict[str, tuple[str, ...]], dict[str, RankState]]:
+        """``rooms``, and per rank the sessions to release for it (only when no rank has room as is)."""
         states = self.rank_states()
         cap = self.config.max_sessions_per_rank
         allowed = []
+        short: dict[str, int] = {}  # rank -> tokens missing, for ranks only the budget keeps out
         for backend in self.pool.healthy():
             state = states[backend.name]
+            need = tokens - head_tokens if head_key is not None and head_key in state.heads else tokens
             if state.over_pool:
                 continue
             if cap is not None and state.sessions + state.reserved_sessions >= cap:
@@ -306,10 +416,24 @@ class Admission:
             if state.budget_tokens is not None:
                 used = state.working_set_tokens + state.reserved_tokens
                 empty = state.sessions + state.reserved_sessions == 0
-                if used + tokens > state.budget_tokens and not empty:
+                if used + need > state.budget_tokens and not empty:
+                    short[backend.name] = used + need - state.budget_tokens
                     continue
             allowed.append(backend.name)
-        return frozenset(allowed), states
+        if allowed or not short:
+            return frozenset(allowed), {}, states
+        # no room as things stand: release sessions that have most likely ended, longest idle first
+        victims: dict[str, tuple[str, ...]] = {}
+        for name, missing in short.items():
+            chosen: list[str] = []
+            for session, freed in states[name].reclaimable:
+                if missing <= 0:
+                    break
+                chosen.append(session.key)
+                missing -= freed
+            if missing <= 0:
+                victims[name] = tuple(chosen)
+        return frozenset(victims), victims, states
 
     def _expire_reservations(self) -> None:
         if not self._reservations:
@@ -326,7 +450,9 @@ class Admission:
         if not isinstance(session, Session):
             return
         if ctx.session_key is not None:
-            self._reservations.pop(ctx.session_key, None)
+            reservation = self._reservations.pop(ctx.session_key, None)
+            if reservation is not None and reservation.victims.get(backend.name):
+                self._release_idle(backend.name, reservation.victims[backend.name], ctx.session_key)
         if session.rank != backend.name:
             session.rank = backend.name
             self.table.save(session)
@@ -350,6 +476,7 @@ class Admission:
             # the next turn re-sends this prompt and the answer: that is what the rank now holds
             session.context_tokens = usage.prompt_tokens + usage.completion_tokens
             session.context_blocks = -(-session.context_tokens // self.config.block_size)
+        session.answered_at = session.last_seen
         self.table.save(session)
         self._notify()
 
@@ -359,6 +486,26 @@ class Admission:
         session = self.table.delete(key)
         self._notify()
         return session
+
+    def _release_idle(self, rank: str, keys: tuple[str, ...], for_key: str) -> None:
+        """End sessions the new session ``for_key`` took the room of (unless they came back since)."""
+        now = self.table.clock()
+        for key in keys:
+            session = self.table.get(key)
+            if session is None or session.released or session.rank != rank or not session.answered:
+                continue
+            if now - session.answered_at <= self.config.release_after(session):
+                continue  # it sent a request since the room check
+            session.released = True
+            self.table.save(session)
+            log.info(
+                "session %s released on %s after %.1f s idle (longest think gap %.1f s) for %s",
+                key,
+                rank,
+                now - session.answered_at,
+                session.gap_max,
+                for_key,
+            )
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()

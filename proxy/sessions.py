@@ -74,6 +74,17 @@ class Session:
     hit_tokens_reported: int = 0
     prefill_tokens: int = 0
     client: str | None = None
+    #: When the rank last answered it (wall clock); below ``last_seen``: a request is in flight.
+    answered_at: float = 0.0
+    #: Think gaps observed (answer to next request) and the longest of them, in seconds.
+    gaps: int = 0
+    gap_max: float = 0.0
+    #: The leading system+tools prefix other sessions of the same agent share, as the rank caches it
+    #: (key: the hash of its last full block, hex); a rank holds it once whatever its sessions.
+    head_key: str | None = None
+    head_tokens: int = 0
+    #: Ended by admission (idle past its own think times while a new session needed its room).
+    released: bool = False
     breaks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -82,7 +93,21 @@ class Session:
         return self.hit_tokens_reported / self.prompt_tokens_sent if self.prompt_tokens_sent else None
 
     def is_active(self, now: float, idle_ttl: float) -> bool:
-        return now - self.last_seen <= idle_ttl
+        return not self.released and now - self.last_seen <= idle_ttl
+
+    @property
+    def answered(self) -> bool:
+        """Its latest request has been answered (none in flight)."""
+        return self.answered_at >= self.last_seen
+
+    def note_request(self, now: float) -> None:
+        """A new request of this (active) session: its think gap joins the observed ones."""
+        if self.answered and self.answered_at:
+            gap = now - self.answered_at
+            self.gaps += 1
+            if gap > self.gap_max:
+                self.gap_max = gap
+        self.last_seen = now
 
     def to_dict(self, with_breaks: bool = True) -> dict[str, Any]:
         data = asdict(self)
@@ -360,9 +385,9 @@ class SessionTable:
         return self.store.add_break(session_key, record)
 
     def active(self, now: float | None = None) -> list[Session]:
-        """Sessions seen within the idle TTL."""
+        """Sessions seen within the idle TTL and not released."""
         now = self.clock() if now is None else now
-        return self.store.seen_since(now - self.idle_ttl)
+        return [s for s in self.store.seen_since(now - self.idle_ttl) if not s.released]
 
     def page(
         self,

@@ -1,0 +1,245 @@
+"""Admission's two budget refinements, on a fake clock: shared heads counted once per rank, and
+sessions idle past their own think times released when (and only when) a new session needs room."""
+
+from __future__ import annotations
+
+import time
+from array import array
+
+import httpx
+import pytest
+from starlette.datastructures import Headers
+
+from proxy.admission import Admission, AdmissionConfig
+from proxy.context import ApiKind, RequestContext
+from proxy.errors import ProxyError
+from proxy.observe import Usage
+from proxy.sessions import MemorySessionStore, Session, SessionTable
+from routing.backends import Backend, BackendPool
+from tests.admission.conftest import KV_TOKENS, chat, prompt_of
+from tokenization.prompt import PromptBlocks
+
+BLOCK = 16
+POOL = 2000  # budget 1,600 tokens at the default 0.8
+TTL = 300.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(ranks: int = 1, **config: object) -> tuple[Admission, Clock]:
+    clock = Clock()
+    table = SessionTable(MemorySessionStore(), TTL, clock)
+    pool = BackendPool(Backend(f"r{i}", f"http://r{i}", pool_tokens=POOL) for i in range(ranks))
+    options: dict[str, object] = {"idle_ttl": TTL, "wait": 0.0, "block_size": BLOCK, **config}
+    return Admission(table, pool, AdmissionConfig(**options), None), clock  # type: ignore[arg-type]
+
+
+def ctx_for(key: str, tokens: int, head: bytes | None = None, head_tokens: int = 0) -> RequestContext:
+    ctx = RequestContext(ApiKind.CHAT, Headers(), b"", {}, False, "m", 0.0)
+    ctx.session_key = key
+    ctx.prompt_tokens = tokens
+    if head is not None:
+        # the head's blocks end in ``head``; the rest of the prompt is the session's own
+        hashes = [b"h%d" % i for i in range(head_tokens // BLOCK - 1)] + [head]
+        hashes += [f"{key}{i}".encode() for i in range((tokens - head_tokens) // BLOCK)]
+        parts = (("system+tools", 0, head_tokens), ("message[1]", head_tokens, tokens))
+        ctx.prompt_blocks = PromptBlocks(tokens, BLOCK, hashes, parts, array("I"))
+        ctx.block_hashes = hashes
+    return ctx
+
+
+async def turn(adm: Admission, key: str, tokens: int, **head: object) -> RequestContext:
+    """One request: admitted, routed to the first allowed rank, answered (16 output tokens)."""
+    ctx = ctx_for(key, tokens, **head)  # type: ignore[arg-type]
+    await adm.admit(ctx)
+    rank = sorted(ctx.allowed_backends)[0] if ctx.allowed_backends else ctx.session.rank or "r0"
+    backend = adm.pool.get(rank)
+    assert backend is not None
+    adm.routed(ctx, backend)
+    adm.observed(ctx, rank, Usage(tokens, 16, 0))
+    return ctx
+
+
+def test_release_after_follows_the_sessions_own_think_gaps() -> None:
+    config = AdmissionConfig(idle_ttl=TTL)
+    s = Session("s", created=0.0, last_seen=0.0)
+    assert config.release_after(s) == TTL  # no gap seen yet: the full idle TTL
+    s.answered_at = 10.0
+    s.last_seen = 10.0
+    s.note_request(14.0)  # a 4 s think gap
+    assert (s.gaps, s.gap_max) == (1, 4.0)
+    assert not s.answered  # the request is in flight
+    assert config.release_after(s) == 30.0  # 2 x 4 s is under the floor: 0.1 x the TTL
+    s.answered_at = s.last_seen = 20.0
+    s.note_request(120.0)
+    assert config.release_after(s) == 200.0
+    s.answered_at = s.last_seen = 130.0
+    s.note_request(400.0)
+    assert config.release_after(s) == TTL  # never past the idle TTL
+    s.note_request(900.0)  # no answer in between: not a think gap
+    assert s.gaps == 3
+
+
+async def test_idle_sessions_keep_their_room_until_a_new_session_needs_it() -> None:
+    adm, clock = make()
+    for key in ("a", "b"):
+        await turn(adm, key, 600)
+        clock.now += 1
+        await turn(adm, key, 700)  # a 1 s think gap
+    clock.now += 100  # both far past 2 x 1 s and the 30 s floor, well within the 300 s TTL
+    states = adm.rank_states()
+    assert [s.key for s, _ in states["r0"].reclaimable] == ["a", "b"]  # longest idle first
+    assert states["r0"].sessions == 2  # nobody asked for room: they still count
+    small = ctx_for("small", 100)
+    await adm.admit(small)  # fits as is: nothing is released
+    assert small.allowed_backends == {"r0"}
+    adm.routed(small, adm.pool.get("r0"))  # type: ignore[arg-type]
+    assert {s.key for s in adm.table.active()} == {"a", "b", "small"}
+
+    big = ctx_for("c", 700)
+    await adm.admit(big)  # room only once the longest-idle session goes
+    assert big.allowed_backends == {"r0"}
+    adm.routed(big, adm.pool.get("r0"))  # type: ignore[arg-type]
+    a = adm.table.get("a")
+    assert a is not None and a.released and not a.is_active(clock.now, TTL)
+    assert {s.key for s in adm.table.active()} == {"b", "small", "c"}
+
+    # a comes back: a new session again, which has to find room like any other (b's, idle as long)
+    back = ctx_for("a", 800)
+    await adm.admit(back)
+    assert back.allowed_backends == {"r0"} and adm._reservations["a"].victims == {"r0": ("b",)}
+    adm.routed(back, adm.pool.get("r0"))  # type: ignore[arg-type]
+    assert {s.key for s in adm.table.active()} == {"a", "small", "c"}
+    a = adm.table.get("a")
+    assert a is not None and not a.released and a.turns == 3
+
+
+async def test_sessions_in_flight_or_within_their_think_times_are_not_released() -> None:
+    adm, clock = make()
+    await turn(adm, "thinker", 600)
+    clock.now += 50
+    await turn(adm, "thinker", 700)  # a 50 s gap: released only after 100 s
+    await turn(adm, "busy", 600)
+    clock.now += 1
+    await adm.admit(ctx_for("busy", 700))  # never answered: in flight
+    clock.now += 90  # thinker is within 2 x its gap, busy is in flight
+    assert adm.rank_states()["r0"].reclaimable == []
+    with pytest.raises(ProxyError):
+        await adm.admit(ctx_for("new", 700))
+    clock.now += 20  # thinker is past 100 s now
+    new = ctx_for("new", 700)
+    await adm.admit(new)
+    adm.routed(new, adm.pool.get("r0"))  # type: ignore[arg-type]
+    thinker, busy = adm.table.get("thinker"), adm.table.get("busy")
+    assert thinker is not None and thinker.released
+    assert busy is not None and not busy.released
+
+
+async def test_a_victim_back_before_the_pick_is_kept_and_its_own_turns_are_never_refused() -> None:
+    adm, clock = make()
+    for key in ("a", "b"):
+        await turn(adm, key, 600)
+        clock.now += 1
+        await turn(adm, key, 700)
+    clock.now += 100
+    new = ctx_for("c", 700)
+    await adm.admit(new)  # a is to make room
+    again = await turn(adm, "a", 900)  # but a sends its next turn before c is routed
+    assert again.allowed_backends is None  # an active session: admitted at once, whatever its size
+    adm.routed(new, adm.pool.get("r0"))  # type: ignore[arg-type]
+    a = adm.table.get("a")
+    assert a is not None and not a.released and a.turns == 3
+
+
+async def test_pending_victims_are_not_claimed_twice() -> None:
+    adm, clock = make()
+    for key in ("a", "b"):
+        await turn(adm, key, 600)
+        clock.now += 1
+        await turn(adm, key, 700)
+    clock.now += 100
+    first = ctx_for("c", 700)
+    await adm.admit(first)
+    second = ctx_for("d", 700)
+    await adm.admit(second)  # a is claimed by c's reservation: d needs b
+    assert adm._reservations["c"].victims == {"r0": ("a",)}
+    assert adm._reservations["d"].victims == {"r0": ("b",)}
+    with pytest.raises(ProxyError):  # nothing reclaimable is left
+        await adm.admit(ctx_for("e", 700))
+
+
+async def test_a_shared_head_counts_once_per_rank() -> None:
+    adm, _ = make(ranks=2)
+    head = {"head": b"claude-code-head", "head_tokens": 640}
+    # 1,000 tokens each: two would need 2,000 of a 1,600 budget, but 640 of them are the same blocks
+    await turn(adm, "a", 1000, **head)
+    second = await turn(adm, "b", 1000, **head)
+    assert second.allowed_backends == {"r0", "r1"}  # an empty rank and one holding the head
+    states = adm.rank_states()
+    assert states["r0"].working_set_tokens == 2 * 1016 - 640
+    assert states["r0"].shared_head_tokens == 640
+    assert states["r0"].heads == {b"claude-code-head".hex(): 2}
+    other = await turn(adm, "x", 1000, head=b"another-head", head_tokens=640)
+    assert other.allowed_backends == {"r1"}  # a different head gets no discount on r0
+    session = adm.table.get("a")
+    assert session is not None and session.head_tokens == 640
+
+
+async def test_without_a_head_every_session_counts_in_full() -> None:
+    adm, _ = make()
+    await turn(adm, "a", 1000)
+    with pytest.raises(ProxyError):
+        await adm.admit(ctx_for("b", 1000))
+    assert adm.rank_states()["r0"].working_set_tokens == 1016
+
+
+# -- end to end: a real proxy in front of one simulated rank with a 2,048-token pool ---------------
+
+
+def test_shared_system_prompt_counts_once_on_a_real_rank(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    proxy = gateway(ranks, admission_wait=0.2, session_idle_ttl=60)
+    system = {"role": "system", "content": "Follow the house rules. " * 120}  # ~600 tokens, shared
+
+    def ask(session: str) -> httpx.Response:
+        body = {
+            "model": "sim",
+            "messages": [system, {"role": "user", "content": prompt_of(session, 300)}],
+            "max_tokens": 16,
+        }
+        return httpx.post(
+            proxy.url + "/v1/chat/completions", json=body, headers={"x-session-id": session}, timeout=20
+        )
+
+    # ~950 tokens each: two would overflow a 1,638-token budget if each paid for the system prompt
+    for session in ("a", "b", "c"):
+        assert ask(session).status_code == 200
+    rows = httpx.get(proxy.url + "/admin/sessions", params={"active": "1"}, timeout=5).json()["data"]
+    assert {r["id"] for r in rows} == {"a", "b", "c"}
+    assert sum(r["context_tokens"] for r in rows) > KV_TOKENS * 0.8
+    heads = {r["head_key"] for r in rows}
+    assert len(heads) == 1 and None not in heads
+    assert all(r["head_tokens"] >= 512 for r in rows)
+    assert ask("d").status_code == 429  # the rest still has to fit
+
+
+def test_finished_sessions_make_room_before_the_idle_ttl(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = fleet(1)
+    # the queue gives up after 1 s, long before the 5 s TTL: only a release can admit c
+    proxy = gateway(ranks, admission_wait=1.0, session_idle_ttl=5.0)
+    for session in ("a", "b"):
+        assert chat(proxy.url, session, 700).status_code == 200
+        assert chat(proxy.url, session, 700).status_code == 200  # a short think gap
+    time.sleep(0.6)  # past 0.1 x the TTL, the floor of their release time
+    assert chat(proxy.url, "c", 700).status_code == 200
+    rows = httpx.get(proxy.url + "/admin/sessions", params={"limit": "10"}, timeout=5).json()["data"]
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["a"]["released"] and not by_id["a"]["active"]  # a was idle longest
+    assert not by_id["b"]["released"] and by_id["b"]["active"]
+    assert by_id["a"]["gaps"] == 1 and by_id["a"]["turns"] == 2
