@@ -26,6 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+import xxhash
+
 from proxy.canonical import RequestPart, first_differing_line, first_differing_part, split_parts
 from proxy.context import RequestContext
 from proxy.metrics import Metrics
@@ -88,6 +91,8 @@ class _Turn:
     backend: str | None
     nbytes: int
     parts: list[RequestPart] | None = None
+    #: Byte fingerprint of the body when compared without blocks (see ``_Fingerprint``).
+    fingerprint: _Fingerprint | None = None
 
 
 @dataclass(slots=True)
@@ -166,11 +171,7 @@ class Explainer:
         elif blocks is None and prev.tokens is None:
             # No blocks (policy without them, or an unrenderable body): compare by parts alone,
             # after a C-level deep comparison has shown the new body does not simply extend the old.
-            found = (
-                None
-                if _extends(prev.body, turn.body)
-                else first_differing_part(_parts_of(prev), self._parts(turn))
-            )
+            found = None if _extends(prev, turn) else first_differing_part(_parts_of(prev), self._parts(turn))
             if found is not None:
                 self._record(key, session, self._classify(prev, turn, found, None, None, None))
             elif prev.backend is not None and turn.backend != prev.backend:
@@ -538,19 +539,45 @@ def _part_matches_label(found: tuple[RequestPart | None, RequestPart | None], la
 _SYSTEM_LABELS = frozenset({"system", "tools", "system+tools", "prelude"})
 
 
-def _extends(old: Any, new: Any) -> bool:
-    """True when ``new`` re-sends ``old`` unchanged and only appends messages (no part differs).
+@dataclass(frozen=True, slots=True)
+class _Fingerprint:
+    """A body as bytes, cheaply: its messages' JSON length and digest, and everything else's JSON."""
 
-    Deep ``==`` on the parsed JSON runs in C, so the common turn costs no splitting or hashing.
+    messages_len: int
+    messages_digest: int
+    rest: bytes
+
+
+def _fingerprint(turn: _Turn) -> bytes | None:
+    """Fingerprint ``turn`` (kept on it for the next comparison); its messages' JSON, or None."""
+    messages = turn.body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    try:
+        dumped = orjson.dumps(messages)
+        rest = orjson.dumps({k: v for k, v in turn.body.items() if k != "messages"})
+    except TypeError:  # e.g. an integer beyond 64 bits
+        return None
+    turn.fingerprint = _Fingerprint(len(dumped), xxhash.xxh3_64_intdigest(dumped), rest)
+    return dumped
+
+
+def _extends(old: _Turn, new: _Turn) -> bool:
+    """True when ``new``'s body re-sends ``old``'s byte for byte and only appends messages.
+
+    Compared as JSON bytes (key order and number formats reach the tokens), with one serialization
+    of the new body: the old turn's fingerprint was kept when it was the new one. Then no request
+    part differs, and the common turn costs no splitting into parts.
     """
-    if not isinstance(old, dict) or not isinstance(new, dict):
+    if old.fingerprint is None:
+        _fingerprint(old)
+    dumped = _fingerprint(new)
+    before, after = old.fingerprint, new.fingerprint
+    if before is None or after is None or dumped is None or after.rest != before.rest:
         return False
-    old_messages, new_messages = old.get("messages"), new.get("messages")
-    if not isinstance(old_messages, list) or not isinstance(new_messages, list):
-        return False
-    if len(new_messages) < len(old_messages):
-        return False
-    for key in old.keys() | new.keys():
-        if key != "messages" and old.get(key) != new.get(key):
-            return False
-    return new_messages[: len(old_messages)] == old_messages
+    if len(dumped) == before.messages_len:
+        return after.messages_digest == before.messages_digest
+    cut = before.messages_len - 1  # the old list's bytes without its closing bracket
+    if len(dumped) < before.messages_len or cut < 1 or dumped[cut] != ord(","):
+        return False  # fewer bytes, or the old list does not end where a new message starts
+    return xxhash.xxh3_64_intdigest(dumped[:cut] + b"]") == before.messages_digest

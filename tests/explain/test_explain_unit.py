@@ -53,14 +53,20 @@ def test_divergence_offset_inside_a_block_and_unobserved_requests_expire() -> No
     assert len(explainer._pending) == 1
 
 
-def test_extends_is_true_only_for_an_unchanged_body_with_appended_messages() -> None:
-    from proxy.explain import _extends
+def test_extends_is_true_only_for_the_same_bytes_with_appended_messages() -> None:
+    from proxy.explain import _extends, _Turn
 
-    old = {"model": "m", "tools": [{"a": 1}], "messages": [{"role": "user", "content": "x"}]}
+    def turn(body: dict) -> _Turn:
+        return _Turn(0, body, (), None, 0, 0, None, 0)
+
+    old = {"model": "m", "tools": [{"a": 1, "b": 2}], "messages": [{"role": "user", "content": "x"}]}
     grown = {**old, "messages": [*old["messages"], {"role": "assistant", "content": "y"}]}
-    assert _extends(old, old) and _extends(old, grown)
-    assert not _extends(grown, old)  # a dropped message (compaction)
-    assert not _extends(old, {**grown, "tools": [{"a": 2}]})
-    assert not _extends(old, {**grown, "reasoning_effort": "high"})
+    assert _extends(turn(old), turn(old)) and _extends(turn(old), turn(grown))
+    assert not _extends(turn(grown), turn(old))  # a dropped message (compaction)
+    assert not _extends(turn(old), turn({**grown, "tools": [{"a": 2, "b": 2}]}))
+    assert not _extends(turn(old), turn({**grown, "tools": [{"b": 2, "a": 1}]}))  # key order drifts
+    assert not _extends(turn(old), turn({**grown, "reasoning_effort": "high"}))
     edited = {**grown, "messages": [{"role": "user", "content": "X"}, *grown["messages"][1:]]}
-    assert not _extends(old, edited)
+    assert not _extends(turn(old), turn(edited))
+    longer_text = {**old, "messages": [{"role": "user", "content": "xy"}]}
+    assert not _extends(turn(old), turn(longer_text))
