@@ -164,9 +164,7 @@ OPTIONS: tuple[Option, ...] = (
         float,
         "seconds after its last request a session stops counting against its rank's budget",
     ),
-    Option(
-        "admission_wait", float, "seconds a new session waits for a rank with room before a 429 (FIFO)"
-    ),
+    Option("admission_wait", float, "seconds a new session waits for a rank with room before a 429 (FIFO)"),
     Option("max_sessions_per_rank", int, "most active sessions on one rank (0: no limit)"),
     Option(
         "api_keys_file",

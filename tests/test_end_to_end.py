@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -92,5 +93,5 @@ def test_canonicalization_turns_a_drifting_prompt_into_hits(fleet):
     # Without canonicalization every turn breaks inside the system prompt: only what precedes the
     # timestamp can hit. With it, the whole previous turn hits.
     assert sum(cached(a) for a in with_canon[1:]) > 2 * sum(cached(a) for a in without[1:])
-    for previous, answer in zip(with_canon, with_canon[1:], strict=False):
+    for previous, answer in pairwise(with_canon):
         assert cached(answer) >= previous.json()["usage"]["prompt_tokens"] - 16
