@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -71,6 +71,7 @@ class Settings(BaseModel):
     retries: int = Field(default=1, ge=0)
     models_cache_ttl: float = Field(default=5.0, ge=0)
     log_level: str = "info"
+    event_loop: Literal["asyncio", "uvloop"] = "asyncio"
     # security and bounds (proxy/auth.py, proxy/limits.py)
     api_keys: list[SecretStr] = Field(default_factory=list)
     api_keys_file: str | None = None
@@ -155,6 +156,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("models_cache_ttl", float, "seconds the merged /v1/models answer is cached"),
     Option("log_level", str, "critical, error, warning, info or debug"),
+    Option(
+        "event_loop",
+        str,
+        "asyncio, or uvloop (less CPU per request, but accepts one connection per loop iteration: "
+        "a burst of new connections waits)",
+    ),
     Option("no_canonicalize", bool, "forward system prompts and tools as sent (no canonicalization rules)"),
     Option("debug_headers", bool, "add x-prefixgate-canonical-rewrites (rules applied) to responses"),
     Option("no_admission", bool, "admit every new session (no per-rank KV budget, no queue, no 429)"),

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"prefixgate: {exc}", file=sys.stderr)
         return 2
-    config = uvicorn_config(app, settings.host, settings.port, settings.log_level)
+    config = uvicorn_config(app, settings.host, settings.port, settings.log_level, settings.event_loop)
     # SIGTERM: uvicorn stops listening, lets in-flight requests (streams too) finish up to this
     # deadline, then cancels them and runs the app's shutdown
     config.timeout_graceful_shutdown = settings.shutdown_timeout  # type: ignore[assignment]

@@ -18,7 +18,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:
+def uvicorn_config(
+    app: Any, host: str, port: int, log_level: str = "warning", event_loop: str = "asyncio"
+) -> uvicorn.Config:
     """The serving config of ``prefixgate serve`` (and of ``ServerThread``)."""
     return uvicorn.Config(
         app,
@@ -29,7 +31,7 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -
         # iterations each carry hundreds of streams left new clients in the kernel's accept queue for
         # minutes (issue 11: 1,000 sessions, requests waiting over 120 s). asyncio's loop accepts
         # every waiting connection at once, for ~5 % less throughput.
-        loop="asyncio",
+        loop=event_loop,
         http="httptools",
         access_log=False,
         timeout_graceful_shutdown=10,
