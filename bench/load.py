@@ -16,6 +16,12 @@ cores shared by the client, the ranks and the proxies, so the absolute latencies
 comparison between phases is what matters.
 
     python -m bench.load [--sessions 1000] [--seconds 45] [--direct-seconds 15] [--two-seconds 30]
+        [--proxy-yaml FILE] [--pool-tokens N] [--proxy-arg=--FLAG ...]
+
+``--proxy-yaml`` merges a YAML file (e.g. ``tokenization: {session_cache_mb: 16}``) into a generated
+``--config`` whose backends are the stub ranks (with ``pool_tokens`` when ``--pool-tokens`` is
+given, bounding each rank's prefix-index mirror); ``--proxy-arg`` adds a ``prefixgate serve`` flag.
+Both apply to every proxied phase, so small bounds show whether RSS levels off.
 """
 
 from __future__ import annotations
@@ -27,20 +33,24 @@ import random
 import resource
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import psutil
+import yaml
 
 from bench.common import Subprocess, machine, median, percentile, proxy_process, stub_rank_process, write_json
 from proxy.server import free_port
 
 WARMUP_S = 5.0
 SAMPLE_EVERY_S = 2.0
+WINDOW_S = 30.0
 SYSTEM = "You are a careful coding agent working in a large repository. " * 20
 DONE = b"data: [DONE]"
 
@@ -154,6 +164,20 @@ def memory_summary(samples: list[dict[str, Any]], index: int) -> dict[str, Any]:
     }
 
 
+def rss_windows(samples: list[dict[str, Any]], index: int, window: float = WINDOW_S) -> list[dict[str, Any]]:
+    """RSS at the end of each ``window`` seconds and its growth over that window (MB)."""
+    key = f"rss_mb_{index}"
+    points = [(s["t"], s[key]) for s in samples if key in s]
+    rows: list[dict[str, Any]] = []
+    prev = points[0][1] if points else None
+    edge = window
+    for t, v in points:
+        if t >= edge:
+            rows.append({"t_end": round(edge), "rss_mb": v, "growth_mb": round(v - prev, 1)})
+            prev, edge = v, edge + window
+    return rows
+
+
 def summarize(stats: PhaseStats, seconds: float) -> dict[str, Any]:
     lat = stats.latencies
     return {
@@ -177,7 +201,10 @@ def proxied_phase(
     time.sleep(SAMPLE_EVERY_S)  # one sample after the load, with the sessions' sockets closed
     sampler.stop()
     result = summarize(stats, seconds)
-    result["proxies"] = [memory_summary(sampler.samples, i) for i in range(len(pids))]
+    result["proxies"] = [
+        {**memory_summary(sampler.samples, i), "rss_windows": rss_windows(sampler.samples, i)}
+        for i in range(len(pids))
+    ]
     return result, sampler.samples
 
 
@@ -231,6 +258,24 @@ def print_table(results: dict[str, Any]) -> None:
                 f"(max {mem['rss_mb_max']}, {mem['rss_growth_mb_per_min_after_warmup']:+} MB/min after "
                 f"warm-up), fds max {mem['fds_max']} end {mem['fds_end']}"
             )
+            windows = ", ".join(
+                f"{w['t_end']}s {w['rss_mb']} ({w['growth_mb']:+})" for w in mem["rss_windows"]
+            )
+            print(f"     RSS per {WINDOW_S:.0f} s window: {windows}")
+
+
+def proxy_config(rank_urls: list[str], yaml_path: str | None, pool_tokens: int | None) -> Path:
+    """A temporary prefixgate config: ``yaml_path``'s settings plus the stub ranks as backends."""
+    settings: dict[str, Any] = {}
+    if yaml_path:
+        settings = yaml.safe_load(Path(yaml_path).read_text()) or {}
+    settings["backends"] = [
+        {"name": f"stub-{i}", "url": url, **({"pool_tokens": pool_tokens} if pool_tokens else {})}
+        for i, url in enumerate(rank_urls)
+    ]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="load-proxy-", delete=False) as f:
+        yaml.safe_dump(settings, f)
+    return Path(f.name)
 
 
 def main() -> int:
@@ -240,6 +285,11 @@ def main() -> int:
     parser.add_argument("--direct-seconds", type=float, default=15.0)
     parser.add_argument("--two-seconds", type=float, default=30.0, help="duration through two proxies")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--proxy-yaml", help="YAML settings merged into the proxies' generated --config")
+    parser.add_argument("--pool-tokens", type=int, help="each stub rank's pool_tokens in that config")
+    parser.add_argument(
+        "--proxy-arg", action="append", default=[], help="extra prefixgate serve flag (repeat; use =)"
+    )
     args = parser.parse_args()
     fd_limit = raise_fd_limit()
     results: dict[str, Any] = {
@@ -254,6 +304,13 @@ def main() -> int:
             stack.enter_context(rank)
         rank_urls = [url for _, url in ranks]
         backends = [f"stub-{i}={url}" for i, url in enumerate(rank_urls)]
+        proxy_extra = list(args.proxy_arg)
+        if args.proxy_yaml or args.pool_tokens:
+            config = proxy_config(rank_urls, args.proxy_yaml, args.pool_tokens)
+            stack.callback(config.unlink)
+            backends, proxy_extra = [], ["--config", str(config), *proxy_extra]
+            results["proxy_config"] = yaml.safe_load(config.read_text())
+        results["proxy_extra_args"] = proxy_extra
 
         print(
             f"direct: {args.sessions} sessions over {len(rank_urls)} stub ranks "
@@ -266,7 +323,7 @@ def main() -> int:
 
         print(f"one_proxy: {args.sessions} sessions through one prefixgate for {args.seconds:.0f} s")
         with contextlib.ExitStack() as proxies:
-            one = [proxy_process(backends)]
+            one = [proxy_process(backends, extra=proxy_extra)]
             for proc, _ in one:
                 proxies.enter_context(proc)
             results["one_proxy"], results["one_proxy_samples"] = proxied_phase(
@@ -274,7 +331,7 @@ def main() -> int:
             )
 
         with redis_server() as redis_url:
-            extra = ["--redis-url", redis_url] if redis_url else []
+            extra = (["--redis-url", redis_url] if redis_url else []) + proxy_extra
             results["two_proxies_redis"] = redis_url is not None
             print(
                 f"two_proxies: {args.sessions} sessions through two prefixgate processes "
