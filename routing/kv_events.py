@@ -23,7 +23,7 @@ import msgspec
 import zmq
 
 from routing.index import PrefixIndex
-from tokenization.block_hash import BlockHasher
+from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.kv_events")
 
@@ -76,7 +76,7 @@ class RankMirror:
         self,
         backend: str,
         index: PrefixIndex,
-        hasher: BlockHasher,
+        hasher: ChainHasher,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self.backend = backend

@@ -19,6 +19,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HfCoreTokenizer
 
+from tokenization.agent_apis import BILLING_HEADER_PREFIX
 from tokenization.base import ChatPrompt, Encoded, Part, Plan, UnsupportedRequest, common_prefix_len
 from tokenization.hf_template import load_chat_template, render_chat, select_template
 
@@ -49,9 +50,6 @@ _TEXT_PART_KEYS = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
-#: Claude Code's per-request attribution line, which vLLM drops from system text (it would break
-#: the prefix cache on every request).
-BILLING_HEADER = "x-anthropic-billing-header"
 
 
 def vllm_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -76,7 +74,7 @@ def vllm_messages(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, An
             and "tool_calls" not in message
             and "reasoning" not in message
             and role != "developer"
-            and not (role == "system" and content.startswith(BILLING_HEADER))
+            and not (role == "system" and content.startswith(BILLING_HEADER_PREFIX))
             and all(isinstance(message[k], str) for k in ("name", "task") if k in message)
         )
         out.append(message if plain else _vllm_message(message, role, content))
@@ -131,7 +129,7 @@ def _strip_billing_header(parts: list[Any]) -> list[Any]:
     out: list[Any] = []
     for part in parts:
         text = part if isinstance(part, str) else part.get("text") if isinstance(part, Mapping) else None
-        if not (isinstance(text, str) and text.startswith(BILLING_HEADER)):
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER_PREFIX)):
             out.append(part)
             continue
         rest = text.partition("\n")[2]

@@ -50,8 +50,7 @@ class PromptBlocks:
 
     def part_at(self, token_index: int) -> str | None:
         """Label of the request part holding ``token_index`` (e.g. the first token of a broken block)."""
-        starts = [p[1] for p in self.parts]
-        i = bisect.bisect_right(starts, token_index) - 1
+        i = bisect.bisect_right(self.parts, token_index, key=_part_start) - 1
         if i >= 0 and self.parts[i][1] <= token_index < self.parts[i][2]:
             return self.parts[i][0]
         return None
@@ -249,6 +248,10 @@ class IncrementalTokenizer:
             # The shared segment was hashed here (a first turn, a changed system prompt): keep it.
             self._store_shared(encoded, hashes, salt)
         return hashes
+
+
+def _part_start(part: Part) -> int:
+    return part[1]
 
 
 def _salt(body: Mapping[str, Any]) -> str | None:

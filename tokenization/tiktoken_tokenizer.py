@@ -42,11 +42,15 @@ def segment_labels(
     labels: list[str] = []
     has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
     if has_system or tools:
-        labels.append("system+tools" if has_system and tools else "system" if has_system else "tools")
+        labels.append(_system_label(has_system, bool(tools)))
     labels.extend(f"message[{i}]" for i in range(1 if has_system else 0, len(messages)))
     if generation:
         labels.append("generation_prompt")
     return labels
+
+
+def _system_label(has_system: bool, has_tools: bool) -> str:
+    return "system+tools" if has_system and has_tools else "system" if has_system else "tools"
 
 
 _GENERATION_KEY = 0  # the generation prompt segment never changes
@@ -116,7 +120,7 @@ class TiktokenTokenizer:
 
         def _label(j: int) -> str:
             if j == 0 and system_segment:
-                return "system+tools" if has_system and tools else "system" if has_system else "tools"
+                return _system_label(has_system, bool(tools))
             if generation and j == len(keys) - 1:
                 return "generation_prompt"
             return f"message[{j + offset}]"

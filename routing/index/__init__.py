@@ -62,12 +62,3 @@ class PrefixIndex(Protocol):
     def stats(self) -> dict[str, object]:
         """Sizes and counters, for ``/metrics``-style inspection and tests."""
         ...
-
-
-def event_key(block_hash: bytes) -> bytes:
-    """The 8 bytes a store keys a block by: the digest's last 8 bytes, as vLLM's KV events do.
-
-    Two different prefixes colliding on 64 bits is negligible at fleet scale, and 8-byte keys keep a
-    100k-token lookup's payload at 50 kB instead of 200 kB.
-    """
-    return block_hash[-8:]
