@@ -24,7 +24,7 @@ def _json(data: object, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def _viewer(request: Request) -> str | None:
+def viewer_of(request: Request) -> str | None:
     """None: sees every session (admin); else the client label whose sessions alone are visible."""
     state = request.scope.get("state") or {}
     if state.get("is_admin", True):
@@ -45,7 +45,8 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return value
 
 
-def _not_found(session_id: str) -> Response:
+def session_not_found(session_id: str) -> Response:
+    """The 404 for a session that is unknown or not the viewer's."""
     return error_response(ProxyError(404, f"no session {session_id!r}", code="session_not_found"))
 
 
@@ -77,7 +78,7 @@ def admin_router(admission: Callable[[], Admission]) -> APIRouter:
             offset=offset,
             limit=limit,
             active_only=active_only,
-            client=_viewer(request),
+            client=viewer_of(request),
         )
         now = gate.table.clock()
         ttl = gate.config.idle_ttl
@@ -97,8 +98,8 @@ def admin_router(admission: Callable[[], Admission]) -> APIRouter:
     async def show_session(request: Request, session_id: str) -> Response:
         gate = admission()
         session = gate.table.get(session_id)
-        if session is None or not _visible(request, session):
-            return _not_found(session_id)
+        if session is None or not visible(request, session):
+            return session_not_found(session_id)
         return _json(_row(session, gate.table.clock(), gate.config.idle_ttl, with_breaks=True))
 
     @router.delete("/admin/sessions/{session_id:path}")
@@ -106,16 +107,17 @@ def admin_router(admission: Callable[[], Admission]) -> APIRouter:
         """End a session at once: its working set no longer counts against its rank's budget."""
         gate = admission()
         session = gate.table.get(session_id)
-        if session is None or not _visible(request, session):
-            return _not_found(session_id)
+        if session is None or not visible(request, session):
+            return session_not_found(session_id)
         gate.release(session_id)
         return _json({"id": session_id, "object": "session", "deleted": True})
 
     return router
 
 
-def _visible(request: Request, session: Session) -> bool:
-    viewer = _viewer(request)
+def visible(request: Request, session: Session) -> bool:
+    """Whether the caller may see ``session`` (the admin sees all, a client key its own)."""
+    viewer = viewer_of(request)
     return viewer is None or session.client == viewer
 
 

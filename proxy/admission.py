@@ -125,19 +125,6 @@ class RankState:
     def over_pool(self) -> bool:
         return self.pool_tokens is not None and self.working_set_tokens > self.pool_tokens
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "pool_tokens": self.pool_tokens,
-            "budget_tokens": self.budget_tokens,
-            "working_set_tokens": self.working_set_tokens,
-            "sessions": self.sessions,
-            "reserved_tokens": self.reserved_tokens,
-            "shared_head_tokens": self.shared_head_tokens,
-            "reclaimable_sessions": len(self.reclaimable),
-            "over_pool": self.over_pool,
-        }
-
 
 @dataclass(slots=True)
 class _Reservation:
@@ -246,12 +233,12 @@ class Admission:
     def _check_client_cap(self, client: str | None, cap: int | None, now: float) -> None:
         if client is None or cap is None:
             return
-        active = sum(1 for s in self.table.active(now) if s.client == client)
-        if active >= cap:
+        mine = [s.last_seen for s in self.table.active(now) if s.client == client]
+        if len(mine) >= cap:
             self._rejected("client_sessions")
-            idle_at = min((s.last_seen for s in self.table.active(now) if s.client == client), default=now)
+            idle_at = min(mine, default=now)
             raise too_many_requests(
-                f"client {client!r} already has {active} active sessions (its limit is {cap}); "
+                f"client {client!r} already has {len(mine)} active sessions (its limit is {cap}); "
                 "end one (DELETE /admin/sessions/{id}) or let one idle out",
                 "too_many_sessions",
                 idle_at + self.config.idle_ttl - now,
@@ -387,21 +374,15 @@ class Admission:
         self._report(states)
         return states
 
-    def rooms(
-        self, tokens: int, head_key: str | None = None, head_tokens: int = 0
-    ) -> tuple[frozenset[str], dict[str, RankState]]:
-        """The healthy ranks with room for a new session of ``tokens``, and every rank's state.
+    def _find_room(
+        self, tokens: int, head_key: str | None, head_tokens: int
+    ) -> tuple[frozenset[str], dict[str, tuple[str, ...]], dict[str, RankState]]:
+        """The healthy ranks with room for a new session of ``tokens``, per rank the sessions to release
+        for it (only when no rank has room as is), and every rank's state.
 
         With ``head_key``, a rank already holding that shared head needs room for the rest only.
         Ranks that have room only once reclaimable sessions are released count as having room.
         """
-        allowed, _, states = self._find_room(tokens, head_key, head_tokens)
-        return allowed, states
-
-    def _find_room(
-        self, tokens: int, head_key: str | None, head_tokens: int
-    ) -> tuple[frozenset[str], dict[str, tuple[str, ...]], dict[str, RankState]]:
-        """``rooms``, and per rank the sessions to release for it (only when no rank has room as is)."""
         states = self.rank_states()
         cap = self.config.max_sessions_per_rank
         allowed = []

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
@@ -402,10 +402,9 @@ class SessionTable:
         """A sorted, paginated slice of the table (``client``: only that client's sessions)."""
         if sort not in SORT_FIELDS:
             raise ValueError(f"cannot sort by {sort!r}: one of {', '.join(sorted(SORT_FIELDS))}")
-        sessions: Iterable[Session] = self.active() if active_only else self.store.all()
+        rows = self.active() if active_only else self.store.all()
         if client is not None:
-            sessions = [s for s in sessions if s.client == client]
-        rows = list(sessions)
+            rows = [s for s in rows if s.client == client]
 
         def sort_key(s: Session) -> tuple[bool, Any]:
             value = getattr(s, sort)

@@ -20,6 +20,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.admin import session_not_found, viewer_of, visible
 from proxy.dashboard import views
 from proxy.dashboard.stats import Recorder
 from proxy.errors import ProxyError, error_response
@@ -43,14 +44,6 @@ def page_html() -> bytes:
 
 def _json(data: object) -> Response:
     return Response(orjson.dumps(data), media_type="application/json", headers={"cache-control": "no-store"})
-
-
-def viewer_of(request: Request) -> str | None:
-    """None: sees every session (admin); else the client label whose sessions alone are visible."""
-    state = request.scope.get("state") or {}
-    if state.get("is_admin", True):
-        return None
-    return state.get("client_label") or ""
 
 
 def _bad(message: str, param: str) -> Response:
@@ -111,9 +104,8 @@ def dashboard_router(gateway: Callable[[], Gateway], recorder: Callable[[], Reco
         gw = gateway()
         assert gw.admission is not None
         found: Session | None = gw.admission.table.get(session_id)
-        viewer = viewer_of(request)
-        if found is None or (viewer is not None and found.client != viewer):
-            return error_response(ProxyError(404, f"no session {session_id!r}", code="session_not_found"))
+        if found is None or not visible(request, found):
+            return session_not_found(session_id)
         return _json(views.session_detail(gw, recorder(), found))
 
     return router
