@@ -26,7 +26,6 @@ from starlette.responses import Response
 
 from proxy.agent_api import AgentApi
 from proxy.anthropic import AnthropicApi
-from proxy.canonicalize import OFF_HEADER
 from proxy.context import ApiKind, RequestContext
 from proxy.errors import NO_BACKEND, ProxyError, bad_request, upstream_failed
 from proxy.forward import (
@@ -39,7 +38,7 @@ from proxy.forward import (
     upstream_headers,
 )
 from proxy.observe import last_event_with, usage_from_body
-from proxy.parse import parse_json_object, read_body
+from proxy.parse import new_context, parse_json_object, read_body
 from proxy.pipeline import Pipeline
 from proxy.responses import ResponseRanks, ResponsesApi, make_response_ranks
 from proxy.session_id import fingerprint, identify_session
@@ -137,7 +136,7 @@ class AgentPipeline:
             else:
                 await self.pipeline.blocks(ctx)
             if self.pipeline.admission is not None:
-                await self.pipeline.admission.admit(ctx)
+                await self.pipeline.admission.admit(ctx, request.receive)
             opened = await until_disconnected(
                 request.receive,
                 forwarder.open(
@@ -146,7 +145,6 @@ class AgentPipeline:
                     upstream,
                     upstream_headers(request.headers),
                     stream=ctx.stream,
-                    endpoint=endpoint,
                 ),
             )
         except ProxyError as exc:
@@ -196,7 +194,6 @@ class AgentPipeline:
                     ctx.upstream_body(),
                     upstream_headers(request.headers),
                     stream=False,
-                    endpoint=COUNT_TOKENS_PATH,
                 ),
             )
         except ProxyError as exc:
@@ -233,40 +230,21 @@ class AgentPipeline:
         raw = await read_body(request, self.pipeline.max_body_bytes)
         body = parse_json_object(raw)
         api.validate(body, self.pipeline.bounds)
-        state = request.scope.get("state")
-        return RequestContext(
-            api=api.kind,
-            headers=request.headers,
-            raw_body=raw,
-            body=body,
-            stream=bool(body.get("stream") or False),
-            model=body.get("model"),
-            started=started,
-            client_label=state.get("client_label") if state else None,
-        )
+        return new_context(request, api.kind, raw, body, bool(body.get("stream") or False), started)
 
     def _canonicalize(self, ctx: RequestContext, api: AgentApi) -> None:
         canon = self.pipeline.canon
-        if canon is None or canon.canonicalizer is None:
-            return
-        if ctx.headers.get(OFF_HEADER, "").lower() == "off":
+        if canon is None or not canon.enabled_for(ctx):
             return
         try:
             view = api.canon_view(ctx.body)
         except ConversionError as exc:
             raise bad_request(str(exc)) from None
-        state = canon.states.get(ctx.session_key) if ctx.session_key else None
-        result = canon.canonicalizer.apply(
-            view, api="chat", session=state, model=ctx.model, client_label=ctx.client_label
-        )
-        if not result.changed:
+        canonical = canon.rewrite(ctx, view)
+        if canonical is None:
             return
-        ctx.body = api.from_canon_view(ctx.body, view, result.body)
+        ctx.body = api.from_canon_view(ctx.body, view, canonical)
         ctx.body_changed = True
-        ctx.rewrites = result.rewrites
-        counter = self.metrics.canonical_rewrites
-        for rule, count in result.rewrites.items():
-            counter.labels(rule).inc(count)
 
     async def _rank_of(self, response_id: str) -> Backend:
         pool = self.forwarder.router.pool

@@ -49,25 +49,34 @@ class CanonStage:
         canonicalizer = Canonicalizer(CanonicalConfig.model_validate(config)) if enabled else None
         return cls(canonicalizer, metrics, SessionCanonStates())
 
-    def __call__(self, ctx: RequestContext) -> None:
-        """Rewrite ``ctx.body`` when a rule applies, setting ``ctx.body_changed`` and ``ctx.rewrites``."""
-        canonicalizer = self.canonicalizer
-        if canonicalizer is None or ctx.api is not ApiKind.CHAT:
-            return
-        if ctx.headers.get(OFF_HEADER, "").lower() == "off":
-            return
+    def enabled_for(self, ctx: RequestContext) -> bool:
+        """Whether canonicalization is on globally and not turned off by the request's header."""
+        return self.canonicalizer is not None and ctx.headers.get(OFF_HEADER, "").lower() != "off"
+
+    def rewrite(self, ctx: RequestContext, chat: dict) -> dict | None:
+        """The canonical form of the chat-shaped ``chat`` (``ctx.body`` or an API's chat view), or None
+        when no rule changes it; sets ``ctx.rewrites`` and counts the rewrites. Call when ``enabled_for``."""
+        assert self.canonicalizer is not None
         state = self.states.get(ctx.session_key) if ctx.session_key else None
-        result = canonicalizer.apply(
-            ctx.body, api="chat", session=state, model=ctx.model, client_label=ctx.client_label
+        result = self.canonicalizer.apply(
+            chat, api="chat", session=state, model=ctx.model, client_label=ctx.client_label
         )
         if not result.changed:
-            return
-        ctx.body = result.body
-        ctx.body_changed = True
+            return None
         ctx.rewrites = result.rewrites
         counter = self.metrics.canonical_rewrites
         for rule, count in result.rewrites.items():
             counter.labels(rule).inc(count)
+        return result.body
+
+    def __call__(self, ctx: RequestContext) -> None:
+        """Rewrite ``ctx.body`` when a rule applies, setting ``ctx.body_changed`` and ``ctx.rewrites``."""
+        if ctx.api is not ApiKind.CHAT or not self.enabled_for(ctx):
+            return
+        body = self.rewrite(ctx, ctx.body)
+        if body is not None:
+            ctx.body = body
+            ctx.body_changed = True
 
 
 def rewrites_header(rewrites: dict[str, int]) -> str:

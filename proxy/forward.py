@@ -48,7 +48,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-#: Request headers never forwarded: hop-by-hop ones, and those httpx sets for the new connection.
+#: Request headers never forwarded: hop-by-hop ones, and those aiohttp sets for the new connection.
 DROPPED_REQUEST_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding"}
 #: Response headers never relayed: the proxy's own server sets these.
 DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
@@ -157,9 +157,8 @@ class Forwarder:
         headers: dict[str, str],
         *,
         stream: bool,
-        endpoint: str,
     ) -> Opened:
-        """Send to a rank, retrying on another one while nothing has reached the client."""
+        """Send to ``path`` on a rank, retrying on another one while nothing has reached the client."""
         tried: list[str] = []
         failure = "no attempt made"
         for attempt in range(self.retries + 1):
@@ -171,7 +170,7 @@ class Forwarder:
                 break
             tried.append(backend.name)
             if attempt:
-                self.metrics.retries.labels(endpoint).inc()
+                self.metrics.retries.labels(path).inc()
             opened, failure = await self._attempt(backend, path, content, headers, stream)
             if opened is not None:
                 if ctx is not None:
@@ -202,9 +201,8 @@ class Forwarder:
                     response.close()
                     return None, f"{backend.name} sent a {problem}"
                 keep_open = True
-                opened = Opened(backend, response, first_chunk=first, chunks=response.content.iter_any())
-                opened.checker = checker
-                return opened, ""
+                chunks = response.content.iter_any()
+                return Opened(backend, response, first_chunk=first, chunks=chunks, checker=checker), ""
             body = await response.read()
             return Opened(backend, response, body=body), ""
         except aiohttp.ClientConnectorError as exc:

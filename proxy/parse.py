@@ -68,6 +68,14 @@ async def parse_request(
     if api is ApiKind.COMPLETIONS and "prompt" not in body:
         raise bad_request("'prompt' is required", param="prompt")
     check_bounds(body, api, bounds)
+    return new_context(request, api, raw, body, stream, started)
+
+
+def new_context(
+    request: Request, api: ApiKind, raw: bytes, body: dict, stream: bool, started: float
+) -> RequestContext:
+    """The request's context once its body is parsed and checked, with what authentication learned
+    about the client (``request.scope["state"]``)."""
     state = request.scope.get("state")
     return RequestContext(
         api=api,
@@ -75,7 +83,7 @@ async def parse_request(
         raw_body=raw,
         body=body,
         stream=stream,
-        model=model,
+        model=body.get("model"),
         started=started,
         client_label=state.get("client_label") if state else None,
         client_max_sessions=state.get("client_max_sessions") if state else None,

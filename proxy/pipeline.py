@@ -84,7 +84,6 @@ class Pipeline:
                     ctx.upstream_body(),
                     upstream_headers(request.headers),
                     stream=ctx.stream,
-                    endpoint=endpoint,
                 ),
             )
         except ProxyError as exc:
@@ -122,9 +121,7 @@ class Pipeline:
             raw = await read_body(request, self.max_body_bytes)
             opened = await until_disconnected(
                 request.receive,
-                self.forwarder.open(
-                    None, path, raw, upstream_headers(request.headers), stream=False, endpoint=path
-                ),
+                self.forwarder.open(None, path, raw, upstream_headers(request.headers), stream=False),
             )
         except ProxyError as exc:
             return self._error(path, exc, started)

@@ -71,11 +71,6 @@ class Router:
         for b in pool:
             self.index.set_capacity(b.name, self.capacity_blocks(b))
 
-    @property
-    def uses_blocks(self) -> bool:
-        """Whether the policy looks at the prompt's blocks (else the blocks stage is skipped)."""
-        return bool(getattr(self.policy, "uses_blocks", False))
-
     def capacity_blocks(self, backend: Backend) -> int | None:
         """The rank's pool in blocks; ``UNKNOWN_POOL_BLOCKS`` for an unknown pool; None (unbounded)
         for a mirror driven by KV-cache events, which remove what the rank evicts."""
@@ -104,7 +99,7 @@ class Router:
             raise no_healthy_backend()
         if ctx is None:
             return self.policy.choose(RouteRequest(block_size=self.block_size), candidates)
-        self._release(id(ctx), failed=True)  # a retry: the previous attempt's rank did not answer
+        self._release(id(ctx))  # a retry: the previous attempt's rank did not answer
         self._expire()
         hashes = ctx.block_hashes
         key = ctx.session_key
@@ -146,7 +141,7 @@ class Router:
         Releases the request's queued prefill, counts predicted vs reported hit tokens and, when the
         rank hit fewer tokens than predicted, drops the blocks past the actual hit from its mirror.
         """
-        self._release(id(ctx), failed=False)
+        self._release(id(ctx))
         predicted = ctx.estimated_cached_tokens
         if predicted is None or cached_tokens is None:
             return
@@ -161,7 +156,7 @@ class Router:
         if metrics is not None:
             metrics.index_corrections.labels(backend.name).inc()  # type: ignore[attr-defined]
 
-    def _release(self, ctx_id: int, failed: bool) -> None:
+    def _release(self, ctx_id: int) -> None:
         pending = self._pending.pop(ctx_id, None)
         if pending is None:
             return
@@ -174,7 +169,7 @@ class Router:
             ctx_id, oldest = next(iter(self._pending.items()))
             if oldest.since >= deadline:
                 return
-            self._release(ctx_id, failed=True)
+            self._release(ctx_id)
 
     def stats(self) -> dict[str, object]:
         """The index's stats and the prefill queued per rank."""
