@@ -172,9 +172,11 @@ async def _stream(
                 if step == behavior.chunks - 1:
                     choice["finish_reason"] = "stop"
                 event = {"id": obj_id, "object": obj, "created": created, "model": model, "choices": [choice]}
-                yield b"data: " + orjson.dumps(event) + b"\n\n"
+                # Counted before the yield: once the client holds a chunk, the count includes it
+                # (after the yield, the generator resumes only when the server asks for more).
                 sent += 1
                 behavior.chunks_sent += 1
+                yield b"data: " + orjson.dumps(event) + b"\n\n"
                 if sent == 1 and behavior.gate is not None:
                     await asyncio.to_thread(behavior.gate.wait, 30)
                 if behavior.chunk_delay:
