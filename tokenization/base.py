@@ -36,7 +36,8 @@ class ChatPrompt:
     def from_body(cls, body: Mapping[str, Any]) -> ChatPrompt:
         """Validate the shape of an OpenAI chat completion body (already parsed JSON)."""
         messages = body.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+        # isinstance(m, dict) first: the ABC check costs ~0.3 us a message, 300 messages a turn.
+        if not isinstance(messages, list) or not all(isinstance(m, (dict, Mapping)) for m in messages):
             raise UnsupportedRequest("'messages' must be a list of objects")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
@@ -105,13 +106,25 @@ class Tokenizer(Protocol):
 
 def common_prefix_len(a: Sequence[Any], b: Sequence[Any], chunk: int = 4096) -> int:
     """Length of the common prefix of two sequences (str, array, list): chunked C compares first."""
+    if type(a) is not type(b):  # slices of different types never compare equal: align them
+        try:
+            b = array(a.typecode, b) if isinstance(a, array) else type(a)(b)  # type: ignore[call-arg]
+        except (OverflowError, TypeError, ValueError):
+            a, b = list(a), list(b)
     n = min(len(a), len(b))
     i = 0
-    while i < n and a[i : i + chunk] == b[i : i + chunk]:
+    # Both slices end at the same index, so a shorter sequence's tail still compares in C.
+    while i < n and a[i : min(i + chunk, n)] == b[i : min(i + chunk, n)]:
         i += chunk
     if i >= n:
         return n
     end = min(i + chunk, n)
+    while end - i > 64:  # bisect the differing chunk in C-level compares
+        mid = (i + end) // 2
+        if a[i:mid] == b[i:mid]:
+            i = mid
+        else:
+            end = mid
     while i < end and a[i] == b[i]:
         i += 1
     return i
