@@ -72,11 +72,23 @@ class TiktokenTokenizer:
 
     def __init__(self, shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES) -> None:
         self._encoding = chatml_encoding()
+        self._specials = self._encoding.special_tokens_set
+        # tiktoken's private fast path (0.8+, used by its own encode_to_numpy); absent -> lists.
+        to_buffer = getattr(self._encoding._core_bpe, "encode_to_tiktoken_buffer", None)
+        self._to_buffer = to_buffer if array("I").itemsize == 4 else None
         #: The system+tools segment's token ids by segment key, across sessions (see ``shared_prefix``).
         self.shared = SharedPrefixCache[array](shared_cache_bytes)
 
     def _encode(self, text: str) -> list[int]:
         return self._encoding.encode(text, allowed_special="all", disallowed_special=())
+
+    def _encode_into(self, tokens: array, text: str) -> None:
+        """Append ``text``'s ids to ``tokens``: through tiktoken's uint32 buffer when it has one, which
+        skips building a Python int per token (~6 % of an appended turn's encode)."""
+        if self._to_buffer is None:
+            tokens.fromlist(self._encode(text))
+        else:
+            tokens.frombytes(memoryview(self._to_buffer(text, self._specials)).cast("B"))
 
     def encode_chat(self, prompt: ChatPrompt, prev: Encoded | None = None) -> Encoded:
         """Synchronous ``plan_chat(...).finish()``."""
@@ -100,8 +112,9 @@ class TiktokenTokenizer:
         keys.extend(digest(_canonical(m)) for m in messages[first_message:])
         if generation:
             keys.append(_GENERATION_KEY)
+        frozen_keys = tuple(keys)
         memo = prev.memo if prev is not None and isinstance(prev.memo, _SegmentMemo) else None
-        first = 0 if memo is None else common_prefix_len(memo.keys, keys)
+        first = 0 if memo is None else common_prefix_len(memo.keys, frozen_keys)
         reused = memo.ends[first - 1] if first else 0
         offset = first_message - (1 if system_segment else 0)  # segment index -> message index
         # A session's first turn (or a changed system prompt): another session of the same agent
@@ -125,8 +138,6 @@ class TiktokenTokenizer:
                 return "generation_prompt"
             return f"message[{j + offset}]"
 
-        frozen_keys = tuple(keys)
-
         def finish() -> Encoded:
             tokens = prev.tokens[:reused] if prev is not None and reused else array("I")
             ends = list(memo.ends[:first]) if memo is not None else []
@@ -142,11 +153,11 @@ class TiktokenTokenizer:
                 encode_from = 1
             labels = [_label(j) for j in range(encode_from, len(frozen_keys))]
             for j, (segment, label) in enumerate(zip(segments, labels, strict=True), encode_from):
-                ids = self._encode(segment)
-                if j == 0 and system_segment:
-                    self.shared.put(frozen_keys[0], array("I", ids), _ARRAY_BYTES + 4 * len(ids))
-                tokens.fromlist(ids)
+                self._encode_into(tokens, segment)
                 end = len(tokens)
+                if j == 0 and system_segment:
+                    ids = tokens[start:end]
+                    self.shared.put(frozen_keys[0], ids, _ARRAY_BYTES + 4 * len(ids))
                 ends.append(end)
                 parts.append((label, start, end))
                 start = end
@@ -167,7 +178,8 @@ class TiktokenTokenizer:
         del model
 
         def finish() -> Encoded:
-            tokens = array("I", self._encode(text))
+            tokens = array("I")
+            self._encode_into(tokens, text)
             reused = 0 if prev is None else common_prefix_len(prev.tokens, tokens)
             return Encoded(tokens, (("prompt", 0, len(tokens)),), reused)
 
