@@ -98,7 +98,8 @@ class Gateway:
         incremental = self._incremental_tokenizer()
         block_size = incremental.block_size if incremental is not None else self._block_size()
         model = await self._model_name()
-        self.router = build_router(settings, self.pool, self.metrics, model, block_size or 16)
+        algo = incremental.hasher.algo if incremental is not None else "none"
+        self.router = build_router(settings, self.pool, self.metrics, model, block_size or 16, algo)
         if settings.redis_url:  # name a wrong password or a TLS mismatch, not just "unreachable"
             from proxy.redis_check import log_redis_problem
 
@@ -167,13 +168,16 @@ class Gateway:
             return None
         config = TokenizerConfig.model_validate(self.settings.tokenization)
         block_size = self._block_size()
+        client = base_url = None
         if config.kind == "backend":
-            first = next(iter(self.pool))
-            self._tokenizer_client = httpx.AsyncClient(trust_env=False)
-            return build_incremental(
-                config, block_size=block_size, client=self._tokenizer_client, base_url=first.url
-            )
-        return build_incremental(config, block_size=block_size)
+            self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
+            base_url = next(iter(self.pool)).url
+        return build_incremental(
+            config,
+            block_size=block_size,
+            client=client,
+            base_url=base_url,
+        )
 
     async def stop(self) -> None:
         for feed in self._kv_feeds:

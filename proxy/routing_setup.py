@@ -64,7 +64,9 @@ async def discover_source(client: aiohttp.ClientSession, backend: Backend) -> Ev
     return EventSource(backend.name, endpoint, first.get("replay_endpoint"), first.get("topic") or "")
 
 
-def build_index(settings: Settings, metrics: Metrics, model: str, block_size: int) -> PrefixIndex:
+def build_index(
+    settings: Settings, metrics: Metrics, model: str, block_size: int, hash_algo: str = "sha256"
+) -> PrefixIndex:
     if not settings.redis_url:
         return MemoryPrefixIndex()
     from routing.index.redis_store import RedisPrefixIndex
@@ -80,6 +82,7 @@ def build_index(settings: Settings, metrics: Metrics, model: str, block_size: in
         settings.redis_url,
         model=model,
         block_size=block_size,
+        hash_algo=hash_algo,
         ttl_s=settings.index_ttl,
         socket_timeout=settings.redis_timeout,
         on_state=on_state,
@@ -89,10 +92,15 @@ def build_index(settings: Settings, metrics: Metrics, model: str, block_size: in
 
 
 def build_router(
-    settings: Settings, pool: BackendPool, metrics: Metrics, model: str, block_size: int
+    settings: Settings,
+    pool: BackendPool,
+    metrics: Metrics,
+    model: str,
+    block_size: int,
+    hash_algo: str = "sha256",
 ) -> Router:
     policy = make_policy(settings.policy, balance_factor=settings.balance_factor)
-    index = build_index(settings, metrics, model, block_size)
+    index = build_index(settings, metrics, model, block_size, hash_algo)
     return Router(pool, policy, index, block_size=block_size, metrics=metrics)
 
 

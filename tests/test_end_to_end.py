@@ -95,3 +95,19 @@ def test_canonicalization_turns_a_drifting_prompt_into_hits(fleet):
     assert sum(cached(a) for a in with_canon[1:]) > 2 * sum(cached(a) for a in without[1:])
     for previous, answer in pairwise(with_canon):
         assert cached(answer) >= previous.json()["usage"]["prompt_tokens"] - 16
+
+
+def test_kv_events_are_exact_whatever_the_ranks_hash_algorithm() -> None:
+    # The ranks hash with sha256_cbor and prefixgate with its default (xxh3): the mirror re-keys each
+    # stored block from its token ids, so the estimates still equal what the ranks report.
+    config = SimConfig(time_scale=0, kv_tokens=200_000, kv_events=True, hash_algo="sha256_cbor")
+    ranks = start_fleet(2, config)
+    proxy = gateway(ranks, kv_events="auto")
+    try:
+        answers = converse(proxy.url, "cbor", SYSTEM, 3, think_s=0.2)
+        for answer in answers[1:]:
+            assert cached(answer) > 0
+            assert int(answer.headers["x-prefixgate-estimated-cached-tokens"]) == cached(answer)
+    finally:
+        proxy.stop()
+        stop_fleet(ranks)

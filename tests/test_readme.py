@@ -32,3 +32,11 @@ def test_readme_documents_every_option():
     for option in OPTIONS:
         assert re.search(rf"`{re.escape(option.flag)}`", text), option.flag
         assert option.env in text
+
+
+def test_readme_documents_every_tokenization_key():
+    from tokenization.config import TokenizerConfig
+
+    section = (ROOT / "README.md").read_text().split("`tokenization:` section", 1)[1]
+    for key in TokenizerConfig.model_fields:
+        assert f"| `{key}` |" in section, key

@@ -12,7 +12,7 @@ import orjson
 
 from tokenization.base import UnsupportedRequest
 from tokenization.block_hash import kv_event_hash
-from tokenization.config import load_tokenizer_config
+from tokenization.config import load_tokenizer_config, resolve_hash_algo
 from tokenization.factory import build_incremental
 from tokenization.prompt import PromptBlocks
 
@@ -22,7 +22,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="prefixgate YAML config; only its 'tokenization:' section is read")
     parser.add_argument("--input", "-i", help="request JSON file (default: stdin)")
     parser.add_argument("--block-size", type=int, help="override the block size (default: config, else 16)")
-    parser.add_argument("--hash-algo", help="override tokenization.hash_algo")
+    parser.add_argument(
+        "--hash-algo", help="override tokenization.hash_algo (auto here means vLLM's default, sha256)"
+    )
     parser.add_argument("--backend-url", help="kind 'backend': the rank's base URL (POST /tokenize)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--tokens", action="store_true", help="also print the token ids")
@@ -50,14 +52,20 @@ def run(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"prefixgate tokenize: backend: {exc!r}", file=sys.stderr)
         return 2
-    _print(blocks, config.hash_algo, as_json=args.json, with_tokens=args.tokens)
+    # auto prints vLLM's hashes here: the point of this command is comparing with a rank's.
+    algo = resolve_hash_algo(config.hash_algo, compare_with_rank=True)
+    _print(blocks, algo, as_json=args.json, with_tokens=args.tokens)
     return 0
 
 
 async def _blocks(config: Any, body: dict[str, Any], backend_url: str | None) -> PromptBlocks:
     async with httpx.AsyncClient() as client:
         inc = build_incremental(
-            config, client=client, base_url=backend_url, model=body.get("model") if backend_url else None
+            config,
+            client=client,
+            base_url=backend_url,
+            model=body.get("model") if backend_url else None,
+            compare_with_rank=True,
         )
         if "messages" in body:
             return await inc.blocks_for_chat(None, body)

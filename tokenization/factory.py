@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from tokenization.base import Tokenizer
-from tokenization.config import TokenizerConfig
+from tokenization.config import TokenizerConfig, resolve_hash_algo
 from tokenization.hashers import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 
@@ -51,14 +51,17 @@ def build_incremental(
     client: httpx.AsyncClient | None = None,
     base_url: str | None = None,
     model: str | None = None,
+    compare_with_rank: bool = False,
 ) -> IncrementalTokenizer:
     """An ``IncrementalTokenizer`` for one backend group.
 
     Block size: ``config.block_size``, else ``block_size`` (learned from the backend's
-    ``vllm:cache_config_info``), else 16.
+    ``vllm:cache_config_info``), else 16. Hash algorithm: ``resolve_hash_algo`` (``auto``: xxh3, or
+    vLLM's sha256 when ``compare_with_rank``).
     """
     size = config.block_size or block_size or DEFAULT_BLOCK_SIZE
-    hasher = make_hasher(config.hash_algo, size, config.hash_seed, config.cache_salt_style)
+    algo = resolve_hash_algo(config.hash_algo, compare_with_rank=compare_with_rank)
+    hasher = make_hasher(algo, size, config.hash_seed, config.cache_salt_style)
     tok = tokenizer or build_tokenizer(config, client=client, base_url=base_url, model=model)
     return IncrementalTokenizer(
         tok,

@@ -37,6 +37,7 @@ class ChainHasher(Protocol):
 
     block_size: int
     none_hash: BlockHash
+    algo: str  # the name ``make_hasher`` takes
 
     def hash_blocks(
         self,
@@ -59,6 +60,7 @@ class Xxh3ChainHasher:
     """
 
     __slots__ = ("block_size", "none_hash", "seed")
+    algo = XXH3
 
     def __init__(self, block_size: int, seed: str | None = None) -> None:
         check_block_size(block_size)
@@ -108,6 +110,7 @@ class IntSha256BlockHasher:
     """
 
     __slots__ = ("block_size", "none_hash", "seed")
+    algo = SHA256_INT
 
     def __init__(self, block_size: int, seed: str | None = None) -> None:
         check_block_size(block_size)

@@ -1,6 +1,7 @@
 """The Redis prefix index: one mirror shared by every prefixgate replica.
 
-Layout, namespaced per model and block size (``{prefix}:{model}:{block_size}:``):
+Layout, namespaced per model, block size and block hash algorithm
+(``{prefix}:{model}:{block_size}:{hash_algo}:``, so replicas hashing differently never share keys):
 - ``lru:{backend}``: a sorted set per backend; member = a block's 8-byte key (``_keys_blob``),
   score = its last use in microseconds (a shared monotonic tick, so a request's blocks get distinct
   scores, head highest: past capacity ``ZPOPMIN`` drops the tail of the least recent chain first,
@@ -138,6 +139,7 @@ class RedisPrefixIndex:
         *,
         model: str = "default",
         block_size: int = 16,
+        hash_algo: str = "sha256",
         ttl_s: float = DEFAULT_TTL_S,
         prefix: str = "prefixgate",
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT_S,
@@ -146,7 +148,7 @@ class RedisPrefixIndex:
         local: MemoryPrefixIndex | None = None,
     ) -> None:
         self.url = url
-        self.namespace = f"{prefix}:{model}:{block_size}:"
+        self.namespace = f"{prefix}:{model}:{block_size}:{hash_algo}:"
         self.ttl_s = ttl_s
         self.retry_interval = retry_interval
         self.local = local if local is not None else MemoryPrefixIndex()

@@ -1,9 +1,11 @@
-"""The blocks stage predicts exactly the block hashes a simulated rank computes."""
+"""The blocks stage computes exactly the block hashes of the configured chain (a simulated rank's sha256,
+or the default internal xxh3)."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
 from starlette.datastructures import Headers
 
 from proxy.blocks import BlockStage
@@ -13,6 +15,7 @@ from tokenization.chatml import render
 from tokenization.config import TokenizerConfig
 from tokenization.encoding import encode
 from tokenization.factory import build_incremental
+from tokenization.hashers import make_hasher
 
 
 def context(body: dict, api: ApiKind = ApiKind.CHAT) -> RequestContext:
@@ -27,8 +30,15 @@ def context(body: dict, api: ApiKind = ApiKind.CHAT) -> RequestContext:
     )
 
 
-async def test_chat_blocks_match_the_rank_hashing_and_grow_incrementally():
-    stage = BlockStage(build_incremental(TokenizerConfig.model_validate({}), block_size=16))
+@pytest.mark.parametrize(
+    ("config", "reference"),
+    [
+        ({"hash_algo": "sha256"}, BlockHasher(16)),  # the rank's own hashing, when asked for
+        ({}, make_hasher("xxh3", 16)),  # the default (auto): the fast internal chain
+    ],
+)
+async def test_chat_blocks_match_the_reference_hashing_and_grow_incrementally(config, reference):
+    stage = BlockStage(build_incremental(TokenizerConfig.model_validate(config), block_size=16))
     messages = [
         {"role": "system", "content": "You are an agent. " * 30},
         {"role": "user", "content": "Fix it."},
@@ -38,13 +48,13 @@ async def test_chat_blocks_match_the_rank_hashing_and_grow_incrementally():
     await stage(ctx)
     expected_tokens = encode(render(messages))
     assert ctx.prompt_tokens == len(expected_tokens)
-    assert list(ctx.block_hashes) == BlockHasher(16).hash_blocks(expected_tokens)
+    assert list(ctx.block_hashes) == reference.hash_blocks(expected_tokens)
 
     longer = [*messages, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Next."}]
     ctx2 = context({"messages": longer})
     ctx2.session_key = "s1"
     await stage(ctx2)
-    assert list(ctx2.block_hashes) == BlockHasher(16).hash_blocks(encode(render(longer)))
+    assert list(ctx2.block_hashes) == reference.hash_blocks(encode(render(longer)))
     assert ctx2.prompt_blocks is not None and ctx2.prompt_blocks.reused_blocks > 0
 
 

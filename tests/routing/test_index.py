@@ -97,20 +97,23 @@ def test_redis_entries_expire(redis_server: RedisServer) -> None:
     store.close()
 
 
-def test_redis_namespaces_per_model_and_block_size(redis_server: RedisServer) -> None:
+def test_redis_namespaces_per_model_block_size_and_hash_algo(redis_server: RedisServer) -> None:
     one = RedisPrefixIndex(redis_server.url, model="m1", block_size=16)
     other_model = RedisPrefixIndex(redis_server.url, model="m2", block_size=16)
     other_size = RedisPrefixIndex(redis_server.url, model="m1", block_size=32)
+    other_algo = RedisPrefixIndex(redis_server.url, model="m1", block_size=16, hash_algo="xxh3")
     same = RedisPrefixIndex(redis_server.url, model="m1", block_size=16)
-    for store in (one, other_model, other_size, same):
+    stores = (one, other_model, other_size, other_algo, same)
+    for store in stores:
         store.set_capacity("a", None)
     blocks = chain("n", 4)
     one.record("a", blocks)
     one.flush()
     assert other_model.match(blocks) == {}
     assert other_size.match(blocks) == {}
+    assert other_algo.match(blocks) == {}, "a replica hashing with another algorithm keeps its own keys"
     assert same.match(blocks) == {"a": 4}, "a second replica sees what the first recorded"
-    for store in (one, other_model, other_size, same):
+    for store in stores:
         store.close()
 
 

@@ -88,3 +88,12 @@ class TestXxh3Chain:
         big = [t * 7919 % 100_000 for t in range(1000)]
         assert hasher.hash_blocks(array("I", big)) == hasher.hash_blocks(big)
         assert make_hasher(XXH3, 16, "1").hash_blocks(big) != hasher.hash_blocks(big)
+
+
+def test_auto_hash_algo_is_vllm_s_only_where_compared_with_a_rank() -> None:
+    from tokenization.config import TokenizerConfig, resolve_hash_algo
+
+    assert TokenizerConfig().hash_algo == "auto"
+    assert resolve_hash_algo("auto", compare_with_rank=False) == "xxh3"
+    assert resolve_hash_algo("auto", compare_with_rank=True) == "sha256"
+    assert resolve_hash_algo("sha256_cbor", compare_with_rank=False) == "sha256_cbor", "a choice stands"
