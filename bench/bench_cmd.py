@@ -17,6 +17,10 @@ Scenarios: ``fits`` (few concurrent conversations: their working set stays under
           100k tokens (40, 806 requests), scenarios fits (6 concurrent) and over (20 concurrent):
           about 9 minutes on 2 cores, see docs/benchmarks.md
 
+Mooncake JSONL (``--trace mooncake-conversation|mooncake-synthetic``) has no session ids: requests
+re-sending an earlier one are grouped into conversations, and ``--conversations`` (default 300,
+0 for the whole file) takes whole families of conversations sharing a prefix, in order of arrival.
+
 Time is compressed: think times (cut to 60 s) x ``--time-scale``, the ranks' modelled GPU time x
 ``--sim-time-scale``, and prefixgate's session idle TTL and admission wait likewise. Requests are
 streamed with ``--max-tokens`` output tokens (the trace's own output is in the next request's ids);
@@ -51,6 +55,7 @@ from bench.traces import (
     TracesMissing,
     load_claude_code,
     load_mooncake,
+    reuse_breakdown,
     trace_block_reuse,
 )
 
@@ -76,6 +81,9 @@ class Preset:
     time_scale: float = 0.005
     max_tokens: int = 8
 
+
+#: Conversations a Mooncake replay takes by default (the first ones to arrive, each whole).
+MOONCAKE_CONVERSATIONS = 300
 
 PRESETS: dict[str, Preset] = {
     # Two ranks so a dozen short conversations already crowd the pools.
@@ -175,6 +183,11 @@ def resolve(args: argparse.Namespace) -> Preset:
         value = getattr(args, field)
         if value is not None:
             overrides[field] = value
+    if overrides.get("trace", preset.trace).startswith("mooncake"):
+        # The presets' cuts are sized for Claude Code's long conversations; Mooncake's are short
+        # (1.5 requests on average) and a whole one is what carries its reuse.
+        overrides.setdefault("conversations", MOONCAKE_CONVERSATIONS)
+        overrides.setdefault("max_requests", None)
     if args.scenarios:
         overrides["scenarios"] = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
     return replace(preset, **overrides)
@@ -192,7 +205,13 @@ def load_sessions(preset: Preset, traces: Path | None, seed: int) -> tuple[list[
         return sessions[: preset.conversations] if preset.conversations else sessions, 64
     name = f"{preset.trace.removeprefix('mooncake-')}_trace.jsonl.gz"
     path = traces if traces is not None and traces.is_file() else (traces or MOONCAKE_DIR) / name
-    return load_mooncake(path, limit=preset.conversations, max_prompt_tokens=preset.max_prompt_tokens), 512
+    sessions = load_mooncake(
+        path,
+        limit=preset.conversations or None,  # 0: the whole file, as for Claude Code
+        max_prompt_tokens=preset.max_prompt_tokens,
+        max_requests=preset.max_requests,
+    )
+    return sessions, 512
 
 
 def time_scaled_prefixgate_flags(preset: Preset) -> list[str]:
@@ -402,6 +421,13 @@ def run(args: argparse.Namespace) -> int:
         f"systems: {', '.join(s.name for s in systems)}",
         flush=True,
     )
+    breakdown = reuse_breakdown(sessions) if preset.trace.startswith("mooncake") else None
+    if breakdown is not None:
+        print(
+            "  of which: shared head {head:.3f}, within conversations {same_session:.3f}, "
+            "across conversations {across_sessions:.3f} (fractions of all blocks)".format(**breakdown),
+            flush=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "preset": args.preset,
@@ -417,6 +443,7 @@ def run(args: argparse.Namespace) -> int:
         "sessions": len(all_sessions),
         "requests_per_system": n_requests,
         "trace_block_reuse": trace_block_reuse(all_sessions),
+        "trace_reuse_breakdown": breakdown,
         "notes": notes,
         "scenarios": {},
     }

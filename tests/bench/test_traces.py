@@ -176,13 +176,14 @@ def test_mooncake_loader(tmp_path):
         {"timestamp": 4000, "input_length": 99999, "output_length": 20, "hash_ids": [5] * 196},
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    sessions = load_mooncake(path, max_prompt_tokens=10_000)
-    assert [s.start_s for s in sessions] == [0.0, 2.5]
-    assert sessions[1].requests[0].blocks[:2] == sessions[0].requests[0].blocks  # global ids
-    assert sessions[1].requests[0].output_tokens == 20
-    text = BlockText(512)
-    a = ChatBuilder(sessions[0], text, 512).body(0, "m", 8)
-    b = ChatBuilder(sessions[1], text, 512).body(0, "m", 8)
+    # the second request re-sends the first: one conversation
+    (session,) = load_mooncake(path, max_prompt_tokens=10_000)
+    assert [r.t_s for r in session.requests] == [0.0, 2.5]
+    assert session.requests[1].blocks[:2] == session.requests[0].blocks  # global ids
+    assert session.requests[1].output_tokens == 20
+    builder = ChatBuilder(session, BlockText(512), 512)
+    a = builder.body(0, "m", 8)
+    b = builder.body(1, "m", 8)
     assert b["messages"][0]["content"].startswith(a["messages"][0]["content"])
     assert len(load_mooncake(path, limit=1)) == 1
 
