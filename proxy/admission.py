@@ -6,12 +6,23 @@ context (the prompt of its latest turn plus the answer); sessions seen within ``
 against their rank's budget.
 
 - A session already active is always admitted, whatever it has grown to (it is never refused for
-  growth); the router keeps it where its blocks are.
+  growth), and homed on its rank (``ctx.home_backend``): the router keeps it there unless that rank
+  is down or truly saturated, never merely for load (a move recomputes its whole context and
+  lands on a rank whose budget never counted it).
+- Sessions grow (a coding agent's context gains every tool result), so room is counted in
+  *projected* tokens: each active session, and the new one, as large as recently ended sessions of
+  at least its size grew (``proxy/session_growth.py``; its current size until some has ended). A
+  rank filled to its budget with sessions' current sizes would later hold their grown contexts far
+  past its pool, and its sessions would evict each other's blocks. Only sessions that ended by
+  themselves (idled out, or deleted) say how far sessions grow: a released one was cut short.
+- When a rank's sessions have outgrown its pool anyway (their growth outran the projection), one
+  of them moves, once, at its own turn, to a rank with room: the smallest whose context covers the
+  excess (``_rehome``). Otherwise they would evict each other's blocks turn after turn.
 - A new session (or one back after idling out) may only go to a rank with room: the budget minus
-  the working set fits its prompt (an empty rank always has room), the rank holds fewer than
-  ``max_sessions_per_rank`` sessions and its working set does not exceed its pool. The router picks
-  among those (``ctx.allowed_backends``). With no room anywhere it waits, first come first served,
-  up to ``wait`` seconds, then gets 429 with ``Retry-After``.
+  the projected working set fits its projected size (an empty rank always has room), the rank
+  holds fewer than ``max_sessions_per_rank`` sessions and its working set does not exceed its
+  pool. The router picks among those (``ctx.allowed_backends``). With no room anywhere it waits,
+  first come first served, up to ``wait`` seconds, then gets 429 with ``Retry-After``.
 - A client key's ``max_sessions`` caps its active sessions (429 at once: waiting would not help).
 
 Between admission and the router's pick a new session is a *reservation* counted against every rank
@@ -52,6 +63,7 @@ from proxy.context import RequestContext
 from proxy.errors import ProxyError
 from proxy.forward import until_disconnected
 from proxy.observe import Usage
+from proxy.session_growth import PeakEstimator
 from proxy.sessions import Session, SessionTable
 from routing.backends import Backend, BackendPool
 
@@ -110,6 +122,8 @@ class RankState:
     pool_tokens: int | None
     budget_tokens: int | None
     working_set_tokens: int = 0
+    #: The working set as its sessions are expected to grow (``PeakEstimator``): what the budget holds.
+    projected_tokens: int = 0
     sessions: int = 0
     reserved_tokens: int = 0
     reserved_sessions: int = 0
@@ -118,8 +132,11 @@ class RankState:
     #: Distinct shared heads held (head key -> sessions holding it) and the tokens not double-counted.
     heads: dict[str, int] = field(default_factory=dict)
     shared_head_tokens: int = 0
-    #: Sessions past their own release time, longest idle first, with the tokens releasing each frees.
+    #: Sessions past their own release time, longest idle first, with the projected tokens releasing
+    #: each frees.
     reclaimable: list[tuple[Session, int]] = field(default_factory=list)
+    #: Its sessions' keys and context tokens.
+    members: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def over_pool(self) -> bool:
@@ -163,6 +180,12 @@ class Admission:
         self._changed = asyncio.Event()
         self._reservations: dict[str, _Reservation] = {}
         self._over_pool: set[str] = set()
+        #: Peaks of the sessions that ended (idled out or deleted): how far sessions grow.
+        self.peaks = PeakEstimator()
+        #: Active sessions at the last count and their context: one missing next time has ended.
+        self._live: dict[str, int] = {}
+        #: Each rank's working set at the last count: a session's turn checks its rank against it.
+        self._last_working_set: dict[str, int] = {}
 
     # -- stage 5 ----------------------------------------------------------------------------------
 
@@ -184,12 +207,16 @@ class Admission:
             session.note_request(now)
             session.head_key, session.head_tokens = head_key, head_tokens
             session.turns += 1
-            session.context_tokens = tokens
+            old_tokens, session.context_tokens = session.context_tokens, tokens
             session.context_blocks = self._blocks(ctx, session.context_tokens)
             if session.client is None:
                 session.client = ctx.client_label
             ctx.session = session
             self.table.save(session)
+            if self.config.enabled:
+                ctx.allowed_backends = self._rehome(session, old_tokens, head_key, head_tokens)
+                if ctx.allowed_backends is None:
+                    ctx.home_backend = session.rank  # admitted there: the router keeps it there
             return
         if session is None:
             session = Session(key=key, created=now, last_seen=now, client=ctx.client_label)
@@ -207,6 +234,58 @@ class Admission:
         session.rank = None  # back after idling out: wherever the router now sends it
         ctx.session = session
         self.table.save(session)
+
+    def _rehome(
+        self, session: Session, old_tokens: int, head_key: str | None, head_tokens: int
+    ) -> frozenset[str] | None:
+        """The ranks with room to move ``session`` to, when its rank's sessions have outgrown its pool
+        and ``session`` is the one to go; None: it stays.
+
+        Grown past its pool, a rank evicts its sessions' blocks turn after turn (each returning
+        session recomputes its tail and evicts the next one's). Moving one session recomputes it
+        once. The one to move is the smallest whose context covers the excess (the cheapest to
+        recompute that ends it; the largest when none does), at its own turn, and only to a rank
+        with room for its projected size as it stands (nobody is released for it).
+        """
+        rank = session.rank
+        backend = self.pool.get(rank) if rank is not None else None
+        if backend is None or not backend.pool_tokens:
+            return None
+        last = self._track(backend.name, session.context_tokens - old_tokens)
+        if last is not None and last <= backend.pool_tokens:
+            return None  # the cheap check (an over-estimate: shared heads count in full)
+        states = self.rank_states()
+        state = states[backend.name]
+        excess = state.working_set_tokens - backend.pool_tokens
+        if excess <= 0 or len(state.members) < 2:
+            return None
+        covering = [m for m in state.members if m[1] >= excess]
+        chosen = min(covering, key=lambda m: m[1]) if covering else max(state.members, key=lambda m: m[1])
+        if chosen[0] != session.key:
+            return None
+        allowed, victims, _ = self._find_room(session.context_tokens, head_key, head_tokens)
+        allowed = allowed - {backend.name}
+        if victims or not allowed:
+            return None
+        log.info(
+            "session %s re-homed before its turn %d: %s holds %d tokens past its pool of %d; room on %s",
+            session.key,
+            session.turns - 1,
+            backend.name,
+            excess,
+            backend.pool_tokens,
+            ", ".join(sorted(allowed)),
+        )
+        return self._reserve(session.key, allowed, self.projected(session.context_tokens), {})
+
+    def _track(self, rank: str, delta: int) -> int | None:
+        """Keep the last count of ``rank``'s working set current between full counts (``rank_states``)
+        as its sessions grow, arrive and leave; its new value (None before the first count)."""
+        last = self._last_working_set.get(rank)
+        if last is None:
+            return None
+        last = self._last_working_set[rank] = last + delta
+        return last
 
     def _prompt_tokens(self, ctx: RequestContext) -> int:
         if ctx.prompt_tokens is not None:
@@ -261,7 +340,7 @@ class Admission:
         if not self._queue:
             allowed, victims, _ = self._find_room(tokens, head_key, head_tokens)
             if allowed:
-                return self._reserve(key, allowed, tokens, victims)
+                return self._reserve(key, allowed, self.projected(tokens), victims)
         queued = self._queued(key, tokens, head_key, head_tokens)
         if receive is None:
             return await queued
@@ -287,7 +366,7 @@ class Admission:
                 if self._queue[0] is waiter:
                     allowed, victims, states = self._find_room(tokens, head_key, head_tokens)
                     if allowed:
-                        return self._reserve(key, allowed, tokens, victims)
+                        return self._reserve(key, allowed, self.projected(tokens), victims)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise self._no_room(tokens, states or self.rank_states())
@@ -307,7 +386,8 @@ class Admission:
         reason = "pool_full" if budget_full else "rank_sessions"
         self._rejected(reason)
         summary = ", ".join(
-            f"{s.name} {s.working_set_tokens}/{s.budget_tokens} tokens, {s.sessions} sessions"
+            f"{s.name} {s.projected_tokens}/{s.budget_tokens} tokens as its sessions grow "
+            f"({s.working_set_tokens} now), {s.sessions} sessions"
             for s in states.values()
         )
         log.info("429: no rank has room for a new session of %d tokens (%s)", tokens, summary)
@@ -340,20 +420,29 @@ class Admission:
             for victim in victims
         }
         reclaimable: list[tuple[float, Session, RankState]] = []
-        for session in self.table.active(now):
+        active = self.table.active(now)
+        live = {session.key: session.context_tokens for session in active}
+        self._note_ended(live)
+        expected_peak = self.peaks.expected_peak
+        for session in active:
             state = states.get(session.rank) if session.rank is not None else None
             if state is None or (state.name, session.key) in claimed:
                 continue
             tokens = session.context_tokens
+            projected = expected_peak(tokens)
             head = session.head_key
             if head is not None:
                 held = state.heads.get(head, 0)
                 if held:
-                    tokens -= min(session.head_tokens, tokens)
+                    shared = min(session.head_tokens, tokens)
+                    tokens -= shared
+                    projected -= shared
                     state.shared_head_tokens += session.head_tokens
                 state.heads[head] = held + 1
             state.working_set_tokens += tokens
+            state.projected_tokens += projected
             state.sessions += 1
+            state.members.append((session.key, session.context_tokens))
             idle_at = session.last_seen + idle_ttl
             if state.next_idle_at is None or idle_at < state.next_idle_at:
                 state.next_idle_at = idle_at
@@ -363,7 +452,7 @@ class Admission:
         for _, session, state in reclaimable:
             # a head other sessions also hold stays cached: releasing frees the rest only
             shared = session.head_key is not None and state.heads[session.head_key] > 1
-            freed = session.context_tokens - (session.head_tokens if shared else 0)
+            freed = expected_peak(session.context_tokens) - (session.head_tokens if shared else 0)
             state.reclaimable.append((session, max(freed, 0)))
         for reservation in self._reservations.values():
             for name in reservation.allowed:
@@ -371,8 +460,23 @@ class Admission:
                 if state is not None:
                     state.reserved_tokens += reservation.tokens
                     state.reserved_sessions += 1
+        self._last_working_set = {name: state.working_set_tokens for name, state in states.items()}
         self._report(states)
         return states
+
+    def projected(self, tokens: int) -> int:
+        """The room a session of ``tokens`` needs: as large as sessions of its size grew before ending."""
+        return self.peaks.expected_peak(tokens)
+
+    def _note_ended(self, live: dict[str, int]) -> None:
+        """Sessions active at the last count and not now have ended: their last context is their peak
+        (unless admission released them: cut short, they may come back and grow on)."""
+        for key, tokens in self._live.items():
+            if key not in live:
+                ended = self.table.get(key)
+                if ended is None or not ended.released:
+                    self.peaks.add(tokens)
+        self._live = live
 
     def _find_room(
         self, tokens: int, head_key: str | None, head_tokens: int
@@ -380,22 +484,27 @@ class Admission:
         """The healthy ranks with room for a new session of ``tokens``, per rank the sessions to release
         for it (only when no rank has room as is), and every rank's state.
 
-        With ``head_key``, a rank already holding that shared head needs room for the rest only.
-        Ranks that have room only once reclaimable sessions are released count as having room.
+        Room is counted in projected tokens: each active session (and the new one) as large as
+        sessions of its size grew before ending (``PeakEstimator``), so a rank is not filled with
+        sessions that will outgrow its pool. With ``head_key``, a rank already holding that
+        shared head needs room for the rest only. Ranks that have room only once reclaimable
+        sessions are released count as having room.
         """
         states = self.rank_states()
+        projected = self.projected(tokens)
         cap = self.config.max_sessions_per_rank
         allowed = []
         short: dict[str, int] = {}  # rank -> tokens missing, for ranks only the budget keeps out
         for backend in self.pool.healthy():
             state = states[backend.name]
-            need = tokens - head_tokens if head_key is not None and head_key in state.heads else tokens
+            held = head_key is not None and head_key in state.heads
+            need = projected - head_tokens if held else projected
             if state.over_pool:
                 continue
             if cap is not None and state.sessions + state.reserved_sessions >= cap:
                 continue
             if state.budget_tokens is not None:
-                used = state.working_set_tokens + state.reserved_tokens
+                used = state.projected_tokens + state.reserved_tokens
                 empty = state.sessions + state.reserved_sessions == 0
                 if used + need > state.budget_tokens and not empty:
                     short[backend.name] = used + need - state.budget_tokens
@@ -435,6 +544,9 @@ class Admission:
             if reservation is not None and reservation.victims.get(backend.name):
                 self._release_idle(backend.name, reservation.victims[backend.name], ctx.session_key)
         if session.rank != backend.name:
+            if session.rank is not None:
+                self._track(session.rank, -session.context_tokens)
+            self._track(backend.name, session.context_tokens)
             session.rank = backend.name
             self.table.save(session)
 
@@ -455,7 +567,10 @@ class Admission:
             session.hit_tokens_reported += cached
             session.prefill_tokens += usage.prompt_tokens - cached
             # the next turn re-sends this prompt and the answer: that is what the rank now holds
-            session.context_tokens = usage.prompt_tokens + usage.completion_tokens
+            context = usage.prompt_tokens + usage.completion_tokens
+            if session.rank is not None:
+                self._track(session.rank, context - session.context_tokens)
+            session.context_tokens = context
             session.context_blocks = -(-session.context_tokens // self.config.block_size)
         session.answered_at = session.last_seen
         self.table.save(session)
@@ -480,8 +595,10 @@ class Admission:
             session.released = True
             self.table.save(session)
             log.info(
-                "session %s released on %s after %.1f s idle (longest think gap %.1f s) for %s",
+                "session %s released before its turn %d on %s after %.1f s idle (longest think gap %.1f s) "
+                "for %s",
                 key,
+                session.turns,
                 rank,
                 now - session.answered_at,
                 session.gap_max,

@@ -67,6 +67,9 @@ class RequestContext:
     client_max_sessions: int | None = None
     allowed_backends: frozenset[str] | None = None
     session: Any = None
+    # admission: the rank an admitted (active) session is accounted on; the router keeps it there
+    # unless that rank is down or saturated
+    home_backend: str | None = None
 
     def upstream_body(self) -> bytes:
         if not self.body_changed:

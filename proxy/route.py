@@ -12,9 +12,10 @@ their events are the truth.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.context import RequestContext
@@ -24,6 +25,8 @@ from routing.index import Lookup, PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
 from routing.policy import RouteRequest, RoutingPolicy
 from routing.prefix_affinity import max_hit_blocks
+
+log = logging.getLogger("prefixgate.route")
 
 #: Block size assumed when neither the rank nor the configuration says (vLLM's CUDA default).
 DEFAULT_BLOCK_SIZE = 16
@@ -40,6 +43,7 @@ DEFAULT_PENDING_TTL_S = 120.0
 class _Pending:
     backend: str
     prefill: int
+    tokens: int
     since: float
 
 
@@ -66,6 +70,8 @@ class Router:
         self.pending_ttl = pending_ttl
         self._pending: OrderedDict[int, _Pending] = OrderedDict()
         self.queued_prefill: dict[str, int] = {b.name: 0 for b in pool}
+        #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
+        self.inflight_tokens: dict[str, int] = {b.name: 0 for b in pool}
         #: Called with (ctx, backend) after each pick (admission records the session's rank).
         self.on_pick: Callable[[RequestContext, Backend], None] | None = None
         for b in pool:
@@ -115,6 +121,8 @@ class Router:
                 found.session_backend,
                 self.block_size,
                 self.queued_prefill,
+                ctx.home_backend,
+                self.inflight_tokens,
             )
             backend = self.policy.choose(request, candidates)
         name = backend.name
@@ -125,9 +133,12 @@ class Router:
         ctx.estimated_cached_tokens = estimate if hashes else None
         prompt = ctx.prompt_tokens if ctx.prompt_tokens is not None else len(hashes) * self.block_size
         prefill = max(prompt - estimate, 0)
-        self._pending[id(ctx)] = _Pending(name, prefill, time.monotonic())
+        self._pending[id(ctx)] = _Pending(name, prefill, prompt, time.monotonic())
         self.queued_prefill[name] = self.queued_prefill.get(name, 0) + prefill
+        self.inflight_tokens[name] = self.inflight_tokens.get(name, 0) + prompt
         if key and found.session_backend != name:
+            if found.session_backend is not None:
+                self._log_move(ctx, found.session_backend, name, candidates, prefill)
             self.index.set_session_backend(key, name)
         if hashes and name not in self.exact:
             self.index.record(name, hashes)
@@ -156,12 +167,37 @@ class Router:
         if metrics is not None:
             metrics.index_corrections.labels(backend.name).inc()  # type: ignore[attr-defined]
 
+    def _log_move(
+        self, ctx: RequestContext, old: str, new: str, candidates: Sequence[Backend], prefill: int
+    ) -> None:
+        """Say why a known session left its rank: each move recomputes its context elsewhere."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        if ctx.allowed_backends is not None:
+            room = ", ".join(sorted(ctx.allowed_backends))
+            reason = f"admitted anew (back after idling out or being released), room on {room}"
+        elif all(b.name != old for b in candidates):
+            reason = "its rank is down or failed this request"
+        else:
+            queued = self.queued_prefill
+            reason = (
+                f"{'saturated' if ctx.home_backend == old else 'over the load bound'} (in flight "
+                f"{', '.join(f'{b.name}={b.in_flight}' for b in candidates)}; prompt tokens in flight "
+                f"on {old} {self.inflight_tokens.get(old, 0)}; prefill queued on {old} "
+                f"{queued.get(old, 0)}, on {new} {queued.get(new, 0) - prefill}; "
+                f"this request's there {prefill})"
+            )
+        turns = getattr(ctx.session, "turns", 0)  # admission counts this request already
+        log.info("session %s turn %d moved %s -> %s: %s", ctx.session_key, turns - 1, old, new, reason)
+
     def _release(self, ctx_id: int) -> None:
         pending = self._pending.pop(ctx_id, None)
         if pending is None:
             return
         left = self.queued_prefill.get(pending.backend, 0) - pending.prefill
         self.queued_prefill[pending.backend] = max(left, 0)
+        held = self.inflight_tokens.get(pending.backend, 0) - pending.tokens
+        self.inflight_tokens[pending.backend] = max(held, 0)
 
     def _expire(self) -> None:
         deadline = time.monotonic() - self.pending_ttl

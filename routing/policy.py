@@ -36,6 +36,12 @@ class RouteRequest:
     block_size: int = 16
     #: Prefill tokens routed to each backend (by name) and not answered yet.
     queued_prefill: Mapping[str, int] = field(default_factory=dict)
+    #: The backend admission accounts this (admitted, active) session on: sticky policies keep it
+    #: there while it is healthy and not saturated (see ``saturated``), whatever the load bound says.
+    home_backend: str | None = None
+    #: Prompt tokens of the requests routed to each backend (by name) and not answered yet: KV the
+    #: rank must hold for them, whatever is cached.
+    inflight_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
 class RoutingPolicy(Protocol):
@@ -54,6 +60,23 @@ def load_bound(candidates: Sequence[Backend], factor: float) -> int:
 
 def within_bound(backend: Backend, bound: int) -> bool:
     return backend.in_flight + 1 <= bound
+
+
+def saturated(request: RouteRequest, home: Backend, bound: int) -> bool:
+    """Whether an admitted session's ``home`` rank is truly saturated: the requests in flight there
+    and this one need more KV than its pool, so it would queue this request (or preempt) whatever it
+    has cached. With an unknown pool: over the CHWBL ``bound``.
+
+    A rank that merely has more requests in flight than the others batches them; moving a session
+    off it recomputes the session's whole context elsewhere, crowds the other rank's pool behind
+    admission's back and leaves a dead copy behind.
+    """
+    if not home.pool_tokens:
+        return not within_bound(home, bound)
+    prompt = request.prompt_tokens
+    if prompt is None:
+        prompt = len(request.block_hashes) * request.block_size
+    return request.inflight_tokens.get(home.name, 0) + prompt > home.pool_tokens
 
 
 def rendezvous_order(key: str, backend: Backend) -> int:

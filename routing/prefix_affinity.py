@@ -10,7 +10,13 @@ plus the prefill already queued there. A rank is eligible only while its in-flig
 within ``balance_factor`` x the fleet mean (CHWBL), checked per candidate; there is no fleet-wide
 "imbalanced, stop being sticky" switch.
 
-- A known session stays on its rank while that rank is eligible.
+- A session admission has accounted on a rank (``home_backend``: admitted and active) stays there
+  unless the rank is down, or truly saturated (``routing.policy.saturated``: its requests in flight
+  fill its pool) and another rank scores better (below) even though the session must recompute its
+  context there. Admission already keeps each rank's sessions within its pool; moving one for
+  load would recompute its whole context and crowd the other rank's pool. The load bound does not
+  apply to it.
+- Any other known session stays on its rank while that rank is eligible.
 - Otherwise (new session, or its rank is over the bound or gone) the best-scoring eligible rank
   wins: a new session whose system prompt and tools are already held somewhere goes there.
 - Ties (e.g. no blocks known yet) go to the rank with fewer requests in flight, then to the
@@ -27,6 +33,7 @@ from routing.policy import (
     RouteRequest,
     load_bound,
     rendezvous_order,
+    saturated,
     within_bound,
 )
 
@@ -49,7 +56,12 @@ class PrefixAffinity:
 
     def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> Backend:
         bound = load_bound(candidates, self.balance_factor)
-        if request.session_backend is not None:
+        home = None
+        if request.home_backend is not None:
+            home = next((b for b in candidates if b.name == request.home_backend), None)
+            if home is not None and not saturated(request, home, bound):
+                return home
+        elif request.session_backend is not None:
             for b in candidates:
                 if b.name == request.session_backend and within_bound(b, bound):
                     return b
@@ -67,4 +79,8 @@ class PrefixAffinity:
             score = hit - (prompt - hit) - queued.get(b.name, 0)
             return (score, -b.in_flight, rendezvous_order(key, b))
 
-        return max(eligible, key=rank)
+        if home is None:
+            return max(eligible, key=rank)
+        # saturated: leave only for a rank that scores better than home, where a token to recompute
+        # weighs twice a token queued (it is both prefill now and cache the session loses)
+        return max([home, *(b for b in eligible if b is not home)], key=lambda b: (rank(b)[0], b is home))

@@ -1,0 +1,118 @@
+"""Admission reserves room for how far sessions grow (learned from the sessions that ended), and tells
+the router which rank an admitted session lives on."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from proxy.errors import ProxyError
+from proxy.session_growth import PeakEstimator
+from tests.admission.test_release import TTL, ctx_for, make, turn
+
+
+def test_expected_peak_is_the_mean_of_the_peaks_that_reached_the_current_size() -> None:
+    peaks = PeakEstimator()
+    assert peaks.expected_peak(500) == 500  # nothing ended yet: no growth assumed
+    for peak in (1000, 2000, 3000):
+        peaks.add(peak)
+    assert peaks.expected_peak(500) == 2000
+    assert peaks.expected_peak(1500) == 2500  # the 1,000-token session never got this large
+    assert peaks.expected_peak(3000) == 3000
+    assert peaks.expected_peak(3500) == 3500  # larger than any seen: as large as it is
+
+
+def test_expected_peak_follows_the_most_recent_sessions_only() -> None:
+    peaks = PeakEstimator(window=2)
+    for peak in (9000, 1000, 2000):
+        peaks.add(peak)
+    assert len(peaks) == 2
+    assert peaks.expected_peak(0) == 1500
+    with pytest.raises(ValueError):
+        PeakEstimator(window=0)
+
+
+async def test_sessions_that_ended_feed_the_estimate() -> None:
+    adm, clock = make()
+    await turn(adm, "a", 300)
+    await turn(adm, "a", 900)  # 916 tokens held after the answer
+    adm.rank_states()
+    clock.now += TTL + 1  # a idles out
+    adm.rank_states()
+    assert len(adm.peaks) == 1 and adm.peaks.expected_peak(0) == 916
+
+
+async def test_a_rank_takes_new_sessions_only_with_room_for_their_expected_growth() -> None:
+    adm, clock = make(ranks=2)
+    # earlier sessions grew to 1,000 tokens each before they ended
+    for key in ("old1", "old2"):
+        await turn(adm, key, 400)
+        await turn(adm, key, 984)
+    adm.rank_states()
+    clock.now += TTL + 1
+    adm.rank_states()
+    assert adm.peaks.expected_peak(300) == 1000
+    first = await turn(adm, "a", 300)
+    assert first.allowed_backends == {"r0", "r1"}
+    states = adm.rank_states()
+    assert states["r0"].working_set_tokens == 316 and states["r0"].projected_tokens == 1000
+    # 316 + 300 tokens fit r0's 1,600-token budget today, but not two sessions grown to 1,000
+    second = await turn(adm, "b", 300)
+    assert second.allowed_backends == {"r1"}
+    with pytest.raises(ProxyError):  # both ranks are spoken for
+        await adm.admit(ctx_for("c", 300))
+
+
+async def test_released_sessions_are_not_taken_for_ended_ones() -> None:
+    adm, clock = make()
+    await turn(adm, "a", 600)
+    clock.now += 1
+    await turn(adm, "a", 700)
+    clock.now += 100  # idle far past its think gaps: reclaimable
+    adm.rank_states()
+    new = ctx_for("b", 1000)
+    await adm.admit(new)  # a is released for it
+    adm.routed(new, adm.pool.get("r0"))  # type: ignore[arg-type]
+    adm.rank_states()
+    assert len(adm.peaks) == 0
+
+
+async def test_an_admitted_session_is_homed_on_its_rank_a_new_one_is_not() -> None:
+    adm, _ = make(ranks=2)
+    first = await turn(adm, "a", 300)
+    assert first.home_backend is None and first.allowed_backends is not None
+    again = ctx_for("a", 400)
+    await adm.admit(again)
+    assert again.home_backend == first.session.rank
+    off, _ = make(ranks=2, enabled=False)
+    await turn(off, "a", 300)
+    unmanaged = ctx_for("a", 400)
+    await off.admit(unmanaged)
+    assert unmanaged.home_backend is None  # without admission the router's load bound still applies
+
+
+async def test_the_smallest_session_covering_the_excess_moves_off_an_outgrown_rank(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    adm, _ = make(ranks=2)
+    await turn(adm, "a", 300)
+    assert (await turn(adm, "b", 300)).session.rank == "r0"  # both admitted on r0 while small
+    grown = await turn(adm, "a", 1200)
+    assert grown.allowed_backends is None and grown.home_backend == "r0"  # 1,216 + 316: within the pool
+    with caplog.at_level(logging.INFO, logger="prefixgate.admission"):
+        moving = await turn(adm, "b", 1000)  # 1,216 + 1,000 > 2,000: b is the smallest covering the excess
+    assert moving.allowed_backends == {"r1"} and moving.home_backend is None
+    assert "session b re-homed before its turn 1: r0 holds 216 tokens past its pool of 2000" in caplog.text
+    assert adm.table.get("b").rank == "r1"  # type: ignore[union-attr]
+    staying = await turn(adm, "a", 1300)
+    assert staying.allowed_backends is None and staying.home_backend == "r0"
+
+
+async def test_nobody_moves_when_no_other_rank_has_room() -> None:
+    adm, _ = make(ranks=1)
+    await turn(adm, "a", 300)
+    await turn(adm, "b", 300)
+    await turn(adm, "a", 1200)
+    stuck = await turn(adm, "b", 1000)
+    assert stuck.allowed_backends is None and stuck.home_backend == "r0"

@@ -1,0 +1,91 @@
+"""An admitted session stays on its rank (``home_backend``) unless the rank is down or truly saturated."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from proxy.route import Router
+from routing.policy import make_policy
+from tests.routing.conftest import chain, make_ctx, make_pool
+
+POOL = 100_000
+
+
+def homed_turn(router: Router, session: str, hashes: list[bytes], home: str | None) -> str:
+    """Route one turn of an admitted session (``home``) and hold it in flight; the chosen rank."""
+    ctx = make_ctx(session, hashes)
+    ctx.home_backend = home
+    backend = router.pick(ctx)
+    backend.in_flight += 1
+    return backend.name
+
+
+def first_turn(router: Router, session: str, hashes: list[bytes]) -> str:
+    ctx = make_ctx(session, hashes)
+    backend = router.pick(ctx)
+    router.observe(ctx, backend, 0)
+    return backend.name
+
+
+def test_a_busy_rank_keeps_its_admitted_sessions_past_the_load_bound() -> None:
+    pool = make_pool(4, pool_tokens=POOL)
+    router = Router(pool, make_policy("prefix_affinity"))
+    history = chain("s", 100)
+    home = first_turn(router, "s", history)
+    pool.get(home).in_flight = 6  # type: ignore[union-attr]  # far over CHWBL's bound of 3
+    history += chain("t2", 4, history[-1])
+    assert homed_turn(router, "s", history, home) == home
+    # the same turn without admission's home: the load bound moves it (as before)
+    assert homed_turn(router, "s", history, None) != home
+
+
+def test_a_saturated_rank_lets_a_session_go_where_it_scores_better() -> None:
+    pool = make_pool(2, pool_tokens=POOL)
+    router = Router(pool, make_policy("prefix_affinity"))
+    history = chain("s", 20)
+    home = first_turn(router, "s", history)
+    other = next(b.name for b in pool if b.name != home)
+    # other sessions' requests in flight there fill the pool and queue a lot of prefill
+    router.inflight_tokens[home] = POOL
+    router.queued_prefill[home] = 50_000
+    assert homed_turn(router, "s", history + chain("t2", 2, history[-1]), home) == other
+
+
+def test_a_saturated_rank_keeps_a_session_too_costly_to_recompute_elsewhere() -> None:
+    pool = make_pool(2, pool_tokens=POOL)
+    router = Router(pool, make_policy("prefix_affinity"))
+    history = chain("long", 4000)  # 64k tokens held on its rank, none elsewhere
+    home = first_turn(router, "long", history)
+    router.inflight_tokens[home] = POOL
+    router.queued_prefill[home] = 30_000  # less than twice the 64k tokens to recompute elsewhere
+    assert homed_turn(router, "long", history + chain("t2", 2, history[-1]), home) == home
+
+
+def test_a_down_home_rank_sends_the_session_elsewhere_and_the_move_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = make_pool(2, pool_tokens=POOL)
+    router = Router(pool, make_policy("prefix_affinity"))
+    history = chain("s", 10)
+    home = first_turn(router, "s", history)
+    pool.get(home).mark_down("test")  # type: ignore[union-attr]
+    ctx = make_ctx("s", history + chain("t2", 2, history[-1]))
+    ctx.home_backend = home
+    with caplog.at_level(logging.INFO, logger="prefixgate.route"):
+        moved = router.pick(ctx)
+    assert moved.name != home
+    assert f"session s turn -1 moved {home} -> {moved.name}: its rank is down" in caplog.text
+
+
+def test_prompt_tokens_in_flight_are_counted_until_the_answer() -> None:
+    pool = make_pool(2, pool_tokens=POOL)
+    router = Router(pool, make_policy("least_loaded"))
+    ctx = make_ctx("s", chain("q", 10), prompt_tokens=170)
+    first = router.pick(ctx)
+    assert router.inflight_tokens[first.name] == 170
+    second = router.pick(ctx, tried=[first.name])  # a retry elsewhere releases the first attempt
+    assert router.inflight_tokens == {first.name: 0, second.name: 170}
+    router.observe(ctx, second, None)
+    assert router.inflight_tokens == {"r0": 0, "r1": 0}
