@@ -65,6 +65,7 @@ from proxy.forward import until_disconnected
 from proxy.observe import Usage
 from proxy.session_growth import PeakEstimator
 from proxy.sessions import Session, SessionTable
+from proxy.think_gaps import OWN_EVIDENCE, ThinkGaps
 from routing.backends import Backend, BackendPool
 
 log = logging.getLogger("prefixgate.admission")
@@ -83,6 +84,8 @@ DEFAULT_WAIT_S = 30.0
 DEFAULT_RELEASE_FACTOR = 2.0
 #: ... but never sooner than this fraction of the idle TTL (30 s for the default 300 s).
 DEFAULT_RELEASE_MIN_FRACTION = 0.1
+#: The population's think gap that stands in for a session's own: the 95th percentile.
+TYPICAL_GAP_QUANTILE = 0.95
 #: A reservation not routed within this many seconds (its request failed early) is dropped.
 RESERVATION_TTL_S = 30.0
 #: Without a token count (policies that skip the blocks stage) a prompt is estimated from its body.
@@ -101,12 +104,21 @@ class AdmissionConfig:
     #: Fraction of ``idle_ttl``: the least idle time after which a session can be reclaimed.
     release_min_fraction: float = DEFAULT_RELEASE_MIN_FRACTION
 
-    def release_after(self, session: Session) -> float:
-        """Seconds after its last answer from which ``session`` counts as ended when room is needed."""
-        if not session.gaps:
+    def release_after(self, session: Session, typical_gap: float | None = None) -> float:
+        """Seconds after its last answer from which ``session`` counts as ended when room is needed.
+
+        ``typical_gap``: a long think gap of the population (``ThinkGaps``), which stands in for the
+        session's own while it has fewer than ``OWN_EVIDENCE`` gaps: with none it would hold its room
+        for the whole idle TTL, with one short gap it would count as ended after twice that.
+        """
+        if typical_gap is not None and session.gaps < OWN_EVIDENCE:
+            estimate = max(session.gap_max, typical_gap)
+        elif session.gaps:
+            estimate = session.gap_max
+        else:
             return self.idle_ttl  # no think time seen yet: nothing to judge by
         floor = self.idle_ttl * self.release_min_fraction
-        return min(self.idle_ttl, max(floor, self.release_factor * session.gap_max))
+        return min(self.idle_ttl, max(floor, self.release_factor * estimate))
 
     @property
     def poll_interval(self) -> float:
@@ -182,6 +194,8 @@ class Admission:
         self._over_pool: set[str] = set()
         #: Peaks of the sessions that ended (idled out or deleted): how far sessions grow.
         self.peaks = PeakEstimator()
+        #: Every session's think gaps: the stand-in for a session that has shown few of its own.
+        self.think_gaps = ThinkGaps()
         #: Active sessions at the last count and their context: one missing next time has ended.
         self._live: dict[str, int] = {}
         #: Each rank's working set at the last count: a session's turn checks its rank against it.
@@ -204,7 +218,7 @@ class Admission:
         session = self.table.get(key)
         head_key, head_tokens = self._head(ctx)
         if session is not None and session.is_active(now, self.config.idle_ttl):
-            session.note_request(now)
+            self._note_gap(session.note_request(now))
             session.head_key, session.head_tokens = head_key, head_tokens
             session.turns += 1
             old_tokens, session.context_tokens = session.context_tokens, tokens
@@ -221,7 +235,7 @@ class Admission:
         if session is None:
             session = Session(key=key, created=now, last_seen=now, client=ctx.client_label)
         else:
-            session.note_request(now)  # back after ending: that gap is one of its think times too
+            self._note_gap(session.note_request(now))  # back after ending: one of its think times too
         if self.config.enabled:
             self._check_client_cap(ctx.client_label, ctx.client_max_sessions, now)
             ctx.allowed_backends = await self._wait_for_room(key, tokens, receive, head_key, head_tokens)
@@ -234,6 +248,14 @@ class Admission:
         session.rank = None  # back after idling out: wherever the router now sends it
         ctx.session = session
         self.table.save(session)
+
+    def _note_gap(self, gap: float | None) -> None:
+        if gap is not None:
+            self.think_gaps.add(gap)
+
+    def typical_gap(self) -> float | None:
+        """A long think gap across sessions (their 95th percentile), once enough are known."""
+        return self.think_gaps.quantile(TYPICAL_GAP_QUANTILE)
 
     def _rehome(
         self, session: Session, old_tokens: int, head_key: str | None, head_tokens: int
@@ -264,8 +286,8 @@ class Admission:
         if chosen[0] != session.key:
             return None
         allowed, victims, _ = self._find_room(session.context_tokens, head_key, head_tokens)
-        allowed = allowed - {backend.name}
-        if victims or not allowed:
+        allowed = allowed - victims.keys() - {backend.name}  # room as is: nobody released for a move
+        if not allowed:
             return None
         log.info(
             "session %s re-homed before its turn %d: %s holds %d tokens past its pool of %d; room on %s",
@@ -424,6 +446,7 @@ class Admission:
         live = {session.key: session.context_tokens for session in active}
         self._note_ended(live)
         expected_peak = self.peaks.expected_peak
+        typical = self.typical_gap()
         for session in active:
             state = states.get(session.rank) if session.rank is not None else None
             if state is None or (state.name, session.key) in claimed:
@@ -446,7 +469,7 @@ class Admission:
             idle_at = session.last_seen + idle_ttl
             if state.next_idle_at is None or idle_at < state.next_idle_at:
                 state.next_idle_at = idle_at
-            if session.answered and now - session.answered_at > config.release_after(session):
+            if session.answered and now - session.answered_at > config.release_after(session, typical):
                 reclaimable.append((session.answered_at, session, state))
         reclaimable.sort(key=lambda item: item[0])  # longest idle first
         for _, session, state in reclaimable:
@@ -482,13 +505,16 @@ class Admission:
         self, tokens: int, head_key: str | None, head_tokens: int
     ) -> tuple[frozenset[str], dict[str, tuple[str, ...]], dict[str, RankState]]:
         """The healthy ranks with room for a new session of ``tokens``, per rank the sessions to release
-        for it (only when no rank has room as is), and every rank's state.
+        for it (on ranks that have room only once those go), and every rank's state.
 
         Room is counted in projected tokens: each active session (and the new one) as large as
         sessions of its size grew before ending (``PeakEstimator``), so a rank is not filled with
         sessions that will outgrow its pool. With ``head_key``, a rank already holding that
         shared head needs room for the rest only. Ranks that have room only once reclaimable
-        sessions are released count as having room.
+        sessions (judged ended: idle past their think times) are released count as having room too,
+        even when another rank has room as is: the router then weighs them by what they hold (a rank
+        holding the new session's prefix is worth releasing an ended session's budget for), and the
+        sessions are released only if it picks that rank.
         """
         states = self.rank_states()
         projected = self.projected(tokens)
@@ -510,9 +536,9 @@ class Admission:
                     short[backend.name] = used + need - state.budget_tokens
                     continue
             allowed.append(backend.name)
-        if allowed or not short:
+        if not short:
             return frozenset(allowed), {}, states
-        # no room as things stand: release sessions that have most likely ended, longest idle first
+        # room once sessions that have most likely ended are released, longest idle first
         victims: dict[str, tuple[str, ...]] = {}
         for name, missing in short.items():
             chosen: list[str] = []
@@ -523,7 +549,7 @@ class Admission:
                 missing -= freed
             if missing <= 0:
                 victims[name] = tuple(chosen)
-        return frozenset(victims), victims, states
+        return frozenset(allowed).union(victims), victims, states
 
     def _expire_reservations(self) -> None:
         if not self._reservations:
@@ -590,7 +616,7 @@ class Admission:
             session = self.table.get(key)
             if session is None or session.released or session.rank != rank or not session.answered:
                 continue
-            if now - session.answered_at <= self.config.release_after(session):
+            if now - session.answered_at <= self.config.release_after(session, self.typical_gap()):
                 continue  # it sent a request since the room check
             session.released = True
             self.table.save(session)

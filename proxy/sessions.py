@@ -100,14 +100,17 @@ class Session:
         """Its latest request has been answered (none in flight)."""
         return self.answered_at >= self.last_seen
 
-    def note_request(self, now: float) -> None:
-        """A new request of this (active) session: its think gap joins the observed ones."""
+    def note_request(self, now: float) -> float | None:
+        """A new request of this session: its think gap (answer to this request) joins the observed
+        ones, and is returned (None when the previous request is unanswered or there was none)."""
+        gap = None
         if self.answered and self.answered_at:
             gap = now - self.answered_at
             self.gaps += 1
             if gap > self.gap_max:
                 self.gap_max = gap
         self.last_seen = now
+        return gap
 
     def to_dict(self, with_breaks: bool = True) -> dict[str, Any]:
         data = asdict(self)

@@ -1,0 +1,47 @@
+"""Think gaps across sessions: how long agents usually stay quiet between an answer and their next request.
+
+Admission judges a session ended once it has been quiet for longer than ``release_factor`` x its own
+longest think gap. A session with fewer than ``OWN_EVIDENCE`` gaps says little about itself (a single
+short gap, or none at all for a one-request session), so there the population's gaps stand in: the
+``quantile`` of recent gaps of every session, a typical agent's long pause.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+#: Gaps remembered (the most recent): bounded memory, and the figure follows the current traffic.
+DEFAULT_WINDOW = 1000
+#: Fewer gaps than this and the population says nothing yet.
+MIN_SAMPLES = 20
+#: A session with at least this many gaps of its own is judged by them alone.
+OWN_EVIDENCE = 3
+
+
+class ThinkGaps:
+    """Recent think gaps of all sessions; ``quantile`` is recomputed only after new gaps arrived."""
+
+    def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = MIN_SAMPLES) -> None:
+        if window < 1 or min_samples < 1:
+            raise ValueError("window and min_samples must be >= 1")
+        self._recent: deque[float] = deque(maxlen=window)
+        self.min_samples = min_samples
+        self._cached: dict[float, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def add(self, gap_s: float) -> None:
+        if gap_s >= 0:
+            self._recent.append(gap_s)
+            self._cached.clear()
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (nearest rank) of the recent gaps; None with fewer than ``min_samples``."""
+        if len(self._recent) < self.min_samples:
+            return None
+        value = self._cached.get(q)
+        if value is None:
+            ordered = sorted(self._recent)
+            value = self._cached[q] = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        return value
