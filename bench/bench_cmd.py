@@ -6,7 +6,10 @@ ranks report: hit rate = cached tokens / prompt tokens of the ranks' ``usage``, 
 cached tokens, preemptions and prefix-cache counters from the ranks' ``/metrics``; TTFT and
 end-to-end latency from the client; the proxy's CPU time per request from the OS (each system runs
 in its own process). Beside them: the infinite-cache bound of the requests as sent (one rank, an
-unlimited pool) and the trace's own block reuse.
+unlimited pool) and the trace's own block reuse. ``/ RR`` is prefill against ``plain round_robin``:
+a plain load balancer dealing requests out in turn, what a fleet has without prefixgate (prefixgate's
+proxy with every stage off, so nothing needs installing); ``prefixgate round_robin`` is round robin
+with prefixgate's admission control and canonicalization on.
 
 Scenarios: ``fits`` (few concurrent conversations: their working set stays under the pools) and
 ``over`` (many: the working set exceeds the pools; the table says by how much). Presets:
@@ -130,8 +133,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--systems",
         default=None,
-        help="comma-separated system names (default: every prefixgate policy and every peer); "
-        "prefixgate:<policy>, 'sglang cache_aware', 'vllm-router cache_aware', 'vllm-router consistent_hash'",
+        help="comma-separated system names (default: plain round robin, every prefixgate policy and "
+        "every peer); plain:round_robin (a plain load balancer: prefixgate with every stage off, the "
+        "baseline of '/ RR'), prefixgate:<policy>, 'sglang cache_aware', 'vllm-router cache_aware', "
+        "'vllm-router consistent_hash'",
     )
     parser.add_argument("--no-peers", action="store_true", help="only prefixgate's policies")
     parser.add_argument(
@@ -227,10 +232,10 @@ def time_scaled_prefixgate_flags(preset: Preset) -> list[str]:
 def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str]]:
     """The systems to run, and notes on what was left out and why."""
     from bench import peers
-    from bench.systems import peer_systems, prefixgate_systems
+    from bench.systems import PLAIN_ROUND_ROBIN, peer_systems, prefixgate_systems
 
     notes: list[str] = []
-    systems = prefixgate_systems(available_policies())
+    systems = [PLAIN_ROUND_ROBIN, *prefixgate_systems(available_policies())]
     if not args.no_peers:
         if args.install_peers:
             peers.install()
@@ -241,7 +246,9 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
     if args.systems:
         wanted = [w.strip() for w in args.systems.split(",") if w.strip()]
         by_name = {s.name: s for s in systems}
-        by_name.update({f"prefixgate:{s.policy}": s for s in systems if s.kind == "prefixgate"})
+        policies = (s for s in systems if s.kind == "prefixgate" and not s.args)
+        by_name.update({f"prefixgate:{s.policy}": s for s in policies})
+        by_name["plain:round_robin"] = PLAIN_ROUND_ROBIN
         unknown = [w for w in wanted if w not in by_name]
         if unknown:
             raise SystemExit(f"unknown or unavailable systems: {unknown}; available: {sorted(by_name)}")
@@ -314,6 +321,7 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
         "hit rate",
         "/ bound",
         "prefill Mtok",
+        "/ RR",
         "preempt",
         "TTFT p50",
         "TTFT p99",
@@ -325,9 +333,10 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
         "CPU ms/req",
     ):
         table.add_column(column, justify="left" if column == "system" else "right")
+    base = rr_baseline(results)
     for name, r in results.items():
         if "failed" in r:
-            table.add_row(name, *["-"] * 11, r["failed"][:40])
+            table.add_row(name, *["-"] * 12, r["failed"][:40])
             continue
         cpu = r["proxy_cpu_ms_per_request"]
         table.add_row(
@@ -335,6 +344,7 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
             f"{r['hit_rate']:.3f}",
             f"{r['hit_rate'] / r['bound']:.3f}" if r["bound"] else "-",
             f"{r['prefill_tokens'] / 1e6:.2f}",
+            f"{r['prefill_tokens'] / base:.2f}" if base else "-",
             str(r["preemptions"]),
             f"{r['ttft_p50_ms']:.0f}ms",
             f"{r['ttft_p99_ms']:.0f}ms",
@@ -358,9 +368,18 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
         console.print(f"note: {note}")
 
 
-def markdown_table(results: dict[str, dict[str, Any]], baseline: str = "prefixgate round_robin") -> str:
+def rr_baseline(results: dict[str, dict[str, Any]]) -> int | None:
+    """Prefill tokens of the round-robin baseline: the plain one when it ran, else prefixgate's."""
+    for name in ("plain round_robin", "prefixgate round_robin"):
+        prefill = results.get(name, {}).get("prefill_tokens")
+        if prefill:
+            return int(prefill)
+    return None
+
+
+def markdown_table(results: dict[str, dict[str, Any]]) -> str:
     """The scenario's results as a Markdown table (for docs/benchmarks.md)."""
-    base = results.get(baseline, {}).get("prefill_tokens")
+    base = rr_baseline(results)
     lines = [
         "| system | hit rate | / bound | prefill Mtok | prefill / RR | preemptions | TTFT p50 | TTFT p99 "
         "| e2e p50 | e2e p99 | sessions | errors | 429s | CPU ms/req |",

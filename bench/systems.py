@@ -158,6 +158,16 @@ class SystemSpec:
     kind: str  # "prefixgate" or "peer"
     policy: str
     peer: PeerSpec | None = None
+    #: Extra ``prefixgate serve`` flags of this system (after the run's own ``--prefixgate-args``).
+    args: tuple[str, ...] = ()
+
+
+#: What a fleet has without prefixgate: requests dealt out in turn by a plain load balancer, no
+#: session state, no admission, prompts untouched. Run through prefixgate's proxy with every stage
+#: off (it only forwards), so it needs nothing installed; the baseline of "prefill / RR".
+PLAIN_ROUND_ROBIN = SystemSpec(
+    "plain round_robin", "prefixgate", "round_robin", args=("--no-admission", "--no-canonicalize")
+)
 
 
 def prefixgate_systems(policies: Sequence[str]) -> list[SystemSpec]:
@@ -191,7 +201,8 @@ def system_under_test(
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{spec.name.replace(' ', '_')}.log"
     if spec.kind == "prefixgate":
-        with _prefixgate(spec.policy, workers, log, prefixgate_args, prefixgate_root) as running:
+        args = [*prefixgate_args, *spec.args]
+        with _prefixgate(spec.policy, workers, log, args, prefixgate_root) as running:
             yield running
         return
     assert spec.peer is not None

@@ -1,0 +1,35 @@
+"""``prefixgate bench``'s systems: a plain round robin is the baseline every prefill ratio is read against."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.bench_cmd import configure_parser, rr_baseline, select_systems
+from bench.systems import PLAIN_ROUND_ROBIN
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_plain_round_robin_runs_first_with_every_stage_off() -> None:
+    systems, _ = select_systems(parse("--no-peers"))
+    assert systems[0] is PLAIN_ROUND_ROBIN
+    assert systems[0].policy == "round_robin"
+    assert set(systems[0].args) == {"--no-admission", "--no-canonicalize"}
+    # prefixgate's own round robin (admission and canonicalization on) is still there, apart
+    assert any(s.name == "prefixgate round_robin" and not s.args for s in systems)
+
+
+def test_systems_by_name() -> None:
+    systems, _ = select_systems(parse("--no-peers", "--systems", "plain:round_robin,prefixgate:round_robin"))
+    assert [s.name for s in systems] == ["plain round_robin", "prefixgate round_robin"]
+
+
+def test_the_ratio_baseline_is_the_plain_round_robin_when_it_ran() -> None:
+    both = {"plain round_robin": {"prefill_tokens": 30}, "prefixgate round_robin": {"prefill_tokens": 20}}
+    assert rr_baseline(both) == 30
+    assert rr_baseline({"prefixgate round_robin": {"prefill_tokens": 20}}) == 20
+    assert rr_baseline({}) is None
