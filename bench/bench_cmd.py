@@ -18,7 +18,7 @@ Scenarios: ``fits`` (few concurrent conversations: their working set stays under
           under 2 minutes on 2 cores
   full    Claude Code, 4 ranks x 181,777 tokens, every conversation whose requests all stay under
           100k tokens (40, 806 requests), scenarios fits (6 concurrent) and over (20 concurrent):
-          about 9 minutes on 2 cores, see docs/benchmarks.md
+          about 7 minutes on 2 cores, see docs/benchmarks.md
 
 Mooncake JSONL (``--trace mooncake-conversation|mooncake-synthetic``) has no session ids: requests
 re-sending an earlier one are grouped into conversations, and ``--conversations`` (default 300,
