@@ -23,7 +23,8 @@ from bench.traces import (
     reuse_breakdown,
     trace_block_reuse,
 )
-from tokenization.chatml import render_segments
+from tests.bench.test_traces import _common_prefix
+from tests.bench.test_traces import _prompt_tokens as _tokens
 from tokenization.encoding import encode
 
 # Block 0 starts every request (a global system prompt). Conversation A: a turn re-sending all of the
@@ -50,22 +51,6 @@ def _write(path: Path, lines: list[tuple[int, list[int], int]] = LINES) -> Path:
     ]
     path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     return path
-
-
-def _tokens(body: dict) -> list[int]:
-    tokens: list[int] = []
-    for segment in render_segments(body["messages"], None, True):
-        tokens.extend(encode(segment))
-    return tokens
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def test_conversations_are_inferred_from_re_sent_prefixes(tmp_path):
