@@ -47,9 +47,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run_one(policy: str, args: argparse.Namespace, sim: SimConfig) -> dict[str, Any]:
     fleet = start_fleet(args.ranks, sim)
+    flags: dict[str, Any] = {"policy": policy, "log_level": "warning"}
+    if policy == "round_robin":
+        # the baseline is what a fleet has without prefixgate: a plain load balancer, every stage off
+        flags.update(no_admission=True, no_canonicalize=True)
     try:
         settings: Settings = load_settings(
-            flags={"policy": policy, "log_level": "warning"},
+            flags=flags,
             backend_specs=[f"{r.name}={r.url}" for r in fleet],
             environ={},
         )
@@ -99,7 +103,12 @@ def run(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Any]] = {}
     for policy in policies:
         started = time.perf_counter()
-        print(f"  replaying through prefixgate --policy {policy} ...", flush=True)
+        how = (
+            "a plain round robin (prefixgate with every stage off)"
+            if policy == "round_robin"
+            else (f"prefixgate --policy {policy}")
+        )
+        print(f"  replaying through {how} ...", flush=True)
         results[policy] = run_one(policy, args, sim)
         print(f"    done in {time.perf_counter() - started:.1f}s", flush=True)
     print()
