@@ -219,14 +219,10 @@ class Admission:
         head_key, head_tokens = self._head(ctx)
         if session is not None and session.is_active(now, self.config.idle_ttl):
             self._note_gap(session.note_request(now))
-            session.head_key, session.head_tokens = head_key, head_tokens
-            session.turns += 1
-            old_tokens, session.context_tokens = session.context_tokens, tokens
-            session.context_blocks = self._blocks(ctx, session.context_tokens)
+            old_tokens = session.context_tokens
             if session.client is None:
                 session.client = ctx.client_label
-            ctx.session = session
-            self.table.save(session)
+            self._take_turn(ctx, session, tokens, head_key, head_tokens)
             if self.config.enabled:
                 ctx.allowed_backends = self._rehome(session, old_tokens, head_key, head_tokens)
                 if ctx.allowed_backends is None:
@@ -240,12 +236,18 @@ class Admission:
             self._check_client_cap(ctx.client_label, ctx.client_max_sessions, now)
             ctx.allowed_backends = await self._wait_for_room(key, tokens, receive, head_key, head_tokens)
         session.released = False
-        session.head_key, session.head_tokens = head_key, head_tokens
         session.last_seen = self.table.clock()
+        session.rank = None  # back after idling out: wherever the router now sends it
+        self._take_turn(ctx, session, tokens, head_key, head_tokens)
+
+    def _take_turn(
+        self, ctx: RequestContext, session: Session, tokens: int, head_key: str | None, head_tokens: int
+    ) -> None:
+        """``ctx`` is ``session``'s next turn: its context is now this prompt of ``tokens``."""
+        session.head_key, session.head_tokens = head_key, head_tokens
         session.turns += 1
         session.context_tokens = tokens
         session.context_blocks = self._blocks(ctx, tokens)
-        session.rank = None  # back after idling out: wherever the router now sends it
         ctx.session = session
         self.table.save(session)
 
@@ -285,8 +287,9 @@ class Admission:
         chosen = min(covering, key=lambda m: m[1]) if covering else max(state.members, key=lambda m: m[1])
         if chosen[0] != session.key:
             return None
-        allowed, victims, _ = self._find_room(session.context_tokens, head_key, head_tokens)
-        allowed = allowed - victims.keys() - {backend.name}  # room as is: nobody released for a move
+        # room as is (nobody released for a move), counted on the states just taken
+        allowed, _, _ = self._find_room(session.context_tokens, head_key, head_tokens, states, release=False)
+        allowed = allowed - {backend.name}
         if not allowed:
             return None
         log.info(
@@ -502,10 +505,17 @@ class Admission:
         self._live = live
 
     def _find_room(
-        self, tokens: int, head_key: str | None, head_tokens: int
+        self,
+        tokens: int,
+        head_key: str | None,
+        head_tokens: int,
+        states: dict[str, RankState] | None = None,
+        *,
+        release: bool = True,
     ) -> tuple[frozenset[str], dict[str, tuple[str, ...]], dict[str, RankState]]:
         """The healthy ranks with room for a new session of ``tokens``, per rank the sessions to release
-        for it (on ranks that have room only once those go), and every rank's state.
+        for it (on ranks that have room only once those go), and every rank's state (``states``: a
+        count just taken, else counted now). ``release=False``: ranks with room as they are only.
 
         Room is counted in projected tokens: each active session (and the new one) as large as
         sessions of its size grew before ending (``PeakEstimator``), so a rank is not filled with
@@ -516,7 +526,8 @@ class Admission:
         holding the new session's prefix is worth releasing an ended session's budget for), and the
         sessions are released only if it picks that rank.
         """
-        states = self.rank_states()
+        if states is None:
+            states = self.rank_states()
         projected = self.projected(tokens)
         cap = self.config.max_sessions_per_rank
         allowed = []
@@ -536,7 +547,7 @@ class Admission:
                     short[backend.name] = used + need - state.budget_tokens
                     continue
             allowed.append(backend.name)
-        if not short:
+        if not short or not release:
             return frozenset(allowed), {}, states
         # room once sessions that have most likely ended are released, longest idle first
         victims: dict[str, tuple[str, ...]] = {}
@@ -612,11 +623,12 @@ class Admission:
     def _release_idle(self, rank: str, keys: tuple[str, ...], for_key: str) -> None:
         """End sessions the new session ``for_key`` took the room of (unless they came back since)."""
         now = self.table.clock()
+        typical = self.typical_gap()
         for key in keys:
             session = self.table.get(key)
             if session is None or session.released or session.rank != rank or not session.answered:
                 continue
-            if now - session.answered_at <= self.config.release_after(session, self.typical_gap()):
+            if now - session.answered_at <= self.config.release_after(session, typical):
                 continue  # it sent a request since the room check
             session.released = True
             self.table.save(session)

@@ -23,7 +23,7 @@ from proxy.errors import no_healthy_backend
 from routing.backends import Backend, BackendPool
 from routing.index import Lookup, PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
-from routing.policy import RouteRequest, RoutingPolicy
+from routing.policy import RouteRequest, RoutingPolicy, prompt_size
 from routing.prefix_affinity import max_hit_blocks
 
 log = logging.getLogger("prefixgate.route")
@@ -131,7 +131,7 @@ class Router:
         )
         estimate = hit_blocks * self.block_size
         ctx.estimated_cached_tokens = estimate if hashes else None
-        prompt = ctx.prompt_tokens if ctx.prompt_tokens is not None else len(hashes) * self.block_size
+        prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         prefill = max(prompt - estimate, 0)
         self._pending[id(ctx)] = _Pending(name, prefill, prompt, time.monotonic())
         self.queued_prefill[name] = self.queued_prefill.get(name, 0) + prefill

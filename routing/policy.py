@@ -58,6 +58,11 @@ def load_bound(candidates: Sequence[Backend], factor: float) -> int:
     return max(MIN_BOUND, math.ceil(factor * (total + 1) / len(candidates)))
 
 
+def prompt_size(prompt_tokens: int | None, full_blocks: int, block_size: int) -> int:
+    """The prompt's tokens; without a count (no blocks stage), those of its ``full_blocks``."""
+    return prompt_tokens if prompt_tokens is not None else full_blocks * block_size
+
+
 def within_bound(backend: Backend, bound: int) -> bool:
     return backend.in_flight + 1 <= bound
 
@@ -73,9 +78,7 @@ def saturated(request: RouteRequest, home: Backend, bound: int) -> bool:
     """
     if not home.pool_tokens:
         return not within_bound(home, bound)
-    prompt = request.prompt_tokens
-    if prompt is None:
-        prompt = len(request.block_hashes) * request.block_size
+    prompt = prompt_size(request.prompt_tokens, len(request.block_hashes), request.block_size)
     return request.inflight_tokens.get(home.name, 0) + prompt > home.pool_tokens
 
 

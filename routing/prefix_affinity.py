@@ -32,6 +32,7 @@ from routing.policy import (
     DEFAULT_BALANCE_FACTOR,
     RouteRequest,
     load_bound,
+    prompt_size,
     rendezvous_order,
     saturated,
     within_bound,
@@ -69,7 +70,7 @@ class PrefixAffinity:
         size = request.block_size
         full = len(request.block_hashes)
         cap = max_hit_blocks(request.prompt_tokens, full, size)
-        prompt = request.prompt_tokens if request.prompt_tokens is not None else full * size
+        prompt = prompt_size(request.prompt_tokens, full, size)
         matched = request.matched_blocks
         queued = request.queued_prefill
         key = request.session_key or ""

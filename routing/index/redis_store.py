@@ -205,6 +205,12 @@ class RedisPrefixIndex:
     def _lru_key(self, backend: str) -> str:
         return f"{self.namespace}lru:{backend}"
 
+    def _record_call(self, backend: str, block_hashes: Sequence[bytes]) -> tuple[list[str], list[object]]:
+        """Keys and arguments of the record script: ``block_hashes`` (newest first) on ``backend``."""
+        cap = self._capacity.get(backend)
+        keys = [self._lru_key(backend), self.namespace + "tick"]
+        return keys, [_keys_blob(block_hashes), -1 if cap is None else cap, int(self.ttl_s * 1e6)]
+
     def _failed(self, exc: Exception) -> None:
         self.failures += 1
         if self.up:
@@ -243,15 +249,11 @@ class RedisPrefixIndex:
 
     def resync(self) -> None:
         """Push the local mirror (blocks in LRU order, sessions) to Redis. Raises on Redis errors."""
-        ttl_us = int(self.ttl_s * 1e6)
         for backend in self._backends:
             blocks = self.local.blocks(backend)  # least recent first: head of the list = newest
             blocks.reverse()
-            cap = self._capacity.get(backend)
-            self._record(
-                keys=[self._lru_key(backend), self.namespace + "tick"],
-                args=[_keys_blob(blocks), -1 if cap is None else cap, ttl_us],
-            )
+            keys, args = self._record_call(backend, blocks)
+            self._record(keys=keys, args=args)
         sessions = self.local.sessions()
         if sessions:
             pipe = self._client.pipeline(transaction=False)
@@ -305,9 +307,7 @@ class RedisPrefixIndex:
             return
         if backend not in self._capacity:
             self.set_capacity(backend, None)
-        cap = self._capacity[backend]
-        keys = [self._lru_key(backend), self.namespace + "tick"]
-        args = [_keys_blob(block_hashes), -1 if cap is None else cap, int(self.ttl_s * 1e6)]
+        keys, args = self._record_call(backend, block_hashes)
         self._submit(lambda: self._record(keys=keys, args=args))
 
     def remove(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
