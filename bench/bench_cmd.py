@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.replay import ReplayResult, TraceReplayConfig, TurnResult, bound_hit_rate, replay_trace
+from bench.sim.config import DEFAULT_KV_TOKENS
 from bench.traces import (
     CLAUDE_CODE_DIR,
     MOONCAKE_DIR,
@@ -79,7 +80,7 @@ class Preset:
     fits_concurrency: int = 4
     over_concurrency: int = 12
     ranks: int = 4
-    kv_tokens: int = 181_777
+    kv_tokens: int = DEFAULT_KV_TOKENS
     sim_time_scale: float = 0.02
     time_scale: float = 0.005
     max_tokens: int = 8
@@ -122,7 +123,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fits-concurrency", type=int, default=None, help="concurrent sessions (fits)")
     parser.add_argument("--over-concurrency", type=int, default=None, help="concurrent sessions (over)")
     parser.add_argument("--ranks", type=int, default=None, help="simulated ranks (default 4)")
-    parser.add_argument("--kv-tokens", type=int, default=None, help="KV pool per rank in tokens (181777)")
+    parser.add_argument(
+        "--kv-tokens", type=int, default=None, help=f"KV pool per rank in tokens ({DEFAULT_KV_TOKENS})"
+    )
     parser.add_argument(
         "--sim-time-scale", type=float, default=None, help="simulated-time factor of the ranks (default 0.02)"
     )

@@ -19,15 +19,13 @@ import gc
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bench.common import write_json
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
 from tokenization.encoding import encode
-
-OUT = Path(__file__).resolve().parent / "out" / "canonical_cost.json"
 
 _WORDS = (
     "the request handler reads the config file and retries the upstream call with backoff while the",
@@ -177,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         s = report[name]
         print(f"{name:<14}{s['median_ms']:>11.3f}{s['p99_ms']:>9.3f}{s['mean_ms']:>9.3f}")
     print(f"target: repeat-turn median <= {report['target_median_ms']} ms")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {OUT}")
+    print(f"wrote {write_json('canonical_cost.json', report)}")
     return 0
 
 

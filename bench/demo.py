@@ -19,6 +19,7 @@ from typing import Any
 from bench.common import OUT_DIR, write_json
 from bench.replay import infinite_cache_bound, replay
 from bench.sim import SimConfig, start_fleet, stop_fleet
+from bench.sim.config import DEFAULT_KV_TOKENS
 from bench.workload import agent_sessions
 from proxy.app import create_app
 from proxy.config import Settings, load_settings
@@ -32,7 +33,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=int, default=12, help="concurrent agent sessions (default 12)")
     parser.add_argument("--turns", type=int, default=6, help="turns per session (default 6)")
     parser.add_argument(
-        "--kv-tokens", type=int, default=181_777, help="KV pool of each rank in tokens (default 181777)"
+        "--kv-tokens",
+        type=int,
+        default=DEFAULT_KV_TOKENS,
+        help="KV pool of each rank in tokens (default %(default)s)",
     )
     parser.add_argument(
         "--time-scale", type=float, default=0.05, help="simulated-time factor of the ranks (default 0.05)"

@@ -31,8 +31,6 @@ import asyncio
 import contextlib
 import random
 import resource
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -45,8 +43,16 @@ import orjson
 import psutil
 import yaml
 
-from bench.common import Subprocess, machine, median, percentile, proxy_process, stub_rank_process, write_json
-from proxy.server import free_port
+from bench.common import (
+    Subprocess,
+    machine,
+    median,
+    percentile,
+    proxy_process,
+    redis_server,
+    stub_rank_process,
+    write_json,
+)
 
 WARMUP_S = 5.0
 SAMPLE_EVERY_S = 2.0
@@ -206,37 +212,6 @@ def proxied_phase(
         for i in range(len(pids))
     ]
     return result, sampler.samples
-
-
-@contextlib.contextmanager
-def redis_server() -> Any:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        yield None
-        return
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        import redis
-
-        client = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def print_table(results: dict[str, Any]) -> None:

@@ -22,6 +22,13 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def windowed_hit_rate(turns: Sequence[Mapping[str, Any]], window: int) -> tuple[list[int], list[float]]:
     """Hit rate (cached / prompt tokens) over a sliding window of ``window`` requests in sent order."""
     ordered = sorted(turns, key=lambda t: t["sent_s"])
@@ -60,10 +67,7 @@ def write_plots(
     ax.set_ylim(0, 1.02)
     ax.set_title(f"hit rate over the replay ({scenario})")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    paths.append(out / f"{scenario}_hit_rate.png")
-    fig.savefig(paths[-1])
-    plt.close(fig)
+    paths.append(_save(plt, fig, out / f"{scenario}_hit_rate.png"))
 
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=80)
     values = [results[n]["prefill_tokens"] / 1e6 for n in systems]
@@ -73,10 +77,7 @@ def write_plots(
     ax.set_xlabel("prefill tokens computed (millions, from the ranks' usage)")
     ax.set_title(f"prefill ({scenario})")
     ax.tick_params(axis="y", labelsize=8)
-    fig.tight_layout()
-    paths.append(out / f"{scenario}_prefill.png")
-    fig.savefig(paths[-1])
-    plt.close(fig)
+    paths.append(_save(plt, fig, out / f"{scenario}_prefill.png"))
 
     fig, ax = plt.subplots(figsize=(9, 3.6), dpi=80)
     for name in systems:
@@ -88,8 +89,5 @@ def write_plots(
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"TTFT CDF ({scenario})")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    paths.append(out / f"{scenario}_ttft_cdf.png")
-    fig.savefig(paths[-1])
-    plt.close(fig)
+    paths.append(_save(plt, fig, out / f"{scenario}_ttft_cdf.png"))
     return paths

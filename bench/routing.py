@@ -25,10 +25,7 @@ about 300 requests per policy) take about 2 minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import OUT_DIR, median, percentile  # noqa: E402
-from proxy.server import free_port  # noqa: E402
+from bench.common import OUT_DIR, median, percentile, redis_server, write_json  # noqa: E402
+from bench.sim.config import DEFAULT_KV_TOKENS  # noqa: E402
 from routing.index.memory import MemoryPrefixIndex  # noqa: E402
 from routing.policy import POLICIES  # noqa: E402
 
@@ -78,27 +75,11 @@ def lookup_cost(repeats: int = 200) -> dict[str, Any]:
         memory.set_capacity(f"r{r}", None)
         memory.record(f"r{r}", blocks)
     results["memory"] = _time(lambda: memory.lookup(blocks, "s"), repeats)
-    binary = shutil.which("redis-server")
-    if binary is None:
-        results["redis"] = None
-        return results
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        store = RedisPrefixIndex(f"redis://127.0.0.1:{port}/0", model="bench", block_size=LOOKUP_BLOCK)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                store._client.ping()
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+    with redis_server() as url:
+        if url is None:
+            results["redis"] = None
+            return results
+        store = RedisPrefixIndex(url, model="bench", block_size=LOOKUP_BLOCK)
         for r in range(4):
             store.set_capacity(f"r{r}", None)
             store.record(f"r{r}", blocks)
@@ -107,9 +88,6 @@ def lookup_cost(repeats: int = 200) -> dict[str, Any]:
         results["redis"] = _time(lambda: store.lookup(blocks, "s"), repeats)
         results["redis_record"] = _time(lambda: store.record("r0", blocks), max(repeats // 4, 10))
         store.close()
-    finally:
-        proc.kill()
-        proc.wait(5)
     return results
 
 
@@ -225,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only conversations whose requests all stay under this (fits a pool and the sim's context)",
     )
     parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--kv-tokens", type=int, default=181_777)
+    parser.add_argument("--kv-tokens", type=int, default=DEFAULT_KV_TOKENS)
     parser.add_argument("--sim-time-scale", type=float, default=0.25, help="ranks' model time factor")
     parser.add_argument("--time-scale", type=float, default=0.005, help="factor on the trace's think times")
     parser.add_argument("--seed", type=int, default=0, help="conversation order and block text seed")
@@ -256,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             print_replay(out["replay"])
             failed = any("failed" in r or r["errors"] for r in out["replay"]["runs"])
     out["wall_s"] = time.perf_counter() - started
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / "routing.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    path = write_json("routing.json", out)
     print(f"\nwrote {path} ({out['wall_s']:.0f}s)")
     return 1 if failed else 0
 

@@ -22,6 +22,7 @@ import psutil
 
 from bench.common import wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
+from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL
 from proxy.server import free_port
 
 #: Counters summed over the fleet (Prometheus exposes counters with a ``_total`` suffix).
@@ -58,10 +59,10 @@ def _free_port_run(count: int) -> int:
 @dataclass(frozen=True, slots=True)
 class FleetConfig:
     ranks: int = 4
-    kv_tokens: int = 181_777
+    kv_tokens: int = DEFAULT_KV_TOKENS
     time_scale: float = 0.02
     block_size: int = 16
-    model: str = "prefixgate-sim"
+    model: str = DEFAULT_MODEL
 
 
 class SimFleetProcess:

@@ -12,7 +12,6 @@ Responses are stored (bounded, least recently used dropped) for ``previous_respo
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections import OrderedDict
@@ -26,7 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from bench.sim.prompts import Prompt
 from bench.sim.scheduler import OUTPUT_TOKEN_TEXT, OutQueue, RequestTooLarge, SimRequest
-from bench.sim.server import SimRank, _wait_disconnect, drop_connection
+from bench.sim.server import SimRank, _body, _json, drop_connection, wait_finished
 from tokenization.agent_apis import ConversionError, anthropic_to_chat, responses_to_chat
 
 #: Responses kept for ``previous_response_id`` per rank.
@@ -40,10 +39,6 @@ class _Stored:
     response: dict[str, Any]
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
 def anthropic_error(message: str, status: int, kind: str = "invalid_request_error") -> Response:
     return _json({"type": "error", "error": {"type": kind, "message": message}}, status)
 
@@ -55,13 +50,6 @@ def openai_error(message: str, status: int, param: str | None = None) -> Respons
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    data = orjson.loads(await request.body())
-    if not isinstance(data, dict):
-        raise ValueError("the request body must be a JSON object")
-    return data
 
 
 class AgentApis:
@@ -93,22 +81,7 @@ class AgentApis:
 
     async def collect(self, request: Request, reqs: list[SimRequest], out: OutQueue) -> str | None:
         """The generated text, or None when the client went away first."""
-
-        async def drain() -> None:
-            while True:
-                _, _, finish = await out.get()
-                if finish is not None:
-                    return
-
-        collector = asyncio.ensure_future(drain())
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            await asyncio.wait([collector, watcher], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            collector.cancel()
-            watcher.cancel()
-            self.rank.engine.abort(reqs)
-        if not reqs[0].finish_reason:
+        if not await wait_finished(request, self.rank, reqs, out):
             return None
         return "".join(OUTPUT_TOKEN_TEXT[t] for t in reqs[0].output_token_ids)
 

@@ -15,6 +15,11 @@ from tokenization.block_hash import HashAlgo
 _D = SimConfig()
 
 
+def _opt(group: argparse._ArgumentGroup, flag: str, kind: type, default: object, help: str) -> None:
+    """A typed flag whose help ends with its default."""
+    group.add_argument(flag, type=kind, default=default, help=f"{help} (default %(default)s)")
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Add the ``sim`` command's flags to ``parser``."""
     parser.description = (
@@ -24,13 +29,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "max 256 sequences, 8,192 batched tokens per step, KV pool of 181,777 tokens."
     )
     g = parser.add_argument_group("serving")
-    g.add_argument("--host", default=_D.host, help="address to listen on (default %(default)s)")
-    g.add_argument(
-        "--port", type=int, default=8000, help="port of a single rank; 0 = a free port (default %(default)s)"
-    )
-    g.add_argument(
-        "--ranks", type=int, default=1, help="number of ranks in this process (default %(default)s)"
-    )
+    _opt(g, "--host", str, _D.host, "address to listen on")
+    _opt(g, "--port", int, 8000, "port of a single rank; 0 = a free port")
+    _opt(g, "--ranks", int, 1, "number of ranks in this process")
     g.add_argument(
         "--base-port",
         type=int,
@@ -38,17 +39,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="with --ranks N: rank i listens on BASE_PORT+i (default: --port)",
     )
     g.add_argument("--name", default=None, help="rank name (single rank; default sim-0, fleets use sim-0..)")
-    g.add_argument("--model", default=DEFAULT_MODEL, help="served model name (default %(default)s)")
+    _opt(g, "--model", str, DEFAULT_MODEL, "served model name")
     g = parser.add_argument_group("KV cache")
-    g.add_argument(
-        "--block-size", type=int, default=_D.block_size, help="tokens per KV block (default %(default)s)"
-    )
-    g.add_argument(
-        "--kv-tokens",
-        type=int,
-        default=DEFAULT_KV_TOKENS,
-        help="KV pool size in tokens (default %(default)s)",
-    )
+    _opt(g, "--block-size", int, _D.block_size, "tokens per KV block")
+    _opt(g, "--kv-tokens", int, DEFAULT_KV_TOKENS, "KV pool size in tokens")
     g.add_argument(
         "--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides --kv-tokens)"
     )
@@ -64,51 +58,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's 'vllm-none-hash')",
     )
     g = parser.add_argument_group("scheduling and timing")
-    g.add_argument(
-        "--max-num-seqs", type=int, default=_D.max_num_seqs, help="running sequences (default %(default)s)"
-    )
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=_D.max_num_batched_tokens,
-        help="tokens per step (default %(default)s)",
-    )
-    g.add_argument(
-        "--max-model-len", type=int, default=_D.max_model_len, help="context length (default %(default)s)"
-    )
-    g.add_argument(
-        "--time-scale",
-        type=float,
-        default=_D.time_scale,
-        help="multiplies every modelled duration (default %(default)s)",
-    )
-    g.add_argument(
-        "--prefill-rate", type=float, default=_D.prefill_rate, help="prefill tokens/s (default %(default)s)"
-    )
-    g.add_argument(
-        "--decode-base-ms",
-        type=float,
-        default=_D.decode_base_s * 1e3,
-        help="decode step ms (default %(default)s)",
-    )
-    g.add_argument(
-        "--decode-per-seq-ms",
-        type=float,
-        default=_D.decode_per_seq_s * 1e3,
-        help="ms per running seq (default %(default)s)",
-    )
-    g.add_argument(
+    _opt(g, "--max-num-seqs", int, _D.max_num_seqs, "running sequences")
+    _opt(g, "--max-num-batched-tokens", int, _D.max_num_batched_tokens, "tokens per step")
+    _opt(g, "--max-model-len", int, _D.max_model_len, "context length")
+    _opt(g, "--time-scale", float, _D.time_scale, "multiplies every modelled duration")
+    _opt(g, "--prefill-rate", float, _D.prefill_rate, "prefill tokens/s")
+    _opt(g, "--decode-base-ms", float, _D.decode_base_s * 1e3, "decode step ms")
+    _opt(g, "--decode-per-seq-ms", float, _D.decode_per_seq_s * 1e3, "ms per running seq")
+    _opt(
+        g,
         "--decode-per-context-token-ns",
-        type=float,
-        default=_D.decode_per_context_token_s * 1e9,
-        help="ns per context token in a decode step (default %(default)s)",
+        float,
+        _D.decode_per_context_token_s * 1e9,
+        "ns per context token in a decode step",
     )
-    g.add_argument(
-        "--max-tokens",
-        type=int,
-        default=_D.default_max_tokens,
-        help="default max_tokens (default %(default)s)",
-    )
+    _opt(g, "--max-tokens", int, _D.default_max_tokens, "default max_tokens")
     g = parser.add_argument_group("reporting")
     g.add_argument("--kv-events", action="store_true", help="publish KV cache events over ZMQ")
     g.add_argument(

@@ -218,7 +218,7 @@ class Engine:
         max_blocks = (req.num_tokens - 1) // self.block_size
         get = self.pool.get_cached
         hits: list[Block] = []
-        for h in req.block_hashes[:max_blocks]:
+        for h in itertools.islice(req.block_hashes, max_blocks):  # no copy of a 6,000-hash list
             block = get(h)
             if block is None:
                 break

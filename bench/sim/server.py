@@ -149,6 +149,31 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+async def wait_finished(request: Request, rank: SimRank, reqs: list[SimRequest], out: OutQueue) -> bool:
+    """Wait until every sequence of ``reqs`` finished or the client went away; True when all finished.
+
+    Either way the sequences are aborted afterwards (a no-op for finished ones), so a departed client's
+    blocks are freed.
+    """
+
+    async def collect() -> None:
+        pending = len(reqs)
+        while pending:
+            _, _, finish = await out.get()
+            if finish is not None:
+                pending -= 1
+
+    collector = asyncio.ensure_future(collect())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait([collector, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        collector.cancel()
+        watcher.cancel()
+        rank.engine.abort(reqs)
+    return all(r.finish_reason for r in reqs)
+
+
 class _MetricsCollector:
     def __init__(self, rank: SimRank) -> None:
         self.rank = rank
@@ -435,22 +460,7 @@ async def _complete(
     created: int,
     model: str,
 ) -> Response:
-    async def collect() -> None:
-        pending = len(reqs)
-        while pending:
-            _, _, finish = await out.get()
-            if finish is not None:
-                pending -= 1
-
-    collector = asyncio.ensure_future(collect())
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait([collector, watcher], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        collector.cancel()
-        watcher.cancel()
-        rank.engine.abort(reqs)  # no-op for finished sequences
-    if not all(r.finish_reason for r in reqs):
+    if not await wait_finished(request, rank, reqs, out):
         return Response(status_code=499)  # the client is gone; nobody reads this
     if kind == "chat":
         choices: list[dict[str, Any]] = [
@@ -521,12 +531,9 @@ async def _stream(
     faults = rank.faults
     sent = 0
 
-    def chunk(choices: list[dict[str, Any]]) -> bytes:
-        return (
-            b"data: "
-            + dumps({"id": rid, "object": obj, "created": created, "model": model, "choices": choices})
-            + b"\n\n"
-        )
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        body = {"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **extra}
+        return b"data: " + dumps(body) + b"\n\n"
 
     def must_die() -> bool:
         limit = faults.config.die_after_chunks
@@ -582,21 +589,7 @@ async def _stream(
                 await drop_connection(scope)
                 return
         if include_usage:
-            usage = _usage(rank, reqs)
-            yield (
-                b"data: "
-                + dumps(
-                    {
-                        "id": rid,
-                        "object": obj,
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": usage,
-                    }
-                )
-                + b"\n\n"
-            )
+            yield chunk([], usage=_usage(rank, reqs))
         yield b"data: [DONE]\n\n"
     finally:
         rank.engine.abort(reqs)  # frees the blocks of sequences still running when the client left
