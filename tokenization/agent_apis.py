@@ -52,6 +52,11 @@ class ConversionError(ValueError):
 # -- Anthropic Messages ---------------------------------------------------------------------------
 def anthropic_system_text(body: Mapping[str, Any]) -> str | None:
     """The system message text vLLM builds from ``system`` and system-role messages (None: none)."""
+    return _system_text_and_messages(body)[0]
+
+
+def _system_text_and_messages(body: Mapping[str, Any]) -> tuple[str | None, list[Mapping[str, Any]]]:
+    """``anthropic_system_text`` and the validated ``messages``, so callers validate them once."""
     parts: list[str] = []
     system = body.get("system")
     if isinstance(system, str):
@@ -61,7 +66,8 @@ def anthropic_system_text(body: Mapping[str, Any]) -> str | None:
         parts.extend(_anthropic_system_blocks(system))
     elif system is not None:
         raise ConversionError("'system' must be a string or a list of text blocks")
-    for message in _anthropic_messages(body):
+    messages = _anthropic_messages(body)
+    for message in messages:
         if message.get("role") != "system":
             continue
         content = message.get("content")
@@ -69,7 +75,7 @@ def anthropic_system_text(body: Mapping[str, Any]) -> str | None:
             parts.append(content)
         elif isinstance(content, list):
             parts.extend(_anthropic_system_blocks(content))
-    return "".join(parts) if parts else None
+    return ("".join(parts) if parts else None), messages
 
 
 def _anthropic_system_blocks(blocks: Sequence[Any]) -> list[str]:
@@ -94,10 +100,10 @@ def _anthropic_messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def anthropic_messages_to_chat(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The chat messages of an Anthropic Messages request (system message first, when any)."""
     out: list[dict[str, Any]] = []
-    system = anthropic_system_text(body)
+    system, messages = _system_text_and_messages(body)
     if system is not None:
         out.append({"role": "system", "content": system})
-    for message in _anthropic_messages(body):
+    for message in messages:
         role = message.get("role")
         role = ANTHROPIC_ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role == "system":

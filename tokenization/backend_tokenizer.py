@@ -7,7 +7,6 @@ round trip. Block hashes still reuse the session's previous turn through the com
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +14,8 @@ import httpx
 import orjson
 import xxhash
 
-from tokenization.base import ChatPrompt, Encoded, Plan, common_prefix_len
+from tokenization.base import ChatPrompt, Encoded, Plan, token_ids_plan
+from tokenization.shared_prefix import SharedPrefixCache
 
 
 class BackendTokenizeError(RuntimeError):
@@ -44,8 +44,8 @@ class BackendTokenizer:
         self._url = base_url.rstrip("/") + "/tokenize"
         self._model = model
         self._timeout = timeout_s
-        self._cache: OrderedDict[int, array] = OrderedDict()
-        self._cache_entries = cache_entries
+        # Bounded by entry count: each answer costs 1 of a budget of ``cache_entries``.
+        self._cache = SharedPrefixCache[array](cache_entries)
         self.round_trips = 0
 
     async def tokenize(self, payload: Mapping[str, Any]) -> array:
@@ -54,7 +54,6 @@ class BackendTokenizer:
         key = xxhash.xxh3_128_intdigest(raw)
         cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(key)
             return cached
         self.round_trips += 1
         try:
@@ -70,10 +69,7 @@ class BackendTokenizer:
             tokens = array("I", ids)
         except (orjson.JSONDecodeError, KeyError, TypeError, OverflowError) as exc:
             raise BackendTokenizeError(f"{self._url}: unexpected answer: {exc!r}") from exc
-        if self._cache_entries:
-            self._cache[key] = tokens
-            while len(self._cache) > self._cache_entries:
-                self._cache.popitem(last=False)
+        self._cache.put(key, tokens, 1)
         return tokens
 
     def _model_for(self, model: str | None) -> str | None:
@@ -90,13 +86,8 @@ class BackendTokenizer:
             payload["tools"] = prompt.tools
         if prompt.chat_template_kwargs:
             payload["chat_template_kwargs"] = prompt.chat_template_kwargs
-        return self._ready(await self.tokenize(payload), prev)
+        return token_ids_plan(await self.tokenize(payload), prev)
 
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
         """A completion prompt through ``{model, prompt}`` (the rank adds its special tokens)."""
-        return self._ready(await self.tokenize({"model": self._model_for(model), "prompt": text}), prev)
-
-    @staticmethod
-    def _ready(tokens: array, prev: Encoded | None) -> Plan:
-        reused = 0 if prev is None else common_prefix_len(prev.tokens, tokens)
-        return Plan.ready(Encoded(tokens, (("prompt", 0, len(tokens)),), reused))
+        return token_ids_plan(await self.tokenize({"model": self._model_for(model), "prompt": text}), prev)

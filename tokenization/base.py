@@ -104,15 +104,18 @@ class Tokenizer(Protocol):
         ...
 
 
-def common_prefix_len(a: Sequence[Any], b: Sequence[Any], chunk: int = 4096) -> int:
-    """Length of the common prefix of two sequences (str, array, list): chunked C compares first."""
+def common_prefix_len(a: Sequence[Any], b: Sequence[Any], chunk: int = 4096, *, start: int = 0) -> int:
+    """Length of the common prefix of two sequences (str, array, list): chunked C compares first.
+
+    ``start``: a length already known common (``a[:start] == b[:start]``); comparing begins there,
+    so a caller that extended a shared prefix needs no tail slices."""
     if type(a) is not type(b):  # slices of different types never compare equal: align them
         try:
             b = array(a.typecode, b) if isinstance(a, array) else type(a)(b)  # type: ignore[call-arg]
         except (OverflowError, TypeError, ValueError):
             a, b = list(a), list(b)
     n = min(len(a), len(b))
-    i = 0
+    i = min(start, n)
     # Both slices end at the same index, so a shorter sequence's tail still compares in C.
     while i < n and a[i : min(i + chunk, n)] == b[i : min(i + chunk, n)]:
         i += chunk
@@ -130,8 +133,13 @@ def common_prefix_len(a: Sequence[Any], b: Sequence[Any], chunk: int = 4096) -> 
     return i
 
 
+def whole_prompt(tokens: array, prev: Encoded | None) -> Encoded:
+    """A prompt encoded whole (one ``prompt`` part, no memo): reuse is the common prefix with ``prev``."""
+    reused = 0 if prev is None else common_prefix_len(prev.tokens, tokens)
+    return Encoded(tokens, (("prompt", 0, len(tokens)),), reused)
+
+
 def token_ids_plan(ids: Sequence[int], prev: Encoded | None) -> Plan:
     """A plan for a prompt given as token ids: nothing to encode, reuse the common prefix."""
     tokens = ids if isinstance(ids, array) and ids.typecode == "I" else array("I", ids)
-    reused = 0 if prev is None else common_prefix_len(prev.tokens, tokens)
-    return Plan.ready(Encoded(tokens, (("prompt", 0, len(tokens)),), reused))
+    return Plan.ready(whole_prompt(tokens, prev))

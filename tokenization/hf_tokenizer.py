@@ -20,7 +20,15 @@ from typing import Any
 from tokenizers import Tokenizer as HfCoreTokenizer
 
 from tokenization.agent_apis import BILLING_HEADER_PREFIX
-from tokenization.base import ChatPrompt, Encoded, Part, Plan, UnsupportedRequest, common_prefix_len
+from tokenization.base import (
+    ChatPrompt,
+    Encoded,
+    Part,
+    Plan,
+    UnsupportedRequest,
+    common_prefix_len,
+    whole_prompt,
+)
 from tokenization.hf_template import load_chat_template, render_chat, select_template
 
 CHARS_PER_TOKEN = 4
@@ -224,9 +232,9 @@ class HfTokenizer:
                     anchor_ends.append(cut_char + end)
             starts.fromlist([cut_char + o[0] for o in enc.offsets])
             tokens.fromlist(ids)
-            reused = cut_token
-            if prev is not None and memo is not None:
-                reused += common_prefix_len(prev.tokens[cut_token:], ids)
+            reused = 0
+            if prev is not None and memo is not None:  # tokens[:cut_token] are prev's: compare after
+                reused = common_prefix_len(prev.tokens, tokens, start=cut_token)
             parts = message_parts(text, messages, starts, anchors, len(tokens))
             memo_bytes = len(text) + 4 * (len(starts) + 2 * len(anchors)) + 200
             return Encoded(tokens, parts, reused, _TextMemo(text, starts, anchors, anchor_ends), memo_bytes)
@@ -238,9 +246,7 @@ class HfTokenizer:
         del model
 
         def finish() -> Encoded:
-            tokens = array("I", self._tok.encode(text, add_special_tokens=True).ids)
-            reused = 0 if prev is None else common_prefix_len(prev.tokens, tokens)
-            return Encoded(tokens, (("prompt", 0, len(tokens)),), reused)
+            return whole_prompt(array("I", self._tok.encode(text, add_special_tokens=True).ids), prev)
 
         return Plan(len(text) // CHARS_PER_TOKEN, finish)
 

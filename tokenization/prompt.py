@@ -13,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 from array import array
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
@@ -24,6 +23,8 @@ from tokenization.base import ChatPrompt, Encoded, Part, Plan, Tokenizer, Unsupp
 from tokenization.block_hash import BlockHash, kv_event_hash
 from tokenization.hashers import ChainHasher
 from tokenization.shared_prefix import DEFAULT_SHARED_CACHE_BYTES, SharedPrefixCache
+
+_T = TypeVar("_T")
 
 # Per cached block hash: the bytes object header (33) + list slot (8) on top of the digest.
 _HASH_OVERHEAD = 41
@@ -66,46 +67,16 @@ class _Entry:
     encoded: Encoded
     salt: str | None
     hashes: list[BlockHash]
-    nbytes: int
 
 
-class SessionCache:
-    """LRU over sessions with a byte budget (approximate: tokens, hashes and tokenizer memos)."""
+class SessionCache(SharedPrefixCache[_Entry]):
+    """LRU over sessions with a byte budget (approximate: tokens, hashes and tokenizer memos).
 
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self.nbytes = 0
-        self.evictions = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: str) -> _Entry | None:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
-        return entry
-
-    def put(self, key: str, entry: _Entry) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
-        self._entries[key] = entry
-        self.nbytes += entry.nbytes
-        while self.nbytes > self.budget_bytes and self._entries:
-            _, evicted = self._entries.popitem(last=False)
-            self.nbytes -= evicted.nbytes
-            self.evictions += 1
-
-    def discard(self, key: str) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
+    A turn larger than the whole budget is not kept (its session's previous turn is dropped)."""
 
     def session_bytes(self, key: str) -> int | None:
-        entry = self._entries.get(key)
-        return None if entry is None else entry.nbytes
+        """The bytes charged for ``key``'s cached turn, or None when it holds none."""
+        return self.nbytes_of(key)
 
 
 class IncrementalTokenizer:
@@ -170,19 +141,14 @@ class IncrementalTokenizer:
     async def _complete(
         self, session_key: str | None, kind: str, plan: Plan, prev: _Entry | None, salt: str | None
     ) -> PromptBlocks:
-        if plan.work > self.offload_tokens:
-            encoded = await asyncio.to_thread(plan.finish)
-        else:
-            encoded = plan.finish()
+        encoded = await self._run(plan.work, plan.finish)
         keep = self._reusable_blocks(encoded, prev, salt)
         shared, keep = self._shared_blocks(encoded, prev, keep, salt)
-        if len(encoded.tokens) - keep * self.block_size > self.offload_tokens:
-            hashes = await asyncio.to_thread(self._hash, encoded, prev, keep, salt, shared)
-        else:
-            hashes = self._hash(encoded, prev, keep, salt, shared)
+        unhashed = len(encoded.tokens) - keep * self.block_size
+        hashes = await self._run(unhashed, self._hash, encoded, prev, keep, salt, shared)
         if session_key is not None:
             nbytes = encoded.nbytes + len(hashes) * self._hash_bytes + 200
-            self.sessions.put(session_key, _Entry(kind, encoded, salt, hashes, nbytes))
+            self.sessions.put(session_key, _Entry(kind, encoded, salt, hashes), nbytes)
         return PromptBlocks(
             num_tokens=len(encoded.tokens),
             block_size=self.block_size,
@@ -193,6 +159,12 @@ class IncrementalTokenizer:
             reused_blocks=keep if shared is None else 0,
             shared_blocks=0 if shared is None else keep,
         )
+
+    async def _run(self, work: int, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``, in a worker thread when ``work`` (tokens) exceeds ``offload_tokens``."""
+        if work > self.offload_tokens:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
 
     def _shared_blocks(
         self, encoded: Encoded, prev: _Entry | None, keep: int, salt: str | None

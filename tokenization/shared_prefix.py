@@ -27,7 +27,8 @@ class SharedPrefixCache(Generic[V]):
     """LRU by bytes: ``put`` evicts the least recently used entries while over ``budget_bytes``.
 
     An entry larger than the whole budget is not kept (it would only flush everything else).
-    Thread-safe: plans may finish in worker threads while the event loop reads.
+    Thread-safe: plans may finish in worker threads while the event loop reads. ``nbytes`` is any
+    additive cost: a cache bounded by entry count charges 1 per entry.
     """
 
     def __init__(self, budget_bytes: int = DEFAULT_SHARED_CACHE_BYTES) -> None:
@@ -54,19 +55,33 @@ class SharedPrefixCache(Generic[V]):
             return entry[0]
 
     def put(self, key: Hashable, value: V, nbytes: int) -> None:
-        """Keep ``value`` (about ``nbytes`` of memory) under ``key``."""
-        if nbytes > self.budget_bytes:
-            return
+        """Keep ``value`` (about ``nbytes`` of memory) under ``key``, replacing its previous value
+        (which is dropped even when the new one is too large to keep)."""
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.nbytes -= old[1]
+            self._discard(key)
+            if nbytes > self.budget_bytes:
+                return
             self._entries[key] = (value, nbytes)
             self.nbytes += nbytes
             while self.nbytes > self.budget_bytes:
                 _, (_, size) = self._entries.popitem(last=False)
                 self.nbytes -= size
                 self.evictions += 1
+
+    def discard(self, key: Hashable) -> None:
+        """Forget ``key``'s value, if any."""
+        with self._lock:
+            self._discard(key)
+
+    def _discard(self, key: Hashable) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= old[1]
+
+    def nbytes_of(self, key: Hashable) -> int | None:
+        """The bytes charged for ``key``'s value (None: not held); does not count as a use."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
 
     def stats(self) -> dict[str, int]:
         """Entries, bytes held, hits, misses and evictions."""

@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 import xxhash
 
-from tokenization.base import ChatPrompt, Encoded, Part, Plan, common_prefix_len
+from tokenization.base import ChatPrompt, Encoded, Part, Plan, common_prefix_len, whole_prompt
 from tokenization.chatml import GENERATION_PROMPT, SYSTEM_ROLES, content_text, render_message, render_system
-from tokenization.encoding import chatml_encoding
+from tokenization.encoding import chatml_encoding, encode
 from tokenization.shared_prefix import DEFAULT_SHARED_CACHE_BYTES, SharedPrefixCache
 
 # Rough chars per token of code and prose, only to size the work for the thread/inline decision.
@@ -39,18 +39,21 @@ def segment_labels(
     messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None, generation: bool
 ) -> list[str]:
     """One label per segment of ``chatml.render_segments``, in order."""
-    labels: list[str] = []
     has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
-    if has_system or tools:
-        labels.append(_system_label(has_system, bool(tools)))
-    labels.extend(f"message[{i}]" for i in range(1 if has_system else 0, len(messages)))
-    if generation:
-        labels.append("generation_prompt")
-    return labels
+    has_tools = bool(tools)
+    count = int(has_system or has_tools) + len(messages) - int(has_system) + int(generation)
+    return [_segment_label(j, count, has_system, has_tools, generation) for j in range(count)]
 
 
-def _system_label(has_system: bool, has_tools: bool) -> str:
-    return "system+tools" if has_system and has_tools else "system" if has_system else "tools"
+def _segment_label(j: int, count: int, has_system: bool, has_tools: bool, generation: bool) -> str:
+    """The label of segment ``j`` of ``count`` (one label at a time: a turn labels only new segments)."""
+    system_segment = has_system or has_tools
+    if j == 0 and system_segment:
+        return "system+tools" if has_system and has_tools else "system" if has_system else "tools"
+    if generation and j == count - 1:
+        return "generation_prompt"
+    # Segment index -> message index: a system message is in segment 0, a tools-only segment is not.
+    return f"message[{j + int(has_system) - int(system_segment)}]"
 
 
 _GENERATION_KEY = 0  # the generation prompt segment never changes
@@ -79,14 +82,11 @@ class TiktokenTokenizer:
         #: The system+tools segment's token ids by segment key, across sessions (see ``shared_prefix``).
         self.shared = SharedPrefixCache[array](shared_cache_bytes)
 
-    def _encode(self, text: str) -> list[int]:
-        return self._encoding.encode(text, allowed_special="all", disallowed_special=())
-
     def _encode_into(self, tokens: array, text: str) -> None:
         """Append ``text``'s ids to ``tokens``: through tiktoken's uint32 buffer when it has one, which
         skips building a Python int per token (~6 % of an appended turn's encode)."""
         if self._to_buffer is None:
-            tokens.fromlist(self._encode(text))
+            tokens.fromlist(encode(text))
         else:
             tokens.frombytes(memoryview(self._to_buffer(text, self._specials)).cast("B"))
 
@@ -101,8 +101,9 @@ class TiktokenTokenizer:
     def _plan_chat(self, prompt: ChatPrompt, prev: Encoded | None) -> Plan:
         messages, tools, generation = prompt.messages, prompt.tools, prompt.add_generation_prompt
         has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
+        has_tools = bool(tools)
         first_message = 1 if has_system else 0
-        system_segment = has_system or bool(tools)
+        system_segment = has_system or has_tools
         # Keys hash each segment's inputs (the message's JSON bytes), not its rendered text: unchanged
         # segments are then never rendered again, only serialized by orjson.
         digest = xxhash.xxh3_128_intdigest
@@ -120,8 +121,9 @@ class TiktokenTokenizer:
         # A session's first turn (or a changed system prompt): another session of the same agent
         # may have encoded this system+tools segment already.
         lead: array | None = self.shared.get(keys[0]) if first == 0 and system_segment else None
+        encode_from = first if lead is None else 1
         segments: list[str] = []
-        for j in range(first if lead is None else 1, len(keys)):
+        for j in range(encode_from, len(keys)):
             if j == 0 and system_segment:
                 system_text = content_text(messages[0].get("content")) if has_system else None
                 segments.append(render_system(system_text, tools) or "")
@@ -132,11 +134,7 @@ class TiktokenTokenizer:
         work = sum(map(len, segments)) // CHARS_PER_TOKEN
 
         def _label(j: int) -> str:
-            if j == 0 and system_segment:
-                return _system_label(has_system, bool(tools))
-            if generation and j == len(keys) - 1:
-                return "generation_prompt"
-            return f"message[{j + offset}]"
+            return _segment_label(j, len(frozen_keys), has_system, has_tools, generation)
 
         def finish() -> Encoded:
             tokens = prev.tokens[:reused] if prev is not None and reused else array("I")
@@ -144,13 +142,11 @@ class TiktokenTokenizer:
             # Unchanged segments keep their labels: same keys up to ``first`` = same message layout.
             parts: list[Part] = list(prev.parts[:first]) if prev is not None and first else []
             start = reused
-            encode_from = first
             if lead is not None:
                 tokens = lead[:]  # a copy: the cached ids are shared
                 ends.append(len(lead))
                 parts.append((_label(0), 0, len(lead)))
                 start = len(lead)
-                encode_from = 1
             labels = [_label(j) for j in range(encode_from, len(frozen_keys))]
             for j, (segment, label) in enumerate(zip(segments, labels, strict=True), encode_from):
                 self._encode_into(tokens, segment)
@@ -180,7 +176,6 @@ class TiktokenTokenizer:
         def finish() -> Encoded:
             tokens = array("I")
             self._encode_into(tokens, text)
-            reused = 0 if prev is None else common_prefix_len(prev.tokens, tokens)
-            return Encoded(tokens, (("prompt", 0, len(tokens)),), reused)
+            return whole_prompt(tokens, prev)
 
         return Plan(len(text) // CHARS_PER_TOKEN, finish)
