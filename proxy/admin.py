@@ -97,8 +97,8 @@ def admin_router(admission: Callable[[], Admission]) -> APIRouter:
     @router.get("/admin/sessions/{session_id:path}")
     async def show_session(request: Request, session_id: str) -> Response:
         gate = admission()
-        session = gate.table.get(session_id)
-        if session is None or not visible(request, session):
+        session = visible_session(request, gate, session_id)
+        if session is None:
             return session_not_found(session_id)
         return _json(_row(session, gate.table.clock(), gate.config.idle_ttl, with_breaks=True))
 
@@ -106,8 +106,8 @@ def admin_router(admission: Callable[[], Admission]) -> APIRouter:
     async def end_session(request: Request, session_id: str) -> Response:
         """End a session at once: its working set no longer counts against its rank's budget."""
         gate = admission()
-        session = gate.table.get(session_id)
-        if session is None or not visible(request, session):
+        session = visible_session(request, gate, session_id)
+        if session is None:
             return session_not_found(session_id)
         gate.release(session_id)
         return _json({"id": session_id, "object": "session", "deleted": True})
@@ -119,6 +119,12 @@ def visible(request: Request, session: Session) -> bool:
     """Whether the caller may see ``session`` (the admin sees all, a client key its own)."""
     viewer = viewer_of(request)
     return viewer is None or session.client == viewer
+
+
+def visible_session(request: Request, admission: Admission, session_id: str) -> Session | None:
+    """The session ``session_id`` when it exists and the caller may see it, else None."""
+    session = admission.table.get(session_id)
+    return session if session is not None and visible(request, session) else None
 
 
 def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> dict[str, object]:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -31,13 +31,12 @@ from proxy.errors import NO_BACKEND, ProxyError, bad_request, upstream_failed
 from proxy.forward import (
     ClientDisconnected,
     Forwarder,
-    RelayResponse,
     StreamOutcome,
     response_headers,
     until_disconnected,
     upstream_headers,
 )
-from proxy.observe import last_event_with, usage_from_body
+from proxy.observe import last_event_with
 from proxy.parse import new_context, parse_json_object, read_body
 from proxy.pipeline import Pipeline
 from proxy.responses import ResponseRanks, ResponsesApi, make_response_ranks
@@ -113,7 +112,7 @@ class AgentPipeline:
             ctx = await self._parse(request, api, started)
             identify_session(ctx)
             self._canonicalize(ctx, api)
-            upstream = orjson.dumps(ctx.body) if ctx.body_changed else ctx.raw_body
+            upstream = ctx.upstream_body()  # fixed before ctx.body becomes the chat view
             try:
                 chat = api.to_chat(ctx.body)
             except ConversionError as exc:
@@ -135,47 +134,29 @@ class AgentPipeline:
                 )
             else:
                 await self.pipeline.blocks(ctx)
-            if self.pipeline.admission is not None:
-                await self.pipeline.admission.admit(ctx, request.receive)
-            opened = await until_disconnected(
-                request.receive,
-                forwarder.open(
-                    ctx,
-                    endpoint,
-                    upstream,
-                    upstream_headers(request.headers),
-                    stream=ctx.stream,
-                ),
-            )
+            opened = await self.pipeline.admit_and_open(request, ctx, endpoint, upstream, forwarder)
         except ProxyError as exc:
             return self._error(api, endpoint, exc, started)
         except ClientDisconnected:
             return self.pipeline.client_closed(endpoint, ctx)
 
-        backend = opened.backend.name
-        if self.pipeline.explainer is not None:
-            self.pipeline.explainer.after_route(ctx)
-        headers = self.pipeline.session_headers(ctx)
-        if opened.chunks is not None:
-            stored = self._remember_from_stream(api, opened.first_chunk, backend)
+        on_stream_end = on_body = None
+        if api.kind is ApiKind.RESPONSES:  # remember the rank that stores the response
+            rank = opened.backend.name
+            if opened.chunks is None:
 
-            def finish(outcome: StreamOutcome) -> None:
-                self._finish_stream(api, endpoint, ctx, backend, outcome, started, stored)
+                def on_body(data: Any) -> None:
+                    self._remember(_response_id(data), rank)
 
-            relay = RelayResponse(opened, finish, api.sse_error)
-            relay.headers.update(headers)
-            return relay
+            # the id is in response.created, usually the first chunk; else read it from the tail
+            elif not self._remember_id((opened.first_chunk,), rank):
 
-        status = opened.response.status
-        assert opened.body is not None
-        if status == 200:
-            self.pipeline.observe(ctx, backend, usage_from_body(opened.body, api.usage_from_json))
-            if api.kind is ApiKind.RESPONSES:
-                self._remember(_response_id(opened.body), backend)
-        out_headers = response_headers(opened.response, backend)
-        out_headers.update(headers)
-        self.pipeline.answered(endpoint, backend, status, started)
-        return Response(opened.body, status_code=status, headers=out_headers)
+                def on_stream_end(outcome: StreamOutcome) -> None:
+                    self._remember_id(outcome.tail, rank)
+
+        return self.pipeline.answer(
+            ctx, opened, endpoint, started, api.usage_from_json, api.sse_error, on_stream_end, on_body
+        )
 
     async def count_tokens(self, request: Request) -> Response:
         """``POST /v1/messages/count_tokens``: any healthy rank counts the request as it would be sent
@@ -221,8 +202,7 @@ class AgentPipeline:
                 raise upstream_failed(f"{backend.name}: {type(exc).__name__}: {exc}") from None
         except ProxyError as exc:
             return self._error(self.responses, endpoint, exc, started)
-        self.metrics.requests.labels(endpoint, backend.name, str(status)).inc()
-        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        self.pipeline.count_relayed(endpoint, backend.name, status, started)
         return Response(body, status_code=status, headers=out_headers)
 
     # -- stages -------------------------------------------------------------------------------------
@@ -278,31 +258,11 @@ class AgentPipeline:
         if response_id:
             self.ranks.put(response_id, backend)
 
-    def _remember_from_stream(self, api: AgentApi, first: bytes, backend: str) -> bool:
-        """Record the response id of ``response.created`` when the first chunk holds it."""
-        if api.kind is not ApiKind.RESPONSES:
-            return False
-        response_id = last_event_with((first,), b'"response"', _event_response_id)
+    def _remember_id(self, chunks: Iterable[bytes], backend: str) -> bool:
+        """Record the response id of the last event in ``chunks`` carrying one; whether there was one."""
+        response_id = last_event_with(chunks, b'"response"', _event_response_id)
         self._remember(response_id, backend)
         return response_id is not None
-
-    # -- observe ------------------------------------------------------------------------------------
-    def _finish_stream(
-        self,
-        api: AgentApi,
-        endpoint: str,
-        ctx: RequestContext,
-        backend: str,
-        outcome: StreamOutcome,
-        started: float,
-        stored: bool,
-    ) -> None:
-        if not self.pipeline.stream_ended(endpoint, backend, outcome, started):
-            return
-        if not stored and api.kind is ApiKind.RESPONSES:
-            self._remember(last_event_with(outcome.tail, b'"response"', _event_response_id), backend)
-        usage = last_event_with(outcome.tail, b'"usage"', api.usage_from_json)
-        self.pipeline.observe(ctx, backend, usage)  # admission, explainer, router: as for chat
 
     def _error(self, api: AgentApi, endpoint: str, exc: ProxyError, started: float) -> Response:
         self.pipeline.count_error(endpoint, exc, started)
@@ -314,11 +274,7 @@ def _previous_id(ctx: RequestContext) -> str | None:
     return previous if isinstance(previous, str) and previous else None
 
 
-def _response_id(raw: bytes) -> str | None:
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
+def _response_id(data: Any) -> str | None:
     value = data.get("id") if isinstance(data, dict) else None
     return value if isinstance(value, str) else None
 

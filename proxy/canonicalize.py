@@ -8,9 +8,8 @@ that no rule changes is forwarded as the client's own bytes. Off globally with
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
+from proxy.canonical.cache import LRU
 from proxy.context import ApiKind, RequestContext
 from proxy.metrics import Metrics
 
@@ -22,17 +21,14 @@ class SessionCanonStates:
     """Per-session canonicalization state, least recently used sessions dropped past ``capacity``."""
 
     def __init__(self, capacity: int = 100_000) -> None:
-        self.capacity = capacity
-        self._states: OrderedDict[str, InMemorySessionCanonState] = OrderedDict()
+        self._states: LRU[str, InMemorySessionCanonState] = LRU(capacity)
 
     def get(self, session_key: str) -> InMemorySessionCanonState:
+        """The session's state, created empty on its first request."""
         state = self._states.get(session_key)
         if state is None:
-            state = self._states[session_key] = InMemorySessionCanonState()
-            if len(self._states) > self.capacity:
-                self._states.popitem(last=False)
-        else:
-            self._states.move_to_end(session_key)
+            state = InMemorySessionCanonState()
+            self._states.put(session_key, state)
         return state
 
 

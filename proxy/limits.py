@@ -77,26 +77,25 @@ def json_depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
+def too_many(what: str, count: int, limit: int, setting: str, param: str, code: str) -> ProxyError:
+    """The 400 for a list longer than its bound, naming the ``setting`` to raise."""
+    return ProxyError(
+        400, f"too many {what}: {count}, the limit is {limit} ({setting})", param=param, code=code
+    )
+
+
 def check_bounds(body: dict[str, Any], api: ApiKind, bounds: Bounds = DEFAULT_BOUNDS) -> None:
     """Raise a 400 ``ProxyError`` when ``body`` has too many messages or tools or nests too deep."""
     max_messages, max_tools, max_depth = bounds.max_messages, bounds.max_tools, bounds.max_json_depth
     if api is ApiKind.CHAT:
         messages = body.get("messages")
         if isinstance(messages, list) and len(messages) > max_messages:
-            raise ProxyError(
-                400,
-                f"too many messages: {len(messages)}, the limit is {max_messages} (max_messages)",
-                param="messages",
-                code="too_many_messages",
+            raise too_many(
+                "messages", len(messages), max_messages, "max_messages", "messages", "too_many_messages"
             )
     tools = body.get("tools")
     if isinstance(tools, list) and len(tools) > max_tools:
-        raise ProxyError(
-            400,
-            f"too many tools: {len(tools)}, the limit is {max_tools} (max_tools)",
-            param="tools",
-            code="too_many_tools",
-        )
+        raise too_many("tools", len(tools), max_tools, "max_tools", "tools", "too_many_tools")
     if json_depth_exceeds(body, max_depth):
         raise ProxyError(
             400,

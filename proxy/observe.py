@@ -39,13 +39,12 @@ def usage_of_json(data: Any) -> Usage | None:
     return usage_from_dict(data.get("usage")) if isinstance(data, dict) else None
 
 
-def usage_from_body(body: bytes, read: Callable[[Any], Usage | None] = usage_of_json) -> Usage | None:
-    """``read`` (by default the chat shape) of a plain response's JSON body; None when it is not JSON."""
+def json_or_none(body: bytes) -> Any:
+    """A plain response's parsed JSON body; None when it is not JSON."""
     try:
-        data = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    return read(data)
 
 
 def last_event_with(chunks: Iterable[bytes], needle: bytes, read: Callable[[Any], Any]) -> Any:
@@ -67,11 +66,6 @@ def last_event_with(chunks: Iterable[bytes], needle: bytes, read: Callable[[Any]
             if found is not None:
                 return found
         end = start
-
-
-def usage_from_sse_tail(chunks: Iterable[bytes]) -> Usage | None:
-    """The usage of the last ``data:`` event carrying one, among the stream's last raw chunks."""
-    return last_event_with(chunks, b'"usage"', usage_of_json)
 
 
 def record_usage(metrics: Metrics, backend: str, usage: Usage | None) -> None:

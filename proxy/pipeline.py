@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,7 +18,7 @@ from proxy.admission import Admission
 from proxy.blocks import BlockStage
 from proxy.canonicalize import DEBUG_HEADER, CanonStage, rewrites_header
 from proxy.context import ApiKind, RequestContext
-from proxy.errors import NO_BACKEND, ProxyError, error_response
+from proxy.errors import NO_BACKEND, ProxyError, error_response, sse_error_event
 from proxy.explain import Explainer
 from proxy.forward import (
     ClientDisconnected,
@@ -30,7 +32,7 @@ from proxy.forward import (
 )
 from proxy.limits import DEFAULT_BOUNDS, Bounds
 from proxy.metrics import Metrics
-from proxy.observe import Usage, record_usage, usage_from_body, usage_from_sse_tail
+from proxy.observe import Usage, json_or_none, last_event_with, record_usage, usage_of_json
 from proxy.parse import parse_request, read_body
 from proxy.session_id import identify_session
 
@@ -74,45 +76,12 @@ class Pipeline:
             if self.canon is not None:
                 self.canon(ctx)
             await self.blocks(ctx)
-            if self.admission is not None:
-                await self.admission.admit(ctx, request.receive)
-            opened = await until_disconnected(
-                request.receive,
-                self.forwarder.open(
-                    ctx,
-                    endpoint,
-                    ctx.upstream_body(),
-                    upstream_headers(request.headers),
-                    stream=ctx.stream,
-                ),
-            )
+            opened = await self.admit_and_open(request, ctx, endpoint, ctx.upstream_body(), self.forwarder)
         except ProxyError as exc:
             return self._error(endpoint, exc, started)
         except ClientDisconnected:
             return self._client_gone(endpoint, ctx, started)
-
-        backend = opened.backend.name
-        if self.explainer is not None:
-            self.explainer.after_route(ctx)
-        session_headers = self.session_headers(ctx)
-        if opened.chunks is not None:
-
-            def finish(outcome: StreamOutcome) -> None:
-                if self.stream_ended(endpoint, backend, outcome, started):
-                    self.observe(ctx, backend, usage_from_sse_tail(outcome.tail))
-
-            relay = RelayResponse(opened, finish)
-            relay.headers.update(session_headers)
-            return relay
-
-        status = opened.response.status
-        assert opened.body is not None
-        if status == 200:
-            self.observe(ctx, backend, usage_from_body(opened.body))
-        headers = response_headers(opened.response, backend)
-        headers.update(session_headers)
-        self.answered(endpoint, backend, status, started)
-        return Response(opened.body, status_code=status, headers=headers)
+        return self.answer(ctx, opened, endpoint, started)
 
     async def passthrough(self, request: Request, path: str) -> Response:
         """``POST /tokenize`` and ``/detokenize``: the body goes to one healthy rank as it is."""
@@ -129,7 +98,61 @@ class Pipeline:
             return self._client_gone(path, None, started)
         return self.relay_whole(path, opened, started)
 
-    # -- observe usage / update stats (shared with proxy/agent_pipeline.py) -------------------------
+    # -- admit, forward, answer, observe (shared with proxy/agent_pipeline.py) ----------------------
+
+    async def admit_and_open(
+        self, request: Request, ctx: RequestContext, endpoint: str, content: bytes, forwarder: Forwarder
+    ) -> Opened:
+        """Admit the request's session, then open ``content`` at ``endpoint`` through ``forwarder``
+        (raises ``ClientDisconnected`` when the client goes away first)."""
+        if self.admission is not None:
+            await self.admission.admit(ctx, request.receive)
+        return await until_disconnected(
+            request.receive,
+            forwarder.open(ctx, endpoint, content, upstream_headers(request.headers), stream=ctx.stream),
+        )
+
+    def answer(
+        self,
+        ctx: RequestContext,
+        opened: Opened,
+        endpoint: str,
+        started: float,
+        read_usage: Callable[[Any], Usage | None] = usage_of_json,
+        error_event: Callable[[str], bytes] = sse_error_event,
+        on_stream_end: Callable[[StreamOutcome], None] | None = None,
+        on_body: Callable[[Any], None] | None = None,
+    ) -> Response:
+        """The client's response for a routed request: the stream relayed, or the whole answer; usage
+        (parsed by ``read_usage``) is observed when it ends. ``on_stream_end(outcome)`` runs before a
+        finished stream's usage is observed, ``on_body(parsed JSON or None)`` after a 200 answer's."""
+        backend = opened.backend.name
+        if self.explainer is not None:
+            self.explainer.after_route(ctx)
+        session_headers = self.session_headers(ctx)
+        if opened.chunks is not None:
+
+            def finish(outcome: StreamOutcome) -> None:
+                if self.stream_ended(endpoint, backend, outcome, started):
+                    if on_stream_end is not None:
+                        on_stream_end(outcome)
+                    self.observe(ctx, backend, last_event_with(outcome.tail, b'"usage"', read_usage))
+
+            relay = RelayResponse(opened, finish, error_event)
+            relay.headers.update(session_headers)
+            return relay
+
+        status = opened.response.status
+        assert opened.body is not None
+        if status == 200:
+            data = json_or_none(opened.body)  # parsed once, for the usage and for ``on_body``
+            self.observe(ctx, backend, read_usage(data) if data is not None else None)
+            if on_body is not None:
+                on_body(data)
+        headers = response_headers(opened.response, backend)
+        headers.update(session_headers)
+        self.answered(endpoint, backend, status, started)
+        return Response(opened.body, status_code=status, headers=headers)
 
     def session_headers(self, ctx: RequestContext) -> dict[str, str]:
         """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""
@@ -166,10 +189,14 @@ class Pipeline:
         """Count and return an upstream answer as it came (no usage observed, no session headers)."""
         backend = opened.backend.name
         status = opened.response.status
-        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
-        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        self.count_relayed(endpoint, backend, status, started)
         assert opened.body is not None
         return Response(opened.body, status_code=status, headers=response_headers(opened.response, backend))
+
+    def count_relayed(self, endpoint: str, backend: str, status: int, started: float) -> None:
+        """Count an upstream answer relayed as it came."""
+        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
 
     def stream_ended(self, endpoint: str, backend: str, outcome: StreamOutcome, started: float) -> bool:
         """Count a relayed stream's end; False when the client went away (nothing to observe then)."""

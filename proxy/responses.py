@@ -14,7 +14,6 @@ retrieval must reach that rank: ``ResponseRanks`` maps response ids to rank name
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import Any, Protocol
 
 from starlette.responses import Response
@@ -27,9 +26,10 @@ from proxy.agent_api import (
     unslot_messages,
     usage_of,
 )
+from proxy.canonical.cache import LRU
 from proxy.context import ApiKind
 from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
-from proxy.limits import Bounds, check_bounds
+from proxy.limits import Bounds, check_bounds, too_many
 from proxy.observe import Usage
 from tokenization.agent_apis import responses_to_chat, responses_tools_to_chat
 
@@ -52,11 +52,8 @@ class ResponsesApi:
         if not isinstance(items, (str, list)):
             raise bad_request("'input' must be a string or a list of items", param="input")
         if isinstance(items, list) and len(items) > bounds.max_messages:
-            raise ProxyError(
-                400,
-                f"too many input items: {len(items)}, the limit is {bounds.max_messages} (max_messages)",
-                param="input",
-                code="too_many_messages",
+            raise too_many(
+                "input items", len(items), bounds.max_messages, "max_messages", "input", "too_many_messages"
             )
         previous = body.get("previous_response_id")
         if previous is not None and not (isinstance(previous, str) and previous):
@@ -139,27 +136,13 @@ class ResponseRanks(Protocol):
     def put(self, response_id: str, backend: str) -> None: ...
 
 
-class MemoryResponseRanks:
+class MemoryResponseRanks(LRU[str, str]):
     """Response id -> rank name, least recently used ids dropped past ``capacity``."""
 
+    __slots__ = ()
+
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        self.capacity = capacity
-        self._ranks: OrderedDict[str, str] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._ranks)
-
-    def get(self, response_id: str) -> str | None:
-        backend = self._ranks.get(response_id)
-        if backend is not None:
-            self._ranks.move_to_end(response_id)
-        return backend
-
-    def put(self, response_id: str, backend: str) -> None:
-        self._ranks[response_id] = backend
-        self._ranks.move_to_end(response_id)
-        if len(self._ranks) > self.capacity:
-            self._ranks.popitem(last=False)
+        super().__init__(capacity)
 
 
 class RedisResponseRanks:

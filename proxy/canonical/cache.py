@@ -1,4 +1,5 @@
-"""A small bounded LRU map: the per-rule-set caches of canonical system texts and tool lists."""
+"""A small bounded LRU map: the rule sets' caches of canonical texts and tools, per-session canon state,
+response id -> rank (``proxy/responses.py``)."""
 
 from __future__ import annotations
 

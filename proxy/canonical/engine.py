@@ -70,7 +70,7 @@ class _ToolsOutcome:
 
 def _text_steps(rules: RuleSettings) -> list[tuple[str, TextStep]]:
     """The enabled system-text rules, in ``TEXT_RULES`` order."""
-    builders: dict[str, Callable[[], TextStep | None]] = {}
+    by_name: dict[str, TextStep] = {}
 
     a = rules.attribution_line
     if a.enabled:
@@ -80,7 +80,7 @@ def _text_steps(rules: RuleSettings) -> list[tuple[str, TextStep]]:
             out, n = attribution.strip_attribution(text, pattern, a.headers)
             return out, n, ()
 
-        builders[attribution.NAME] = lambda: _attribution
+        by_name[attribution.NAME] = _attribution
 
     d = rules.volatile_date
     if d.enabled and d.patterns:
@@ -96,7 +96,7 @@ def _text_steps(rules: RuleSettings) -> list[tuple[str, TextStep]]:
                 out, lines = vdate.extract_date_lines(text, patterns)
                 return out, len(lines), lines
 
-        builders[vdate.NAME] = lambda: _date
+        by_name[vdate.NAME] = _date
 
     e = rules.env_block
     if e.enabled and e.blocks:
@@ -105,7 +105,7 @@ def _text_steps(rules: RuleSettings) -> list[tuple[str, TextStep]]:
             out, blocks = env_block.extract_env_blocks(text, e.blocks)
             return out, len(blocks), blocks
 
-        builders[env_block.NAME] = lambda: _env
+        by_name[env_block.NAME] = _env
 
     w = rules.whitespace
     if w.enabled:
@@ -114,15 +114,9 @@ def _text_steps(rules: RuleSettings) -> list[tuple[str, TextStep]]:
             out, n = ws.normalize_whitespace(text, final_newline=w.final_newline, nfc=w.nfc)
             return out, n, ()
 
-        builders[ws.NAME] = lambda: _ws
+        by_name[ws.NAME] = _ws
 
-    steps: list[tuple[str, TextStep]] = []
-    for name in TEXT_RULES:
-        build = builders.get(name)
-        step = build() if build is not None else None
-        if step is not None:
-            steps.append((name, step))
-    return steps
+    return [(name, by_name[name]) for name in TEXT_RULES if name in by_name]
 
 
 class _RuleSet:

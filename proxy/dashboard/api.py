@@ -20,11 +20,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.admin import session_not_found, viewer_of, visible
+from proxy.admin import session_not_found, viewer_of, visible_session
 from proxy.dashboard import views
 from proxy.dashboard.stats import Recorder
 from proxy.errors import ProxyError, error_response
-from proxy.sessions import SORT_FIELDS, Session
+from proxy.sessions import SORT_FIELDS
 
 if TYPE_CHECKING:
     from proxy.app import Gateway
@@ -103,8 +103,8 @@ def dashboard_router(gateway: Callable[[], Gateway], recorder: Callable[[], Reco
     async def session(request: Request, session_id: str) -> Response:
         gw = gateway()
         assert gw.admission is not None
-        found: Session | None = gw.admission.table.get(session_id)
-        if found is None or not visible(request, found):
+        found = visible_session(request, gw.admission, session_id)
+        if found is None:
             return session_not_found(session_id)
         return _json(views.session_detail(gw, recorder(), found))
 

@@ -22,6 +22,16 @@ TURN_SESSIONS = 4096
 TURNS_PER_SESSION = 100
 
 
+def hit_rate(queried: int, hits: int) -> float | None:
+    """Hit tokens over prompt tokens; None before any prompt token."""
+    return hits / queried if queried else None
+
+
+def computed_per_100(queried: int, hits: int) -> float | None:
+    """Prompt tokens the ranks computed (did not hit) per 100 sent; None before any."""
+    return 100.0 * (queried - hits) / queried if queried else None
+
+
 @dataclass(slots=True)
 class HitCounter:
     """Prompt tokens sent and hit since start, counting only answers that reported ``cached_tokens``."""
@@ -37,7 +47,7 @@ class HitCounter:
 
     @property
     def rate(self) -> float | None:
-        return self.hits / self.queried if self.queried else None
+        return hit_rate(self.queried, self.hits)
 
     def to_dict(self) -> dict[str, Any]:
         return {"requests": self.requests, "prompt_tokens": self.queried, "hit_tokens": self.hits}
@@ -86,10 +96,10 @@ class Series:
         hits = total.hits - self._last_hits
         return Point(
             now,
-            window_hits / window_queried if window_queried else None,
+            hit_rate(window_queried, window_hits),
             total.rate,
-            hits / queried if queried else None,
-            100.0 * (window_queried - window_hits) / window_queried if window_queried else None,
+            hit_rate(queried, hits),
+            computed_per_100(window_queried, window_hits),
             total.requests,
         )
 

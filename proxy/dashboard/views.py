@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter
 
-from proxy.dashboard.stats import Point, Recorder
+from proxy.dashboard.stats import Point, Recorder, computed_per_100, hit_rate
 from proxy.sessions import HIT_RATE_WINDOW, Session
 
 if TYPE_CHECKING:
@@ -86,17 +86,13 @@ def overview(gateway: Gateway, recorder: Recorder, since: float | None = None) -
             "window": {
                 "requests": len(window),
                 "size": HIT_RATE_WINDOW,
-                "hit_rate": window.hits / window.queried if window.queried else None,
-                "computed_per_100": (
-                    100.0 * (window.queried - window.hits) / window.queried if window.queried else None
-                ),
+                "hit_rate": hit_rate(window.queried, window.hits),
+                "computed_per_100": computed_per_100(window.queried, window.hits),
             },
             "cumulative": {
                 **total.to_dict(),
                 "hit_rate": total.rate,
-                "computed_per_100": 100.0 * (total.queried - total.hits) / total.queried
-                if total.queried
-                else None,
+                "computed_per_100": computed_per_100(total.queried, total.hits),
             },
             "active_sessions": active,
             "healthy_ranks": sum(1 for b in gateway.pool if b.healthy),
