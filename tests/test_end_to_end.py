@@ -11,9 +11,7 @@ import httpx
 import pytest
 
 from bench.sim import SimConfig, start_fleet, stop_fleet
-from proxy.app import create_app
-from proxy.config import load_settings
-from proxy.server import ServerThread
+from tests.helpers.gateway import start_gateway
 
 SYSTEM = "You are a coding agent. Follow the repository's conventions. " * 20
 
@@ -23,11 +21,6 @@ def fleet() -> Iterator[list[Any]]:
     ranks = start_fleet(3, SimConfig(time_scale=0, kv_tokens=200_000, kv_events=True))
     yield ranks
     stop_fleet(ranks)
-
-
-def gateway(fleet: list[Any], **flags: Any) -> ServerThread:
-    settings = load_settings(flags=flags, backend_specs=[f"{r.name}={r.url}" for r in fleet], environ={})
-    return ServerThread(create_app(settings)).start()
 
 
 def converse(url: str, session: str, system: Any, turns: int, think_s: float = 0.0) -> list[httpx.Response]:
@@ -55,7 +48,7 @@ def cached(response: httpx.Response) -> int:
 
 @pytest.mark.parametrize("kv_events", [None, "auto"])
 def test_sessions_stick_and_predictions_match_reports(fleet, kv_events):
-    proxy = gateway(fleet, kv_events=kv_events)
+    proxy = start_gateway(fleet, kv_events=kv_events)
     try:
         for session in ("alpha", "beta", "gamma"):
             # KV events reach prefixgate's subscriber thread a few milliseconds after the answer;
@@ -80,12 +73,12 @@ def test_canonicalization_turns_a_drifting_prompt_into_hits(fleet):
     def drifting(turn: int) -> str:
         return f"{SYSTEM}\nThe current date is 2026-11-30 10:{turn:02d}:17."
 
-    on = gateway(fleet)
+    on = start_gateway(fleet)
     try:
         with_canon = converse(on.url, "drift-on", drifting, 3)
     finally:
         on.stop()
-    off = gateway(fleet, no_canonicalize=True)
+    off = start_gateway(fleet, no_canonicalize=True)
     try:
         without = converse(off.url, "drift-off", lambda t: drifting(t).replace("drift", "x"), 3)
     finally:
@@ -102,7 +95,7 @@ def test_kv_events_are_exact_whatever_the_ranks_hash_algorithm() -> None:
     # stored block from its token ids, so the estimates still equal what the ranks report.
     config = SimConfig(time_scale=0, kv_tokens=200_000, kv_events=True, hash_algo="sha256_cbor")
     ranks = start_fleet(2, config)
-    proxy = gateway(ranks, kv_events="auto")
+    proxy = start_gateway(ranks, kv_events="auto")
     try:
         answers = converse(proxy.url, "cbor", SYSTEM, 3, think_s=0.2)
         for answer in answers[1:]:

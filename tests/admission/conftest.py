@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import httpx
 import pytest
 
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
-from proxy.app import create_app
-from proxy.config import load_settings
-from proxy.server import ServerThread
+from tests.helpers.gateway import Gateways
 
 #: A rank's pool: two 700-token sessions fit its 0.8 budget (1,638 tokens), a third does not.
 KV_TOKENS = 2048
@@ -33,22 +30,11 @@ def fleet() -> Iterator[Callable[[int], list[SimRankServer]]]:
 
 
 @pytest.fixture
-def gateway() -> Iterator[Callable[..., ServerThread]]:
+def gateway() -> Iterator[Gateways]:
     """Start prefixgate in front of sim ranks: ``gateway(ranks, admission_wait=0.2)``."""
-    started: list[ServerThread] = []
-
-    def start(ranks: list[SimRankServer], **options: Any) -> ServerThread:
-        options.setdefault("health_interval", 0.5)
-        settings = load_settings(
-            flags=options, backend_specs=[f"{r.name}={r.url}" for r in ranks], environ={}
-        )
-        server = ServerThread(create_app(settings)).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+    gateways = Gateways(health_interval=0.5)
+    yield gateways
+    gateways.stop_all()
 
 
 def prompt_of(session: str, tokens: int) -> str:

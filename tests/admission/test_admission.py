@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.admission.conftest import KV_TOKENS, Background, chat, metric
+from tests.helpers.wait import wait_until
 
 BUDGET = int(KV_TOKENS * 0.8)
 
@@ -16,13 +16,6 @@ def sessions_of(url: str, **params: str) -> list[dict]:
     answer = httpx.get(url + "/admin/sessions", params={"limit": "100", **params}, timeout=5)
     assert answer.status_code == 200, answer.text
     return answer.json()["data"]
-
-
-def wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(fleet, gateway) -> None:  # type: ignore[no-untyped-def]

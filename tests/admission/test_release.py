@@ -66,6 +66,18 @@ async def turn(adm: Admission, key: str, tokens: int, **head: object) -> Request
     return ctx
 
 
+async def two_idle_sessions() -> tuple[Admission, Clock]:
+    """One rank holding sessions ``a`` then ``b`` (two turns, a 1 s think gap each), both idle for 100 s:
+    far past 2 x 1 s and the 30 s floor, well within the 300 s TTL."""
+    adm, clock = make()
+    for key in ("a", "b"):
+        await turn(adm, key, 600)
+        clock.now += 1
+        await turn(adm, key, 700)
+    clock.now += 100
+    return adm, clock
+
+
 def test_release_after_follows_the_sessions_own_think_gaps() -> None:
     config = AdmissionConfig(idle_ttl=TTL)
     s = Session("s", created=0.0, last_seen=0.0)
@@ -87,12 +99,7 @@ def test_release_after_follows_the_sessions_own_think_gaps() -> None:
 
 
 async def test_idle_sessions_keep_their_room_until_a_new_session_needs_it() -> None:
-    adm, clock = make()
-    for key in ("a", "b"):
-        await turn(adm, key, 600)
-        clock.now += 1
-        await turn(adm, key, 700)  # a 1 s think gap
-    clock.now += 100  # both far past 2 x 1 s and the 30 s floor, well within the 300 s TTL
+    adm, clock = await two_idle_sessions()
     states = adm.rank_states()
     assert [s.key for s, _ in states["r0"].reclaimable] == ["a", "b"]  # longest idle first
     assert states["r0"].sessions == 2  # nobody asked for room: they still count
@@ -142,12 +149,7 @@ async def test_sessions_in_flight_or_within_their_think_times_are_not_released()
 
 
 async def test_a_victim_back_before_the_pick_is_kept_and_its_own_turns_are_never_refused() -> None:
-    adm, clock = make()
-    for key in ("a", "b"):
-        await turn(adm, key, 600)
-        clock.now += 1
-        await turn(adm, key, 700)
-    clock.now += 100
+    adm, _ = await two_idle_sessions()
     new = ctx_for("c", 700)
     await adm.admit(new)  # a is to make room
     again = await turn(adm, "a", 900)  # but a sends its next turn before c is routed
@@ -158,12 +160,7 @@ async def test_a_victim_back_before_the_pick_is_kept_and_its_own_turns_are_never
 
 
 async def test_pending_victims_are_not_claimed_twice() -> None:
-    adm, clock = make()
-    for key in ("a", "b"):
-        await turn(adm, key, 600)
-        clock.now += 1
-        await turn(adm, key, 700)
-    clock.now += 100
+    adm, _ = await two_idle_sessions()
     first = ctx_for("c", 700)
     await adm.admit(first)
     second = ctx_for("d", 700)

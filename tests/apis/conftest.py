@@ -8,9 +8,7 @@ from typing import Any
 import pytest
 
 from bench.sim import SimConfig, start_fleet, stop_fleet
-from proxy.app import create_app
-from proxy.config import load_settings
-from proxy.server import ServerThread
+from tests.helpers.gateway import Gateways
 
 
 @pytest.fixture
@@ -29,18 +27,8 @@ def fleet() -> Iterator[Callable[..., list[Any]]]:
 
 
 @pytest.fixture
-def gateway() -> Iterator[Callable[..., ServerThread]]:
+def gateway() -> Iterator[Gateways]:
     """``gateway(ranks, **flags)``: prefixgate with its defaults in front of ``ranks``."""
-    started: list[ServerThread] = []
-
-    def start(ranks: list[Any], **flags: Any) -> ServerThread:
-        flags.setdefault("health_interval", 0.2)
-        flags.setdefault("health_timeout", 1.0)
-        backends = [f"{r.name}={r.url}" for r in ranks]
-        server = ServerThread(create_app(load_settings(flags=flags, backend_specs=backends, environ={})))
-        started.append(server.start())
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+    gateways = Gateways(health_interval=0.2, health_timeout=1.0)
+    yield gateways
+    gateways.stop_all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -18,6 +19,11 @@ SCHEMAS = {
 
 def task(turn: int) -> str:
     return f"Turn {turn}: look at module_{turn}.py and make its tests pass. " * 8
+
+
+def billing(turn: int) -> str:
+    """Claude Code's billing line, which changes every turn."""
+    return BILLING.format(v=f"a{turn}f", cch=f"{turn * 7919:05x}")
 
 
 def hit_rate(usages: list[tuple[int, int]]) -> float:
@@ -39,7 +45,7 @@ def claude_code_session(url: str, session: str) -> list[tuple[int, int]]:
             messages.append({"role": "user", "content": [{"type": "text", "text": task(turn)}]})
             messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
             system = [
-                {"type": "text", "text": BILLING.format(v=f"a{turn}f", cch=f"{turn * 7919:05x}")},
+                {"type": "text", "text": billing(turn)},
                 {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}},
             ]
             body = {"model": "sim", "max_tokens": 12, "system": system, "tools": tools, "messages": messages}
@@ -60,7 +66,11 @@ def claude_code_session(url: str, session: str) -> list[tuple[int, int]]:
     return usages
 
 
-def chat_session_like_claude_code(url: str, session: str) -> list[tuple[int, int]]:
+def chat_session(
+    url: str, session: str, head: Callable[[int], list[dict[str, Any]]], call_id: str, arguments: str
+) -> list[tuple[int, int]]:
+    """An agent session over chat completions: ``head(turn)`` leads each prompt, then the turns so
+    far, each answered with one ``Bash`` call (id ``{call_id}_{turn}``) and its result."""
     tools = [
         {"type": "function", "function": {"name": n, "description": f"The {n} tool.", "parameters": s}}
         for n, s in SCHEMAS.items()
@@ -70,23 +80,14 @@ def chat_session_like_claude_code(url: str, session: str) -> list[tuple[int, int
     with httpx.Client(timeout=30) as client:
         for turn in range(TURNS):
             messages.append({"role": "user", "content": task(turn)})
-            system = BILLING.format(v=f"a{turn}f", cch=f"{turn * 7919:05x}") + "\n" + SYSTEM
-            body = {
-                "model": "sim",
-                "max_tokens": 12,
-                "messages": [{"role": "system", "content": system}, *messages],
-            }
-            body["tools"] = tools
+            body = {"model": "sim", "max_tokens": 12, "messages": [*head(turn), *messages], "tools": tools}
             answer = client.post(url + "/v1/chat/completions", json=body, headers={"x-session-id": session})
             assert answer.status_code == 200, answer.text
             data = answer.json()
             usage = data["usage"]
             usages.append((usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]))
-            call = {
-                "id": f"toolu_{turn}",
-                "type": "function",
-                "function": {"name": "Bash", "arguments": json.dumps({"command": "pytest"})},
-            }
+            tool_id = f"{call_id}_{turn}"
+            call = {"id": tool_id, "type": "function", "function": {"name": "Bash", "arguments": arguments}}
             messages.append(
                 {
                     "role": "assistant",
@@ -94,8 +95,15 @@ def chat_session_like_claude_code(url: str, session: str) -> list[tuple[int, int
                     "tool_calls": [call],
                 }
             )
-            messages.append({"role": "tool", "tool_call_id": f"toolu_{turn}", "content": f"{turn} passed"})
+            messages.append({"role": "tool", "tool_call_id": tool_id, "content": f"{turn} passed"})
     return usages
+
+
+def chat_session_like_claude_code(url: str, session: str) -> list[tuple[int, int]]:
+    def head(turn: int) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": billing(turn) + "\n" + SYSTEM}]
+
+    return chat_session(url, session, head, "toolu", json.dumps({"command": "pytest"}))
 
 
 def test_claude_code_session_hits_like_chat(fleet, gateway):
@@ -160,38 +168,8 @@ def codex_session(url: str, session: str) -> list[tuple[int, int]]:
 
 
 def chat_session_like_codex(url: str, session: str) -> list[tuple[int, int]]:
-    tools = [
-        {"type": "function", "function": {"name": n, "description": f"The {n} tool.", "parameters": s}}
-        for n, s in SCHEMAS.items()
-    ]
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": INSTRUCTIONS},
-        {"role": "user", "content": ENV},
-    ]
-    usages = []
-    with httpx.Client(timeout=30) as client:
-        for turn in range(TURNS):
-            messages.append({"role": "user", "content": task(turn)})
-            body = {"model": "sim", "messages": messages, "tools": tools, "max_tokens": 12}
-            answer = client.post(url + "/v1/chat/completions", json=body, headers={"x-session-id": session})
-            assert answer.status_code == 200, answer.text
-            data = answer.json()
-            usage = data["usage"]
-            usages.append((usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]))
-            call = {
-                "id": f"call_{turn}",
-                "type": "function",
-                "function": {"name": "Bash", "arguments": '{"command":"pytest"}'},
-            }
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": data["choices"][0]["message"]["content"],
-                    "tool_calls": [call],
-                }
-            )
-            messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": f"{turn} passed"})
-    return usages
+    head = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": ENV}]
+    return chat_session(url, session, lambda _turn: head, "call", '{"command":"pytest"}')
 
 
 def test_codex_session_hits_like_chat(fleet, gateway):

@@ -10,9 +10,8 @@ import httpx
 import pytest
 
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
-from proxy.app import create_app
-from proxy.config import load_settings
 from proxy.server import ServerThread
+from tests.helpers.gateway import gateway_app
 
 SYSTEM = "You are a coding agent. Use the tools to read and edit files. " * 20
 
@@ -41,13 +40,7 @@ def deployment() -> Iterator[Callable[..., Deployment]]:
         fleet = start_fleet(ranks, SimConfig(time_scale=0, kv_tokens=65_536))
         options.setdefault("health_interval", 0.5)
         try:
-            settings = load_settings(
-                flags=options,
-                backend_specs=[f"{r.name}={r.url}" for r in fleet],
-                environ={},
-                api_keys=api_keys,
-            )
-            app = create_app(settings)
+            app = gateway_app(fleet, api_keys, **options)
             server = ServerThread(app).start()
         except BaseException:
             stop_fleet(fleet)

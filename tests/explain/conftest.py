@@ -12,9 +12,9 @@ import pytest
 
 from bench.real_vllm.session import path_tool
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
-from proxy.app import Gateway, create_app
-from proxy.config import load_settings
+from proxy.app import Gateway
 from proxy.server import ServerThread
+from tests.helpers.gateway import gateway_app
 
 SIM = replace(SimConfig(), time_scale=0.001, kv_tokens=65_536)
 
@@ -58,10 +58,7 @@ def prefixgate() -> Iterator[Callable[..., Prefixgate]]:
         fleets.append(fleet)
         options.setdefault("health_interval", 0.2)
         options.setdefault("log_level", "warning")
-        settings = load_settings(
-            flags=options, backend_specs=[f"{r.name}={r.url}" for r in fleet], environ={}
-        )
-        app = create_app(settings)
+        app = gateway_app(fleet, **options)
         server = ServerThread(app).start()
         servers.append(server)
         return Prefixgate(server, app.state.gateway, fleet)

@@ -7,9 +7,8 @@ from typing import Any
 import pytest
 
 from bench.stub_rank import StubBehavior, create_stub_app
-from proxy.app import create_app
-from proxy.config import Settings, load_settings
 from proxy.server import ServerThread
+from tests.helpers.gateway import Gateways
 
 
 @dataclass
@@ -55,23 +54,10 @@ def stub_ranks() -> Iterator[Callable[..., list[StubRank]]]:
 
 
 @pytest.fixture
-def proxy() -> Iterator[Callable[..., ServerThread]]:
+def proxy() -> Iterator[Gateways]:
     """Start prefixgate in front of the given ranks: ``proxy(ranks, retries=0)``."""
-    started: list[ServerThread] = []
-
-    def start(ranks: list[StubRank], **options: Any) -> ServerThread:
-        # These suites test forwarding mechanics; round robin makes where traffic goes predictable.
-        # The default policy (prefix_affinity) is tested end to end in tests/routing.
-        options.setdefault("policy", "round_robin")
-        options.setdefault("health_interval", 0.2)
-        options.setdefault("health_timeout", 1.0)
-        settings: Settings = load_settings(
-            flags=options, backend_specs=[f"{r.name}={r.url}" for r in ranks], environ={}
-        )
-        server = ServerThread(create_app(settings)).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+    # These suites test forwarding mechanics; round robin makes where traffic goes predictable.
+    # The default policy (prefix_affinity) is tested end to end in tests/routing.
+    gateways = Gateways(policy="round_robin", health_interval=0.2, health_timeout=1.0)
+    yield gateways
+    gateways.stop_all()

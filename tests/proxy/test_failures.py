@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import openai
 import pytest
+
+from tests.helpers.wait import wait_until
 
 CHAT = {"model": "model-0", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -18,14 +19,6 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict:
     assert set(error) == {"message", "type", "param", "code"}
     assert error["message"]
     return error
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -165,9 +158,9 @@ def test_client_disconnect_mid_stream_cancels_the_upstream(stub_ranks, proxy):
         "POST", server.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=10
     ) as response:
         next(response.iter_raw())
-    wait_for(lambda: rank.behavior.streams_closed == 1)
+    wait_until(lambda: rank.behavior.streams_closed == 1)
     assert rank.behavior.chunks_sent < 100
-    wait_for(lambda: "prefixgate_client_disconnects_total" in httpx.get(server.url + "/metrics").text)
+    wait_until(lambda: "prefixgate_client_disconnects_total" in httpx.get(server.url + "/metrics").text)
     health = httpx.get(server.url + "/health").json()
     assert health["backends"][0]["in_flight"] == 0
 
@@ -177,7 +170,7 @@ def test_client_disconnect_while_waiting_for_first_byte(stub_ranks, proxy):
     server = proxy([rank])
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/chat/completions", json=CHAT, timeout=0.5)
-    wait_for(lambda: httpx.get(server.url + "/health").json()["backends"][0]["in_flight"] == 0)
+    wait_until(lambda: httpx.get(server.url + "/health").json()["backends"][0]["in_flight"] == 0)
     metrics = httpx.get(server.url + "/metrics").text
     assert 'prefixgate_client_disconnects_total{endpoint="/v1/chat/completions"} 1.0' in metrics
 
@@ -186,13 +179,13 @@ def test_unhealthy_rank_gets_no_traffic_until_it_recovers(stub_ranks, proxy):
     flaky, steady = stub_ranks(2)
     server = proxy([flaky, steady], health_interval=0.1)
     flaky.behavior.healthy = False
-    wait_for(lambda: not httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
+    wait_until(lambda: not httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
     before = len(flaky.behavior.received)
     for _ in range(6):
         assert httpx.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
     assert len(flaky.behavior.received) == before
     flaky.behavior.healthy = True
-    wait_for(lambda: httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
+    wait_until(lambda: httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
     for _ in range(6):
         assert httpx.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
     assert len(flaky.behavior.received) > before
@@ -202,9 +195,9 @@ def test_stopped_rank_returns_to_service_after_restart(stub_ranks, proxy):
     rank, other = stub_ranks(2)
     server = proxy([rank, other], health_interval=0.1)
     rank.stop()
-    wait_for(lambda: not httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
+    wait_until(lambda: not httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
     rank.restart()
-    wait_for(lambda: httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
+    wait_until(lambda: httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
     names = {
         httpx.post(server.url + "/v1/chat/completions", json=CHAT).headers["x-prefixgate-backend"]
         for _ in range(4)

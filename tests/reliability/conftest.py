@@ -17,9 +17,8 @@ import pytest
 
 from bench.sim import SimConfig, SimRankServer
 from bench.stub_rank import StubBehavior, create_stub_app
-from proxy.app import create_app
-from proxy.config import Settings, load_settings
 from proxy.server import ServerThread
+from tests.helpers.gateway import Gateways
 
 #: Seconds one test may take, servers included, before the run is aborted with stack dumps.
 TEST_DEADLINE_S = 60.0
@@ -74,26 +73,11 @@ def stubs() -> Iterator[Callable[..., list[tuple[str, StubBehavior, ServerThread
 
 
 @pytest.fixture
-def gateway() -> Iterator[Callable[..., ServerThread]]:
-    """Start prefixgate in front of ``[(name, url), ...]``: ``gateway(backends, retries=1, ...)``."""
-    started: list[ServerThread] = []
-
-    def start(
-        backends: list[tuple[str, str]], api_keys: list[str] | None = None, **options: Any
-    ) -> ServerThread:
-        options.setdefault("health_interval", 0.2)
-        options.setdefault("health_timeout", 1.0)
-        options.setdefault("policy", "round_robin")
-        settings: Settings = load_settings(
-            flags=options, backend_specs=[f"{n}={u}" for n, u in backends], environ={}, api_keys=api_keys
-        )
-        server = ServerThread(create_app(settings)).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+def gateway() -> Iterator[Gateways]:
+    """Start prefixgate in front of ranks or ``[(name, url), ...]``: ``gateway(ranks, retries=1, ...)``."""
+    gateways = Gateways(health_interval=0.2, health_timeout=1.0, policy="round_robin")
+    yield gateways
+    gateways.stop_all()
 
 
 def chat(content: str = "hello", stream: bool = False, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:

@@ -12,14 +12,11 @@ import time
 import httpx
 import pytest
 
+from tests.helpers.wait import wait_until
 from tests.reliability.conftest import assert_openai_error, chat, sse_events
 
 TIMEOUT = httpx.Timeout(15.0)
 PER_FAULT = 6  # requests sent while each fault is on
-
-
-def backends(ranks) -> list[tuple[str, str]]:
-    return [(r.name, r.url) for r in ranks]
 
 
 def post(url: str, body: dict) -> httpx.Response:
@@ -52,16 +49,9 @@ def serves_normally(url: str, n: int = 2) -> None:
     assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200
 
 
-def wait_until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.05)
-
-
 def test_refused_connections_are_retried_on_another_rank(sims, gateway):
     ranks = sims(2)
-    proxy = gateway(backends(ranks), retries=1)
+    proxy = gateway(ranks, retries=1)
     ranks[0].set_faults(refuse_connections=True)
     for i in range(6):
         response = post(proxy.url, chat(f"refused {i}", stream=i % 2 == 0))
@@ -76,7 +66,7 @@ def test_refused_connections_are_retried_on_another_rank(sims, gateway):
 @pytest.mark.parametrize("stream", [False, True])
 def test_rank_dropping_the_connection_before_any_byte_is_retried(sims, gateway, stream):
     ranks = sims(2)
-    proxy = gateway(backends(ranks), retries=1)
+    proxy = gateway(ranks, retries=1)
     ranks[0].set_faults(die_after_chunks=0)
     for i in range(4):
         response = post(proxy.url, chat(f"dropped {i}", stream=stream))
@@ -89,7 +79,7 @@ def test_rank_dropping_the_connection_before_any_byte_is_retried(sims, gateway, 
 
 def test_every_rank_dropping_before_any_byte_gets_a_502(sims, gateway):
     ranks = sims(2)
-    proxy = gateway(backends(ranks), retries=1)
+    proxy = gateway(ranks, retries=1)
     for rank in ranks:
         rank.set_faults(die_after_chunks=0)
     error = assert_openai_error(post(proxy.url, chat("nobody answers")), 502)
@@ -101,7 +91,7 @@ def test_every_rank_dropping_before_any_byte_gets_a_502(sims, gateway):
 
 def test_rank_dying_mid_stream_ends_the_stream_with_an_error_event(sims, gateway):
     ranks = sims(2)
-    proxy = gateway(backends(ranks), retries=1)
+    proxy = gateway(ranks, retries=1)
     for rank in ranks:
         rank.set_faults(die_after_chunks=3)
     for i in range(2):
@@ -114,7 +104,7 @@ def test_rank_dying_mid_stream_ends_the_stream_with_an_error_event(sims, gateway
 
 def test_hung_rank_is_abandoned_after_the_read_timeout(sims, gateway):
     ranks = sims(2)
-    proxy = gateway(backends(ranks), retries=1, read_timeout=0.5)
+    proxy = gateway(ranks, retries=1, read_timeout=0.5)
     ranks[0].set_faults(hang=True)
     started = time.monotonic()
     for i in range(4):
@@ -134,7 +124,7 @@ def test_malformed_sse_is_never_relayed(sims, gateway):
     """A bad event in the first chunk is retried (502 when every rank sends one); a later one ends the
     stream with an error event. Either way the client never receives the undecodable event."""
     ranks = sims(2)
-    proxy = gateway(backends(ranks), retries=1)
+    proxy = gateway(ranks, retries=1)
     for rank in ranks:
         rank.set_faults(malformed_sse=True)
     for i in range(2):
@@ -156,7 +146,7 @@ def test_faults_toggled_under_concurrent_traffic_lose_no_request(sims, gateway):
     """Streams and plain requests while one rank cycles through every fault: each one gets a whole
     answer, a 502/error event with an OpenAI error body, never a hang or a 500."""
     ranks = sims(2)
-    proxy = gateway(backends(ranks), retries=1, read_timeout=0.5)
+    proxy = gateway(ranks, retries=1, read_timeout=0.5)
     faults = [
         {"refuse_connections": True},
         {"die_after_chunks": 2},

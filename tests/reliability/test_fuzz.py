@@ -108,19 +108,15 @@ headers = st.dictionaries(
 def fuzz_target():
     """One stub rank and one prefixgate for the whole module (hypothesis runs many examples)."""
     from bench.stub_rank import StubBehavior, create_stub_app
-    from proxy.app import create_app
-    from proxy.config import load_settings
     from proxy.server import ServerThread
+    from tests.helpers.gateway import start_gateway
 
     rank = ServerThread(
         create_stub_app(StubBehavior(record=False, chunks=2), name="stub", model=SIM_MODEL)
     ).start()
-    settings_ = load_settings(
-        flags={"retries": 0, "max_body_bytes": 256 * 1024, "max_json_depth": 32, "health_interval": 5.0},
-        backend_specs=[f"stub={rank.url}"],
-        environ={},
+    proxy = start_gateway(
+        [("stub", rank.url)], retries=0, max_body_bytes=256 * 1024, max_json_depth=32, health_interval=5.0
     )
-    proxy = ServerThread(create_app(settings_)).start()
     client = httpx.Client(base_url=proxy.url, timeout=15)
     yield client
     client.close()

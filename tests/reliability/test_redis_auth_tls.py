@@ -10,7 +10,6 @@ it to be reported clearly instead of failing requests.
 from __future__ import annotations
 
 import logging
-import time
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ import redis
 
 from proxy.responses import REDIS_PREFIX
 from tests.helpers.redis_server import RedisServer
+from tests.helpers.wait import wait_until
 from tests.reliability.conftest import chat
 
 PASSWORD = "s3cret:/@pw"  # URL-special characters, percent-encoded in the URL
@@ -45,18 +45,27 @@ def keys(client: redis.Redis, pattern: str) -> list[bytes]:
     return list(client.scan_iter(match=pattern, count=1000))
 
 
-def wait_for(predicate, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+def logged_while_serving(  # type: ignore[no-untyped-def]
+    caplog, gateway, ranks, redis_url: str, word: str, still_up: str
+) -> str:
+    """Two chats through prefixgate on a Redis it cannot use: both answered, the index reports Redis
+    down (else the test fails with ``still_up``). Returns what was logged at WARNING and above."""
+    with caplog.at_level(logging.WARNING):
+        proxy = gateway(ranks, policy="prefix_affinity", redis_url=redis_url)
+        for turn in range(2):
+            answer = httpx.post(
+                proxy.url + "/v1/chat/completions", json=chat(f"{word} {turn} " * 40), timeout=15
+            )
+            assert answer.status_code == 200, answer.text
+        wait_until(lambda: redis_up(proxy.url) == 0.0, still_up)
+    return "\n".join(r.getMessage() for r in caplog.records)
 
 
 def test_password_in_the_url_reaches_index_sessions_and_response_map(sims, gateway, redis_server):  # type: ignore[no-untyped-def]
     authed = protect(redis_server)
     ranks = sims(2)
     url = f"redis://:{QUOTED}@127.0.0.1:{redis_server.port}/0"
-    proxy = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=url)
+    proxy = gateway(ranks, policy="prefix_affinity", redis_url=url)
     for turn in range(2):
         answer = httpx.post(
             proxy.url + "/v1/chat/completions",
@@ -75,8 +84,8 @@ def test_password_in_the_url_reaches_index_sessions_and_response_map(sims, gatew
 
     # the response map and the session table write synchronously, the index from its writer thread
     assert authed.get(REDIS_PREFIX + response_id) == stored.headers["x-prefixgate-backend"].encode()
-    wait_for(lambda: any(b"pw-session" in k for k in keys(authed, "prefixgate:sessions:*")), "no session")
-    wait_for(lambda: len(keys(authed, "prefixgate:*")) > 3, "no index records")
+    wait_until(lambda: any(b"pw-session" in k for k in keys(authed, "prefixgate:sessions:*")), "no session")
+    wait_until(lambda: len(keys(authed, "prefixgate:*")) > 3, "no index records")
     index_keys = [
         k
         for k in keys(authed, "prefixgate:*")
@@ -86,7 +95,7 @@ def test_password_in_the_url_reaches_index_sessions_and_response_map(sims, gatew
     assert redis_up(proxy.url) == 1.0
 
     # a second replica with the same URL reads all three back through the password
-    second = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=url)
+    second = gateway(ranks, policy="prefix_affinity", redis_url=url)
     sessions = httpx.get(second.url + "/admin/sessions", timeout=5).json()["data"]
     assert "pw-session" in {row["id"] for row in sessions}
     follow = httpx.post(
@@ -119,31 +128,14 @@ def test_a_wrong_or_missing_password_is_named_and_requests_still_succeed(  # typ
     sims, gateway, redis_server, caplog, credentials, finding
 ):
     protect(redis_server)
-    ranks = sims(1)
     url = f"redis://{credentials}127.0.0.1:{redis_server.port}/0"
-    with caplog.at_level(logging.WARNING):
-        proxy = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=url)
-        for turn in range(2):
-            answer = httpx.post(
-                proxy.url + "/v1/chat/completions", json=chat(f"turn {turn} " * 40), timeout=15
-            )
-            assert answer.status_code == 200, answer.text
-        wait_for(lambda: redis_up(proxy.url) == 0.0, "the index still claims Redis is up")
-    logged = "\n".join(r.getMessage() for r in caplog.records)
+    logged = logged_while_serving(caplog, gateway, sims(1), url, "turn", "the index still claims Redis is up")
     assert finding in logged, logged
     assert "not-this-one" not in logged  # the password itself is never logged
 
 
 def test_rediss_url_is_accepted_and_a_plain_server_is_reported_clearly(sims, gateway, redis_server, caplog):  # type: ignore[no-untyped-def]
-    ranks = sims(1)
     url = f"rediss://127.0.0.1:{redis_server.port}/0"
-    with caplog.at_level(logging.WARNING):
-        proxy = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=url)
-        for turn in range(2):
-            answer = httpx.post(
-                proxy.url + "/v1/chat/completions", json=chat(f"tls {turn} " * 40), timeout=15
-            )
-            assert answer.status_code == 200, answer.text
-        wait_for(lambda: redis_up(proxy.url) == 0.0, "the index claims a TLS Redis behind a plain server")
-    logged = "\n".join(r.getMessage() for r in caplog.records)
+    down = "the index claims a TLS Redis behind a plain server"
+    logged = logged_while_serving(caplog, gateway, sims(1), url, "tls", down)
     assert "speaks plain Redis, not TLS" in logged, logged

@@ -31,7 +31,7 @@ def redis_up(url: str) -> str:
 
 def test_redis_killed_and_restarted_during_traffic(sims, gateway, redis_server):
     ranks = sims(2)
-    proxy = gateway([(r.name, r.url) for r in ranks], policy="prefix_affinity", redis_url=redis_server.url)
+    proxy = gateway(ranks, policy="prefix_affinity", redis_url=redis_server.url)
     before = converse(proxy.url, "s-a", 3)
     redis_server.kill()
     during = converse(proxy.url, "s-a", 3) + converse(proxy.url, "s-b", 3)

@@ -9,10 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 
-from proxy.server import free_port
+from bench.stub_rank import StubBehavior
+from proxy.server import ServerThread, free_port
+from tests.helpers.wait import wait_until
 from tests.reliability.conftest import chat, sse_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,18 +81,29 @@ def refuses_connections(url: str) -> bool:
     return False
 
 
-def test_sigterm_finishes_the_in_flight_stream_and_refuses_new_ones(stubs):
-    ((_, _, rank),) = stubs(1, chunks=8, chunk_delay=0.25)  # a 2 s stream
-    proc, url = start_serve(rank.url, shutdown_timeout=20)
+@contextmanager
+def streaming_through_serve(
+    stubs: Callable[..., list[tuple[str, StubBehavior, ServerThread]]], chunks: int, shutdown_timeout: float
+) -> Iterator[tuple[subprocess.Popen[bytes], str, StreamReader]]:
+    """``prefixgate serve`` before a stub rank streaming ``chunks`` chunks 0.25 s apart, with one stream
+    in flight (its first bytes received); the process is killed on the way out."""
+    ((_, _, rank),) = stubs(1, chunks=chunks, chunk_delay=0.25)
+    proc, url = start_serve(rank.url, shutdown_timeout)
     try:
-        reader = StreamReader(url, max_tokens=8)
+        reader = StreamReader(url, max_tokens=chunks)
         reader.start()
         assert reader.first_chunk.wait(10)
+        yield proc, url, reader
+    finally:
+        proc.kill()
+        proc.wait(5)
+
+
+def test_sigterm_finishes_the_in_flight_stream_and_refuses_new_ones(stubs):
+    # a 2 s stream
+    with streaming_through_serve(stubs, chunks=8, shutdown_timeout=20) as (proc, url, reader):
         proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while not refuses_connections(url):
-            assert time.monotonic() < deadline, "still accepting connections after SIGTERM"
-            time.sleep(0.05)
+        wait_until(lambda: refuses_connections(url), "still accepting connections after SIGTERM", timeout=5)
         assert reader.is_alive(), "the stream ended before the shutdown let it finish"
         reader.join(15)
         assert not reader.is_alive() and reader.error is None
@@ -96,18 +111,11 @@ def test_sigterm_finishes_the_in_flight_stream_and_refuses_new_ones(stubs):
         assert events[-1] == "[DONE]" and len([e for e in events if isinstance(e, dict)]) >= 8
         # uvicorn re-raises the signal once it has shut down: the exit status says "ended by SIGTERM"
         assert proc.wait(15) in (0, -signal.SIGTERM)
-    finally:
-        proc.kill()
-        proc.wait(5)
 
 
 def test_sigterm_cuts_streams_that_outlive_the_deadline(stubs):
-    ((_, _, rank),) = stubs(1, chunks=40, chunk_delay=0.25)  # a 10 s stream
-    proc, url = start_serve(rank.url, shutdown_timeout=0.5)
-    try:
-        reader = StreamReader(url, max_tokens=40)
-        reader.start()
-        assert reader.first_chunk.wait(10)
+    # a 10 s stream
+    with streaming_through_serve(stubs, chunks=40, shutdown_timeout=0.5) as (proc, _, reader):
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
@@ -115,6 +123,3 @@ def test_sigterm_cuts_streams_that_outlive_the_deadline(stubs):
         reader.join(10)
         assert not reader.is_alive()
         assert "[DONE]" not in reader.text  # cut, not completed
-    finally:
-        proc.kill()
-        proc.wait(5)

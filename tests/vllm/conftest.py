@@ -26,9 +26,8 @@ from bench.real_vllm.ranks import (
     start_ranks,
     stop_ranks,
 )
-from proxy.app import create_app
-from proxy.config import load_settings
 from proxy.server import ServerThread
+from tests.helpers.gateway import start_gateway
 from tokenization.block_hash import BlockHasher
 from tokenization.hf_tokenizer import HfTokenizer
 
@@ -92,10 +91,7 @@ def gateway(ranks: list[VllmRank], model_dir: Path) -> Iterator[Callable[..., Se
         options["tokenization"] = {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED}
         if kv_events:
             options["kv_events"] = ",".join(f"{r.name}={r.kv_endpoint}|{r.replay_endpoint}" for r in ranks)
-        settings = load_settings(
-            flags=options, backend_specs=[f"{r.name}={r.url}" for r in ranks], environ={}
-        )
-        server = ServerThread(create_app(settings)).start(timeout=60.0)
+        server = start_gateway(ranks, timeout=60.0, **options)
         started.append(server)
         return server
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from bench.real_vllm.session import SimpleMirror, TurnResult, agent_turns, chat, hit_tokens
 from proxy.server import ServerThread
@@ -52,25 +53,16 @@ def _check_estimates(
         prev_tokens = len(tokens)
 
 
-def test_estimates_equal_reported_cached_tokens_with_history_index(
+@pytest.mark.parametrize("kv_events", [False, True], ids=["history_index", "kv_event_index"])
+def test_estimates_equal_reported_cached_tokens(
     gateway: Callable[..., ServerThread],
     client: httpx.Client,
     tok: HfTokenizer,
     hasher: BlockHasher,
     nonce: str,
+    kv_events: bool,
 ) -> None:
-    turns = _session(gateway(kv_events=False), client, nonce)
-    _check_estimates(turns, tok, hasher)
-
-
-def test_estimates_equal_reported_cached_tokens_with_kv_event_index(
-    gateway: Callable[..., ServerThread],
-    client: httpx.Client,
-    tok: HfTokenizer,
-    hasher: BlockHasher,
-    nonce: str,
-) -> None:
-    turns = _session(gateway(kv_events=True), client, nonce)
+    turns = _session(gateway(kv_events=kv_events), client, nonce)
     _check_estimates(turns, tok, hasher)
 
 
