@@ -35,9 +35,9 @@ from proxy.context import ApiKind, RequestContext
 from proxy.metrics import Metrics
 from proxy.route import Router
 from proxy.session_id import identify_session
-from routing.backends import Backend, BackendPool
 from routing.index.memory import MemoryPrefixIndex
 from routing.policy import make_policy
+from routing.ranks import Fleet, Rank
 from tokenization.config import TokenizerConfig
 from tokenization.factory import build_incremental
 from tokenization.prompt import IncrementalTokenizer
@@ -54,8 +54,8 @@ class Stages:
         self.metrics = Metrics()
         self.canon = CanonStage.from_settings(True, {}, self.metrics)
         self.incremental: IncrementalTokenizer = build_incremental(TokenizerConfig(), block_size=16)
-        pool = BackendPool(
-            Backend(f"rank{i}", f"http://127.0.0.1:{9000 + i}", pool_tokens=POOL_TOKENS, block_size=16)
+        pool = Fleet(
+            Rank(f"rank{i}", f"http://127.0.0.1:{9000 + i}", pool_tokens=POOL_TOKENS, block_size=16)
             for i in range(RANKS)
         )
         self.index = MemoryPrefixIndex()

@@ -66,7 +66,7 @@ from proxy.observe import Usage
 from proxy.session_growth import PeakEstimator
 from proxy.sessions import Session, SessionTable
 from proxy.think_gaps import OWN_EVIDENCE, ThinkGaps
-from routing.backends import Backend, BackendPool
+from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate.admission")
 
@@ -180,7 +180,7 @@ class Admission:
     def __init__(
         self,
         table: SessionTable,
-        pool: BackendPool,
+        pool: Fleet,
         config: AdmissionConfig,
         metrics: object | None = None,
     ) -> None:
@@ -571,7 +571,7 @@ class Admission:
 
     # -- after routing and after the answer ---------------------------------------------------------
 
-    def routed(self, ctx: RequestContext, backend: Backend) -> None:
+    def routed(self, ctx: RequestContext, backend: Rank) -> None:
         """The router picked ``backend`` for ``ctx`` (the ``Router.on_pick`` hook)."""
         session = ctx.session
         if not isinstance(session, Session):
@@ -704,7 +704,7 @@ class Admission:
 
 
 def admission_from_settings(
-    settings: Settings, table: SessionTable, pool: BackendPool, metrics: object, block_size: int
+    settings: Settings, table: SessionTable, pool: Fleet, metrics: object, block_size: int
 ) -> Admission:
     """``Admission`` for ``no_admission``, ``target_fraction``, ``session_idle_ttl``, ... ."""
     config = AdmissionConfig(

@@ -41,7 +41,7 @@ from proxy.parse import new_context, parse_json_object, read_body
 from proxy.pipeline import Pipeline
 from proxy.responses import ResponseRanks, ResponsesApi, make_response_ranks
 from proxy.session_id import fingerprint, identify_session
-from routing.backends import Backend
+from routing.ranks import Rank
 from tokenization.agent_apis import ConversionError
 
 log = logging.getLogger("prefixgate.agents")
@@ -75,11 +75,11 @@ def response_not_found(response_id: str) -> ProxyError:
 class _PinnedRouter:
     """A router with one choice: the rank holding a stored response."""
 
-    def __init__(self, backend: Backend, response_id: str) -> None:
+    def __init__(self, backend: Rank, response_id: str) -> None:
         self.backend = backend
         self.response_id = response_id
 
-    def pick(self, ctx: Any, tried: Any = ()) -> Backend:
+    def pick(self, ctx: Any, tried: Any = ()) -> Rank:
         if self.backend.name in tried or not self.backend.healthy:
             raise rank_unavailable(self.response_id, self.backend.name, "down")
         return self.backend
@@ -226,7 +226,7 @@ class AgentPipeline:
         ctx.body = api.from_canon_view(ctx.body, view, canonical)
         ctx.body_changed = True
 
-    async def _rank_of(self, response_id: str) -> Backend:
+    async def _rank_of(self, response_id: str) -> Rank:
         pool = self.forwarder.router.pool
         name = self.ranks.get(response_id)
         if name is None:

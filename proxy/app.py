@@ -38,10 +38,10 @@ from proxy.pipeline import Pipeline
 from proxy.route import Router
 from proxy.routing_setup import build_router, start_kv_event_feeds
 from proxy.sessions import SessionTable
-from routing.backends import Backend, BackendPool
 from routing.health import check_all, run_health_checks
 from routing.kv_events import KVEventSubscriber
 from routing.policy import make_policy
+from routing.ranks import Fleet, Rank
 from tokenization.backend_info import block_size_of, parse_cache_config_info
 from tokenization.config import TokenizerConfig
 from tokenization.factory import build_incremental
@@ -74,8 +74,8 @@ class Gateway:
         # the live dashboard (proxy/dashboard): hit-rate series and turns per session
         self.dashboard = Dashboard(self.sessions.fleet)
         self.admission: Admission | None = None
-        self.pool = BackendPool(
-            Backend(name=b.name, url=b.url, pool_tokens=b.pool_tokens, block_size=b.block_size)
+        self.pool = Fleet(
+            Rank(name=b.name, url=b.url, pool_tokens=b.pool_tokens, block_size=b.block_size)
             for b in settings.backends
         )
         self.router: Router | None = None
@@ -132,7 +132,7 @@ class Gateway:
             state = "healthy" if backend.healthy else f"DOWN ({backend.last_error})"
             log.info("backend %s at %s: %s", backend.name, backend.url, state)
 
-    async def _learn_cache_config(self, backend: Backend) -> None:
+    async def _learn_cache_config(self, backend: Rank) -> None:
         """Block size and pool size from the rank's ``vllm:cache_config_info``, where not configured."""
         assert self.client is not None
         timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout)
@@ -222,7 +222,7 @@ class Gateway:
         self._models_cache = (now, body, names)
         return json_response(body, backend=names)
 
-    async def _fetch_models(self, backend: Backend) -> list[Any] | None:
+    async def _fetch_models(self, backend: Rank) -> list[Any] | None:
         assert self.client is not None
         timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout)
         try:

@@ -9,7 +9,7 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from routing.backends import Backend
+from routing.ranks import Rank
 from tokenization.prompt import PromptBlocks
 
 
@@ -58,7 +58,7 @@ class RequestContext:
     block_hashes: Sequence[bytes] = ()
     prompt_blocks: PromptBlocks | None = None
     # pick a rank / forward
-    backend: Backend | None = None
+    backend: Rank | None = None
     attempts: int = 0
     # the router's prediction of the rank's prefix-cache hit (None when the prompt's blocks are unknown)
     estimated_cached_tokens: int | None = None

@@ -30,7 +30,7 @@ from proxy.errors import ProxyError, sse_error_event, upstream_failed
 from proxy.metrics import Metrics
 from proxy.route import Router
 from proxy.sse_check import SseChecker
-from routing.backends import Backend
+from routing.ranks import Rank
 
 log = logging.getLogger("prefixgate.forward")
 
@@ -126,7 +126,7 @@ async def until_disconnected(receive: Receive, work: Awaitable[T]) -> T:
 class Opened:
     """A rank's answer, either complete (``body``) or a stream whose first chunk was read."""
 
-    backend: Backend
+    backend: Rank
     response: aiohttp.ClientResponse
     body: bytes | None = None
     first_chunk: bytes = b""
@@ -180,7 +180,7 @@ class Forwarder:
         raise upstream_failed(failure)
 
     async def _attempt(
-        self, backend: Backend, path: str, content: bytes, headers: dict[str, str], stream: bool
+        self, backend: Rank, path: str, content: bytes, headers: dict[str, str], stream: bool
     ) -> tuple[Opened | None, str]:
         backend.in_flight += 1
         response: aiohttp.ClientResponse | None = None

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from proxy.context import RequestContext
 from proxy.errors import no_healthy_backend
-from routing.backends import Backend, BackendPool
 from routing.index import Lookup, PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
 from routing.policy import RouteRequest, RoutingPolicy, prompt_size
 from routing.prefix_affinity import max_hit_blocks
+from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate.route")
 
@@ -52,7 +52,7 @@ class Router:
 
     def __init__(
         self,
-        pool: BackendPool,
+        pool: Fleet,
         policy: RoutingPolicy,
         index: PrefixIndex | None = None,
         *,
@@ -73,11 +73,11 @@ class Router:
         #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
         self.inflight_tokens: dict[str, int] = {b.name: 0 for b in pool}
         #: Called with (ctx, backend) after each pick (admission records the session's rank).
-        self.on_pick: Callable[[RequestContext, Backend], None] | None = None
+        self.on_pick: Callable[[RequestContext, Rank], None] | None = None
         for b in pool:
             self.index.set_capacity(b.name, self.capacity_blocks(b))
 
-    def capacity_blocks(self, backend: Backend) -> int | None:
+    def capacity_blocks(self, backend: Rank) -> int | None:
         """The rank's pool in blocks; ``UNKNOWN_POOL_BLOCKS`` for an unknown pool; None (unbounded)
         for a mirror driven by KV-cache events, which remove what the rank evicts."""
         if backend.name in self.exact:
@@ -96,7 +96,7 @@ class Router:
         if b is not None:
             self.index.set_capacity(backend, self.capacity_blocks(b))
 
-    def pick(self, ctx: RequestContext | None, tried: Collection[str] = ()) -> Backend:
+    def pick(self, ctx: RequestContext | None, tried: Collection[str] = ()) -> Rank:
         candidates = self.pool.healthy(exclude=tried)
         allowed = ctx.allowed_backends if ctx is not None else None
         if allowed is not None:  # admission: a new session only goes to a rank with room
@@ -146,7 +146,7 @@ class Router:
             self.on_pick(ctx, backend)
         return backend
 
-    def observe(self, ctx: RequestContext, backend: Backend, cached_tokens: int | None) -> None:
+    def observe(self, ctx: RequestContext, backend: Rank, cached_tokens: int | None) -> None:
         """After the answer: what the rank reported (``cached_tokens``; None when it did not say).
 
         Releases the request's queued prefill, counts predicted vs reported hit tokens and, when the
@@ -168,7 +168,7 @@ class Router:
             metrics.index_corrections.labels(backend.name).inc()  # type: ignore[attr-defined]
 
     def _log_move(
-        self, ctx: RequestContext, old: str, new: str, candidates: Sequence[Backend], prefill: int
+        self, ctx: RequestContext, old: str, new: str, candidates: Sequence[Rank], prefill: int
     ) -> None:
         """Say why a known session left its rank: each move recomputes its context elsewhere."""
         if not log.isEnabledFor(logging.INFO):

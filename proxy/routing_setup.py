@@ -16,11 +16,11 @@ import orjson
 from proxy.config import Settings
 from proxy.metrics import Metrics
 from proxy.route import Router
-from routing.backends import Backend, BackendPool
 from routing.index import PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror
 from routing.policy import make_policy
+from routing.ranks import Fleet, Rank
 from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.routing")
@@ -46,7 +46,7 @@ def parse_kv_event_specs(spec: str) -> list[EventSource]:
     return sources
 
 
-async def discover_source(client: aiohttp.ClientSession, backend: Backend) -> EventSource | None:
+async def discover_source(client: aiohttp.ClientSession, backend: Rank) -> EventSource | None:
     """The rank's own answer at ``GET /kv_event_sources`` (vLLM reports it with ``tcp://*:0``)."""
     try:
         async with client.get(f"{backend.url}/kv_event_sources", timeout=aiohttp.ClientTimeout(total=3)) as r:
@@ -93,7 +93,7 @@ def build_index(
 
 def build_router(
     settings: Settings,
-    pool: BackendPool,
+    pool: Fleet,
     metrics: Metrics,
     model: str,
     block_size: int,

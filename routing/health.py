@@ -7,12 +7,12 @@ import logging
 
 import aiohttp
 
-from routing.backends import Backend, BackendPool
+from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate.health")
 
 
-async def check_backend(client: aiohttp.ClientSession, backend: Backend, timeout: float) -> bool:
+async def check_backend(client: aiohttp.ClientSession, backend: Rank, timeout: float) -> bool:
     """Probe one rank and update its state; True when it answered 200."""
     try:
         async with client.get(
@@ -35,12 +35,12 @@ async def check_backend(client: aiohttp.ClientSession, backend: Backend, timeout
     return False
 
 
-async def check_all(client: aiohttp.ClientSession, pool: BackendPool, timeout: float) -> None:
+async def check_all(client: aiohttp.ClientSession, pool: Fleet, timeout: float) -> None:
     await asyncio.gather(*(check_backend(client, b, timeout) for b in pool))
 
 
 async def run_health_checks(
-    client: aiohttp.ClientSession, pool: BackendPool, interval: float, timeout: float
+    client: aiohttp.ClientSession, pool: Fleet, interval: float, timeout: float
 ) -> None:
     """Forever: probe every rank, then sleep. Cancelled at shutdown."""
     while True:

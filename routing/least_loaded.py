@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.backends import Backend
 from routing.policy import RouteRequest
+from routing.ranks import Rank
 
 
 class LeastLoaded:
@@ -15,7 +15,7 @@ class LeastLoaded:
     def __init__(self) -> None:
         self._turn = 0  # rotates ties, so an idle fleet is not all sent to the first rank
 
-    def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> Backend:
+    def choose(self, request: RouteRequest, candidates: Sequence[Rank]) -> Rank:
         queued = request.queued_prefill
         n = len(candidates)
         start = self._turn % n

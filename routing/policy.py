@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from routing.backends import Backend
+from routing.ranks import Rank
 
 #: CHWBL's load bound: a rank takes a request only while its load stays within this factor of the mean.
 DEFAULT_BALANCE_FACTOR = 1.25
@@ -49,10 +49,10 @@ class RoutingPolicy(Protocol):
 
     name: str
 
-    def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> Backend: ...
+    def choose(self, request: RouteRequest, candidates: Sequence[Rank]) -> Rank: ...
 
 
-def load_bound(candidates: Sequence[Backend], factor: float) -> int:
+def load_bound(candidates: Sequence[Rank], factor: float) -> int:
     """CHWBL's bound: the most requests in flight a rank may have and still take one more."""
     total = sum(b.in_flight for b in candidates)
     return max(MIN_BOUND, math.ceil(factor * (total + 1) / len(candidates)))
@@ -63,11 +63,11 @@ def prompt_size(prompt_tokens: int | None, full_blocks: int, block_size: int) ->
     return prompt_tokens if prompt_tokens is not None else full_blocks * block_size
 
 
-def within_bound(backend: Backend, bound: int) -> bool:
+def within_bound(backend: Rank, bound: int) -> bool:
     return backend.in_flight + 1 <= bound
 
 
-def saturated(request: RouteRequest, home: Backend, bound: int) -> bool:
+def saturated(request: RouteRequest, home: Rank, bound: int) -> bool:
     """Whether an admitted session's ``home`` rank is truly saturated: the requests in flight there
     and this one need more KV than its pool, so it would queue this request (or preempt) whatever it
     has cached. With an unknown pool: over the CHWBL ``bound``.
@@ -82,7 +82,7 @@ def saturated(request: RouteRequest, home: Backend, bound: int) -> bool:
     return request.inflight_tokens.get(home.name, 0) + prompt > home.pool_tokens
 
 
-def rendezvous_order(key: str, backend: Backend) -> int:
+def rendezvous_order(key: str, backend: Rank) -> int:
     """A per-(key, backend) weight every replica computes alike: ties break the same way everywhere."""
     return xxhash.xxh3_64_intdigest(f"{key}\x00{backend.name}".encode())
 

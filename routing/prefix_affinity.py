@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.backends import Backend
 from routing.policy import (
     DEFAULT_BALANCE_FACTOR,
     RouteRequest,
@@ -37,6 +36,7 @@ from routing.policy import (
     saturated,
     within_bound,
 )
+from routing.ranks import Rank
 
 
 def max_hit_blocks(prompt_tokens: int | None, full_blocks: int, block_size: int) -> int:
@@ -55,7 +55,7 @@ class PrefixAffinity:
             raise ValueError("balance_factor must be >= 1")
         self.balance_factor = balance_factor
 
-    def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> Backend:
+    def choose(self, request: RouteRequest, candidates: Sequence[Rank]) -> Rank:
         bound = load_bound(candidates, self.balance_factor)
         home = None
         if request.home_backend is not None:
@@ -75,7 +75,7 @@ class PrefixAffinity:
         queued = request.queued_prefill
         key = request.session_key or ""
 
-        def rank(b: Backend) -> tuple[int, int, int]:
+        def rank(b: Rank) -> tuple[int, int, int]:
             hit = min(matched.get(b.name, 0), cap) * size
             score = hit - (prompt - hit) - queued.get(b.name, 0)
             return (score, -b.in_flight, rendezvous_order(key, b))

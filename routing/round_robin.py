@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.backends import Backend
 from routing.policy import RouteRequest
+from routing.ranks import Rank
 
 
 class RoundRobin:
@@ -14,7 +14,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = 0
 
-    def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> Backend:
+    def choose(self, request: RouteRequest, candidates: Sequence[Rank]) -> Rank:
         backend = candidates[self._next % len(candidates)]
         self._next += 1
         return backend

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import xxhash
 
-from routing.backends import Backend
 from routing.policy import DEFAULT_BALANCE_FACTOR, RouteRequest, load_bound, within_bound
+from routing.ranks import Rank
 
 
 class SessionHash:
@@ -39,7 +39,7 @@ class SessionHash:
         self._owners = [n for _, n in points]
         self._ring_for = names
 
-    def choose(self, request: RouteRequest, candidates: Sequence[Backend]) -> Backend:
+    def choose(self, request: RouteRequest, candidates: Sequence[Rank]) -> Rank:
         bound = load_bound(candidates, self.balance_factor)
         key = request.session_key
         if key is None:

@@ -15,7 +15,7 @@ from proxy.context import ApiKind, RequestContext
 from proxy.errors import ProxyError
 from proxy.observe import Usage
 from proxy.sessions import MemorySessionStore, Session, SessionTable
-from routing.backends import Backend, BackendPool
+from routing.ranks import Fleet, Rank
 from tests.admission.conftest import KV_TOKENS, chat, prompt_of
 from tokenization.prompt import PromptBlocks
 
@@ -35,7 +35,7 @@ class Clock:
 def make(ranks: int = 1, **config: object) -> tuple[Admission, Clock]:
     clock = Clock()
     table = SessionTable(MemorySessionStore(), TTL, clock)
-    pool = BackendPool(Backend(f"r{i}", f"http://r{i}", pool_tokens=POOL) for i in range(ranks))
+    pool = Fleet(Rank(f"r{i}", f"http://r{i}", pool_tokens=POOL) for i in range(ranks))
     options: dict[str, object] = {"idle_ttl": TTL, "wait": 0.0, "block_size": BLOCK, **config}
     return Admission(table, pool, AdmissionConfig(**options), None), clock  # type: ignore[arg-type]
 

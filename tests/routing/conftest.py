@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 
 from proxy.context import ApiKind, RequestContext
-from routing.backends import Backend, BackendPool
+from routing.ranks import Fleet, Rank
 from tests.helpers.redis_server import RedisServer  # noqa: F401  (imported from here by the tests)
 
 
@@ -27,9 +27,9 @@ def make_ctx(
     )
 
 
-def make_pool(n: int = 4, pool_tokens: int | None = None, block_size: int = 16) -> BackendPool:
-    return BackendPool(
-        Backend(name=f"r{i}", url=f"http://127.0.0.1:{i + 1}", pool_tokens=pool_tokens, block_size=block_size)
+def make_pool(n: int = 4, pool_tokens: int | None = None, block_size: int = 16) -> Fleet:
+    return Fleet(
+        Rank(name=f"r{i}", url=f"http://127.0.0.1:{i + 1}", pool_tokens=pool_tokens, block_size=block_size)
         for i in range(n)
     )
 

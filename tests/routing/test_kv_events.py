@@ -13,10 +13,10 @@ import pytest
 from bench.sim import SimConfig, SimRankServer
 from bench.sim.prompts import PromptProcessor
 from proxy.route import Router
-from routing.backends import Backend, BackendPool
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
 from routing.policy import make_policy
+from routing.ranks import Fleet, Rank
 from tests.routing.conftest import make_ctx
 from tokenization.block_hash import BlockHasher, kv_event_hash
 
@@ -87,9 +87,9 @@ def test_sim_events_make_predictions_exact(sim_rank: SimRankServer) -> None:
     """Turn after turn, with the pool too small for all sessions, predicted == reported cached tokens."""
     hasher = BlockHasher(16, "sha256", seed="0")
     prompts = PromptProcessor(hasher)
-    backend = Backend("sim-0", sim_rank.url, pool_tokens=64 * 16, block_size=16)
+    backend = Rank("sim-0", sim_rank.url, pool_tokens=64 * 16, block_size=16)
     index = MemoryPrefixIndex()
-    router = Router(BackendPool([backend]), make_policy("prefix_affinity"), index, exact=["sim-0"])
+    router = Router(Fleet([backend]), make_policy("prefix_affinity"), index, exact=["sim-0"])
     # Join late: the first request's events are published before the subscriber exists (replayed).
     client = httpx.Client(base_url=sim_rank.url, timeout=10)
     first = [{"role": "system", "content": "warm-up " * 40}, {"role": "user", "content": "hello"}]

@@ -1,4 +1,4 @@
-"""The configured ranks, their health and their load.
+"""The configured ranks (the fleet), their health and their load.
 
 Backends come only from configuration, never from a request. Health is active (a background
 ``GET /health`` per rank, see ``routing.health``) and passive (a refused connection marks the rank
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True, eq=False)
-class Backend:
-    """One rank as routing sees it. Mutated only from the event loop thread."""
+class Rank:
+    """One vLLM rank as routing sees it. Mutated only from the event loop thread."""
 
     name: str
     url: str
@@ -52,22 +52,22 @@ class Backend:
         }
 
 
-class BackendPool:
-    """The fleet, in configuration order."""
+class Fleet:
+    """The fleet: every configured rank, in configuration order."""
 
-    def __init__(self, backends: Iterable[Backend]) -> None:
+    def __init__(self, backends: Iterable[Rank]) -> None:
         self._backends = list(backends)
         self._by_name = {b.name: b for b in self._backends}
 
-    def __iter__(self) -> Iterator[Backend]:
+    def __iter__(self) -> Iterator[Rank]:
         return iter(self._backends)
 
     def __len__(self) -> int:
         return len(self._backends)
 
-    def get(self, name: str) -> Backend | None:
+    def get(self, name: str) -> Rank | None:
         return self._by_name.get(name)
 
-    def healthy(self, exclude: Iterable[str] = ()) -> list[Backend]:
+    def healthy(self, exclude: Iterable[str] = ()) -> list[Rank]:
         excluded = set(exclude)
         return [b for b in self._backends if b.healthy and b.name not in excluded]
