@@ -9,9 +9,9 @@ that no rule changes is forwarded as the client's own bytes. Off globally with
 from __future__ import annotations
 
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
-from proxy.canonical.cache import LRU
 from proxy.context import ApiKind, RequestContext
 from proxy.metrics import Metrics
+from tokenization.lru import LRU
 
 OFF_HEADER = "x-prefixgate-canonicalize"
 DEBUG_HEADER = "x-prefixgate-canonical-rewrites"

@@ -26,12 +26,12 @@ from proxy.agent_api import (
     unslot_messages,
     usage_of,
 )
-from proxy.canonical.cache import LRU
 from proxy.context import ApiKind
 from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
 from proxy.limits import Bounds, check_bounds, too_many
 from proxy.observe import Usage
 from tokenization.agent_apis import responses_to_chat, responses_tools_to_chat
+from tokenization.lru import LRU
 
 log = logging.getLogger("prefixgate.responses")
 

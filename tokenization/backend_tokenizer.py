@@ -15,7 +15,7 @@ import orjson
 import xxhash
 
 from tokenization.base import ChatPrompt, Encoded, Plan, token_ids_plan
-from tokenization.shared_prefix import SharedPrefixCache
+from tokenization.lru import LRU
 
 
 class BackendTokenizeError(RuntimeError):
@@ -45,7 +45,7 @@ class BackendTokenizer:
         self._model = model
         self._timeout = timeout_s
         # Bounded by entry count: each answer costs 1 of a budget of ``cache_entries``.
-        self._cache = SharedPrefixCache[array](cache_entries)
+        self._cache = LRU[int, array](cache_entries)
         self.round_trips = 0
 
     async def tokenize(self, payload: Mapping[str, Any]) -> array:

@@ -14,6 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+#: Budget of each cross-session cache of the leading segment many sessions share (one agent's system
+#: prompt + tools): the tokenizer's (segment input -> its token ids) and the incremental tokenizer's
+#: (leading tokens + salt -> their full blocks' hashes, which chain from NONE_HASH and are therefore
+#: identical for every session with the same salt and hash algorithm). Without them a new session's
+#: first turn re-renders, re-tokenizes and re-hashes ~2k tokens another session did a moment ago.
+DEFAULT_SHARED_CACHE_BYTES = 32 * 1024 * 1024
+
 #: A labelled token span of the prompt: ("system", 0, 812), ("message[3]", 812, 990), ...
 Part = tuple[str, int, int]
 

@@ -19,10 +19,19 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from tokenization.base import ChatPrompt, Encoded, Part, Plan, Tokenizer, UnsupportedRequest, token_ids_plan
+from tokenization.base import (
+    DEFAULT_SHARED_CACHE_BYTES,
+    ChatPrompt,
+    Encoded,
+    Part,
+    Plan,
+    Tokenizer,
+    UnsupportedRequest,
+    token_ids_plan,
+)
 from tokenization.block_hash import BlockHash, kv_event_hash
 from tokenization.hashers import ChainHasher
-from tokenization.shared_prefix import DEFAULT_SHARED_CACHE_BYTES, SharedPrefixCache
+from tokenization.lru import LRU
 
 _T = TypeVar("_T")
 
@@ -69,7 +78,7 @@ class _Entry:
     hashes: list[BlockHash]
 
 
-class SessionCache(SharedPrefixCache[_Entry]):
+class SessionCache(LRU[str, _Entry]):
     """LRU over sessions with a byte budget (approximate: tokens, hashes and tokenizer memos).
 
     A turn larger than the whole budget is not kept (its session's previous turn is dropped)."""
@@ -106,7 +115,7 @@ class IncrementalTokenizer:
         self.sessions = SessionCache(cache_bytes)
         self.offload_tokens = offload_tokens
         self._hash_bytes = len(hasher.none_hash) + _HASH_OVERHEAD
-        self.shared = SharedPrefixCache[tuple[BlockHash, ...]](shared_cache_bytes)
+        self.shared = LRU[tuple[bytes, int, str | None], tuple[BlockHash, ...]](shared_cache_bytes)
 
     async def blocks_for_chat(self, session_key: str | None, body: Mapping[str, Any]) -> PromptBlocks:
         """Blocks of an OpenAI chat request (``messages``, ``tools``, ``add_generation_prompt``,

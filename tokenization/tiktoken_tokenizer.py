@@ -18,10 +18,18 @@ from typing import Any
 import orjson
 import xxhash
 
-from tokenization.base import ChatPrompt, Encoded, Part, Plan, common_prefix_len, whole_prompt
+from tokenization.base import (
+    DEFAULT_SHARED_CACHE_BYTES,
+    ChatPrompt,
+    Encoded,
+    Part,
+    Plan,
+    common_prefix_len,
+    whole_prompt,
+)
 from tokenization.chatml import GENERATION_PROMPT, SYSTEM_ROLES, content_text, render_message, render_system
 from tokenization.encoding import chatml_encoding, encode
-from tokenization.shared_prefix import DEFAULT_SHARED_CACHE_BYTES, SharedPrefixCache
+from tokenization.lru import LRU
 
 # Rough chars per token of code and prose, only to size the work for the thread/inline decision.
 CHARS_PER_TOKEN = 4
@@ -79,8 +87,9 @@ class TiktokenTokenizer:
         # tiktoken's private fast path (0.8+, used by its own encode_to_numpy); absent -> lists.
         to_buffer = getattr(self._encoding._core_bpe, "encode_to_tiktoken_buffer", None)
         self._to_buffer = to_buffer if array("I").itemsize == 4 else None
-        #: The system+tools segment's token ids by segment key, across sessions (see ``shared_prefix``).
-        self.shared = SharedPrefixCache[array](shared_cache_bytes)
+        #: The system+tools segment's token ids by segment key, across sessions
+        #: (see ``DEFAULT_SHARED_CACHE_BYTES``).
+        self.shared = LRU[int, array](shared_cache_bytes)
 
     def _encode_into(self, tokens: array, text: str) -> None:
         """Append ``text``'s ids to ``tokens``: through tiktoken's uint32 buffer when it has one, which

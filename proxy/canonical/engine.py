@@ -21,12 +21,12 @@ from typing import Any, Literal
 import orjson
 import xxhash
 
-from proxy.canonical.cache import LRU
 from proxy.canonical.config import CanonicalConfig, RuleSettings
 from proxy.canonical.rules import TEXT_RULES, attribution, dedupe_tools, env_block, schema_keys, tool_order
 from proxy.canonical.rules import volatile_date as vdate
 from proxy.canonical.rules import whitespace as ws
 from proxy.canonical.state import SessionCanonState
+from tokenization.lru import LRU
 
 log = logging.getLogger(__name__)
 

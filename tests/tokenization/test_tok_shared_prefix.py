@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from tokenization.hashers import make_hasher
+from tokenization.lru import LRU
 from tokenization.prompt import IncrementalTokenizer
-from tokenization.shared_prefix import SharedPrefixCache
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
 SYSTEM = "You are a coding agent. Follow the repository's conventions.\n" * 20
@@ -86,7 +86,7 @@ def test_session_turns_keep_using_their_own_cache() -> None:
 
 
 def test_cache_is_bounded_by_bytes_lru_first() -> None:
-    cache: SharedPrefixCache[str] = SharedPrefixCache(budget_bytes=100)
+    cache: LRU[str, str] = LRU(budget_bytes=100)
     cache.put("a", "A", 40)
     cache.put("b", "B", 40)
     assert cache.get("a") == "A"  # now b is the least recently used
