@@ -1,6 +1,6 @@
 """Per-stage CPU cost of the request pipeline, measured in-process (no HTTP, no event-loop noise).
 
-The stages are built as ``proxy.app.Gateway.start`` builds them (tiktoken tokenizer, vLLM sha256
+The stages are built as ``proxy.gateway.Gateway.start`` builds them (tiktoken tokenizer, vLLM sha256
 block hashes, a memory prefix index, the prefix_affinity policy over four ranks) and timed one by
 one on three workloads:
 
@@ -30,17 +30,19 @@ from starlette.datastructures import Headers
 from bench.common import machine, median, percentile, write_json
 from bench.overhead import large_request
 from bench.workload import agent_sessions
-from proxy.canonicalize import CanonStage
-from proxy.context import ApiKind, RequestContext
-from proxy.metrics import Metrics
-from proxy.route import Router
-from proxy.session_id import identify_session
+from proxy.apis import CHAT
+from proxy.context import Outcome, RequestContext
+from proxy.ops.metrics import Metrics
+from proxy.stages.blocks import Blocks
+from proxy.stages.canonicalize import Canonicalize
+from proxy.stages.identify import Identify
+from proxy.stages.route import Router
+from proxy.state.local import SessionLocals
 from routing.index.memory import MemoryPrefixIndex
-from routing.policy import make_policy
+from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
 from tokenization.config import TokenizerConfig
 from tokenization.factory import build_incremental
-from tokenization.prompt import IncrementalTokenizer
 
 RANKS = 4
 POOL_TOKENS = 2_000_000  # per rank: 125k blocks of 16, room for every workload here
@@ -52,21 +54,21 @@ class Stages:
 
     def __init__(self) -> None:
         self.metrics = Metrics()
-        self.canon = CanonStage.from_settings(True, {}, self.metrics)
-        self.incremental: IncrementalTokenizer = build_incremental(TokenizerConfig(), block_size=16)
-        pool = Fleet(
+        self.locals = SessionLocals()
+        self.identify = Identify(self.locals)
+        self.canon = Canonicalize.from_settings(True, {}, self.metrics)
+        self.blocks = Blocks(build_incremental(TokenizerConfig(), block_size=16), self.locals)
+        fleet = Fleet(
             Rank(f"rank{i}", f"http://127.0.0.1:{9000 + i}", pool_tokens=POOL_TOKENS, block_size=16)
             for i in range(RANKS)
         )
         self.index = MemoryPrefixIndex()
-        self.router = Router(pool, make_policy("prefix_affinity"), self.index, block_size=16)
+        self.router = Router(fleet, make_policy("prefix_affinity"), self.index, block_size=16)
 
 
 def _context(raw: bytes, session: str | None) -> RequestContext:
     headers = Headers({"x-session-id": session} if session else {})
-    return RequestContext(
-        api=ApiKind.CHAT, headers=headers, raw_body=raw, body={}, stream=True, model=None, started=0.0
-    )
+    return RequestContext(api=CHAT, headers=headers, raw_body=raw, body={}, stream=True, model=None, started=0.0)
 
 
 def _timed(samples: dict[str, list[float]], name: str, fn: Callable[[], Any]) -> Any:
@@ -81,19 +83,19 @@ async def _one_request(
 ) -> None:
     ctx = _context(raw, session)
     ctx.body = _timed(samples, "parse", lambda: orjson.loads(raw))
-    _timed(samples, "session_id", lambda: identify_session(ctx))
+    _timed(samples, "session_id", lambda: stages.identify(ctx))
     _timed(samples, "canonicalize", lambda: stages.canon(ctx))
     start = time.perf_counter()
-    blocks = await stages.incremental.blocks_for_chat(ctx.session_key, ctx.body)
+    await stages.blocks(ctx)
     samples.setdefault("blocks", []).append(time.perf_counter() - start)
-    ctx.prompt_blocks, ctx.prompt_tokens, ctx.block_hashes = blocks, blocks.num_tokens, blocks.block_hashes
-    # Router.pick, and its two index accesses timed on their own (a repeated lookup, a repeated
-    # record: both leave the index as pick left it).
+    # Router.plan, and its two index accesses timed on their own (a repeated lookup, a repeated
+    # record: both leave the index as the plan left it).
     index = stages.index
     _timed(samples, "route.index_lookup", lambda: index.lookup(ctx.block_hashes, ctx.session_key))
-    backend = _timed(samples, "route.pick", lambda: stages.router.pick(ctx))
-    _timed(samples, "route.index_record", lambda: index.record(backend.name, ctx.block_hashes))
-    stages.router.observe(ctx, backend, ctx.estimated_cached_tokens)
+    plan = ctx.plan = _timed(samples, "route.pick", lambda: stages.router.plan(ctx))
+    rank = plan.ranks[0].name
+    _timed(samples, "route.index_record", lambda: index.record(rank, ctx.block_hashes))
+    stages.router.finished(Outcome(ctx, rank, 200))
     _timed(samples, "reserialize", lambda: orjson.dumps(ctx.body))
 
 

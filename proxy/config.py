@@ -59,6 +59,7 @@ class Settings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
     policy: str = "prefix_affinity"
     balance_factor: float = Field(default=1.25, ge=1.0)
+    state: str | None = None
     redis_url: str | None = None
     index_ttl: float = Field(default=3600.0, gt=0)
     redis_timeout: float = Field(default=0.25, gt=0)
@@ -131,7 +132,16 @@ OPTIONS: tuple[Option, ...] = (
         "balance_factor", float, "a rank may take a request while its load is within this factor of the mean"
     ),
     Option(
-        "redis_url", str, "redis://[:password@]host:port/db or rediss://...: prefix index shared by replicas"
+        "state",
+        str,
+        "where the session table, prefix index and response map live: memory or redis "
+        "(default: redis with --redis-url, else memory)",
+    ),
+    Option(
+        "redis_url",
+        str,
+        "redis://[:password@]host:port/db or rediss://...: state shared by replicas (sessions, prefix "
+        "index, response ids)",
     ),
     Option("index_ttl", float, "seconds an unused prefix-index entry lives in Redis"),
     Option(

@@ -1,79 +1,107 @@
-"""The typed record a request carries through the pipeline stages."""
+"""The typed record a request carries through the pipeline, and what its answer was.
+
+Stages fill in their fields in pipeline order (``proxy/pipeline.py``); a stage reads only what the
+stages before it wrote. ``body`` is always the client's request in its own API (canonicalization
+may replace it with the canonical form); ``prompt`` is the separate view the rank renders into
+tokens (the chat-completions body vLLM converts an agent API's request into).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import orjson
 from starlette.datastructures import Headers
 
-from routing.ranks import Rank
-from tokenization.prompt import PromptBlocks
-
-
-class ApiKind(StrEnum):
-    CHAT = "chat"
-    COMPLETIONS = "completions"
-    MESSAGES = "messages"  # Anthropic Messages (proxy/anthropic.py)
-    RESPONSES = "responses"  # OpenAI Responses (proxy/responses.py)
-
-    @property
-    def upstream_path(self) -> str:
-        return _UPSTREAM_PATHS[self]
-
-
-_UPSTREAM_PATHS = {
-    ApiKind.CHAT: "/v1/chat/completions",
-    ApiKind.COMPLETIONS: "/v1/completions",
-    ApiKind.MESSAGES: "/v1/messages",
-    ApiKind.RESPONSES: "/v1/responses",
-}
+if TYPE_CHECKING:
+    from proxy.admission import Admitted
+    from proxy.apis.base import Api
+    from proxy.explain import Expectation
+    from proxy.ops.auth import ClientKey
+    from proxy.stages.route import RoutePlan
+    from proxy.stages.usage import Usage
+    from proxy.state.local import SessionLocal
+    from routing.ranks import Rank
+    from tokenization.prompt import PromptBlocks
 
 
 @dataclass(slots=True)
 class RequestContext:
-    """One client request. Stages fill in their fields in pipeline order."""
+    """One client request."""
 
-    api: ApiKind
+    api: Api
     headers: Headers
     raw_body: bytes
+    #: The client's request in its own API (after canonicalization: its canonical form).
     body: dict[str, Any]
     stream: bool
     model: str | None
     started: float
-    # the label of the client's API key (proxy/auth.py); None when client keys are not configured.
-    # Never the key itself.
-    client_label: str | None = None
-    # identify session
+    #: The client's API key (``proxy/ops/auth.py``: its label and limits, never the key itself);
+    #: None when client keys are not configured.
+    client: ClientKey | None = None
+    # -- identify session
     session_key: str | None = None
     session_source: str | None = None
-    # canonicalize: when a stage rewrites ``body`` it sets this, and forwarding re-serializes it;
-    # otherwise the client's bytes are forwarded untouched.
+    #: What this process keeps for the session between its turns (``proxy/state/local.py``).
+    local: SessionLocal | None = None
+    # -- canonicalize: when a rule rewrites ``body`` it sets ``body_changed`` and forwarding
+    # re-serializes it; otherwise the client's bytes are forwarded untouched.
     body_changed: bool = False
     rewrites: dict[str, int] | None = None  # rule -> count, when canonicalization changed the body
-    # render and hash blocks
+    # -- render and hash blocks
+    #: The body the rank renders (``Api.prompt_view``); None: not the whole prompt.
+    prompt: dict[str, Any] | None = None
     prompt_tokens: int | None = None
     block_hashes: Sequence[bytes] = ()
     prompt_blocks: PromptBlocks | None = None
-    # pick a rank / forward
-    backend: Rank | None = None
-    attempts: int = 0
-    # the router's prediction of the rank's prefix-cache hit (None when the prompt's blocks are unknown)
+    # -- admit: the session's record, and where it may go (``proxy/admission``)
+    admitted: Admitted | None = None
+    # -- route: the ranked candidates and what the chosen one should hit
+    plan: RoutePlan | None = None
+    #: The prompt tokens prefixgate expects the chosen rank to find in its prefix cache (None when
+    #: the prompt's blocks are unknown).
     estimated_cached_tokens: int | None = None
-    # admission (proxy/admission.py): the client key's session cap, the ranks a new session may go
-    # to (None: any) and the session's record (a ``proxy.sessions.Session``)
-    client_max_sessions: int | None = None
-    allowed_backends: frozenset[str] | None = None
-    session: Any = None
-    # admission: the rank an admitted (active) session is accounted on; the router keeps it there
-    # unless that rank is down or saturated
-    home_backend: str | None = None
+    #: What the session's previous turn says this one should hit (the prefix-break explainer's).
+    expectation: Expectation | None = None
+    # -- forward: the rank that answered, and how many ranks were tried
+    rank: Rank | None = None
+    attempts: int = 0
+
+    @property
+    def client_label(self) -> str | None:
+        return self.client.label if self.client is not None else None
 
     def upstream_body(self) -> bytes:
+        """The bytes sent to the rank: the client's own unless canonicalization changed the body."""
         if not self.body_changed:
             return self.raw_body
-        import orjson
-
         return orjson.dumps(self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a routed request ended, as the observers (``proxy/stages/observe.py``) see it."""
+
+    ctx: RequestContext
+    #: The rank that answered, or None when none did (every attempt failed, or the client left first).
+    rank: str | None
+    #: The HTTP status relayed to the client (499: the client went away).
+    status: int
+    #: What the rank reported (None: it did not say, or the answer was not a success).
+    usage: Usage | None = None
+    #: The id of the answer the rank stored (Responses), when it said.
+    stored_id: str | None = None
+    #: Why a stream broke or the request failed, if it did.
+    error: str | None = None
+
+    @property
+    def answered(self) -> bool:
+        """A rank answered and the client got the answer (a finished stream, or a whole body)."""
+        return self.rank is not None and self.status != CLIENT_CLOSED
+
+
+#: Status logged (and counted) for a request whose client went away: nginx's convention.
+CLIENT_CLOSED = 499

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import orjson
 from starlette.responses import Response
 
@@ -66,3 +68,14 @@ def no_healthy_backend() -> ProxyError:
 
 def upstream_failed(detail: str) -> ProxyError:
     return ProxyError(502, f"upstream rank failed: {detail}", type_="upstream_error", code="upstream_failed")
+
+
+def too_many_requests(message: str, code: str, retry_after: float) -> ProxyError:
+    """A 429 with ``Retry-After`` (whole seconds, at least 1)."""
+    return ProxyError(
+        429,
+        message,
+        type_="rate_limit_error",
+        code=code,
+        headers={"retry-after": str(max(1, math.ceil(retry_after)))},
+    )

@@ -1,160 +1,223 @@
-"""The request pipeline, stage by stage (see docs/architecture.md):
+"""The request pipeline, for every API (``proxy/apis/``), stage by stage:
 
-parse -> identify session -> canonicalize -> render and hash blocks -> admit -> pick a rank ->
-forward and stream -> observe usage -> update index and session stats.
+parse -> identify session -> canonicalize -> render and hash blocks -> admit -> route ->
+forward and stream -> observe.
+
+``handle`` below is that sequence; each stage is one object from ``proxy/stages/`` (admission from
+``proxy/admission/``) that reads what the stages before it wrote on the request's context and
+writes its own part. What happened to the request goes to the observers (``proxy/stages/observe``).
+The other entry points serve the APIs' side endpoints: token counting (canonicalized, any rank),
+stored-answer retrieval (the rank that stored it) and the ranks' own ``/tokenize``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from urllib.parse import quote
 
+import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.admission import Admission
-from proxy.blocks import BlockStage
-from proxy.canonicalize import DEBUG_HEADER, CanonStage, rewrites_header
-from proxy.context import ApiKind, RequestContext
-from proxy.errors import NO_BACKEND, ProxyError, error_response, sse_error_event
-from proxy.explain import Explainer
-from proxy.forward import (
-    ClientDisconnected,
-    Forwarder,
-    Opened,
-    RelayResponse,
-    StreamOutcome,
-    response_headers,
-    until_disconnected,
-    upstream_headers,
-)
-from proxy.limits import DEFAULT_BOUNDS, Bounds
-from proxy.metrics import Metrics
-from proxy.observe import Usage, json_or_none, last_event_with, record_usage, usage_of_json
-from proxy.parse import parse_request, read_body
-from proxy.session_id import identify_session
+from proxy.apis.base import Api, Endpoint, Translation
+from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
+from proxy.errors import NO_BACKEND, ProxyError, upstream_failed
+from proxy.ops.metrics import Metrics
+from proxy.stages.blocks import Blocks
+from proxy.stages.canonicalize import DEBUG_HEADER, Canonicalize, rewrites_header
+from proxy.stages.disconnect import ClientDisconnected, until_disconnected
+from proxy.stages.forward import Forwarder, Opened, response_headers, upstream_headers
+from proxy.stages.identify import Identify
+from proxy.stages.observe import Observers
+from proxy.stages.parse import Parse, read_body
+from proxy.stages.pin import Pins
+from proxy.stages.relay import RelayResponse, StreamOutcome
+from proxy.stages.route import Router
+from proxy.stages.usage import json_or_none, last_event_with
 
 log = logging.getLogger("prefixgate.pipeline")
 
-#: Status logged (and counted) for a request whose client went away: nginx's convention.
-CLIENT_CLOSED = 499
-
 
 class Pipeline:
+    """The stages of one prefixgate process, called in order for each request."""
+
     def __init__(
         self,
+        parse: Parse,
+        identify: Identify,
+        canonicalize: Canonicalize,
+        blocks: Blocks,
+        admission: Admission,
+        route: Router,
         forwarder: Forwarder,
+        observers: Observers,
+        pins: Pins,
         metrics: Metrics,
-        max_body_bytes: int,
-        blocks: BlockStage | None = None,
-        bounds: Bounds = DEFAULT_BOUNDS,
-        canon: CanonStage | None = None,
+        *,
         debug_headers: bool = False,
-        explainer: Explainer | None = None,
-        admission: Admission | None = None,
     ) -> None:
+        self.parse = parse
+        self.identify = identify
+        self.canonicalize = canonicalize
+        self.blocks = blocks
         self.admission = admission
-        self.explainer = explainer
-        self.canon = canon
-        self.debug_headers = debug_headers
-        self.blocks = blocks or BlockStage(None)
-        self.bounds = bounds
+        self.route = route
         self.forwarder = forwarder
+        self.observers = observers
+        self.pins = pins
         self.metrics = metrics
-        self.max_body_bytes = max_body_bytes
+        self.debug_headers = debug_headers
 
-    async def completion(self, request: Request, api: ApiKind) -> Response:
-        """``POST /v1/chat/completions`` and ``POST /v1/completions``."""
-        endpoint = api.upstream_path
+    async def handle(self, request: Request, api: Api, endpoint: Endpoint) -> Response:
+        """A completion request of ``api`` (``POST``), through every stage."""
         started = time.perf_counter()
         ctx: RequestContext | None = None
         try:
-            ctx = await parse_request(request, api, self.max_body_bytes, self.bounds)
-            identify_session(ctx)
-            if self.canon is not None:
-                self.canon(ctx)
+            ctx = await self.parse(request, api)
+            self.identify(ctx)
+            self.canonicalize(ctx)
             await self.blocks(ctx)
-            opened = await self.admit_and_open(request, ctx, endpoint, ctx.upstream_body(), self.forwarder)
+            ctx.admitted = await until_disconnected(request.receive, self.admission.admit(ctx))
+            ctx.plan = await self.route(ctx)
+            self.observers.placed(ctx, ctx.plan.ranks[0])
+            translation = api.translation()
+            content = translation.request(ctx.body) if translation is not None else ctx.upstream_body()
+            opened = await until_disconnected(
+                request.receive,
+                self.forwarder.open(
+                    ctx.plan, endpoint.upstream, content, upstream_headers(request.headers), stream=ctx.stream
+                ),
+            )
         except ProxyError as exc:
-            return self._error(endpoint, exc, started)
+            self._unanswered(ctx, exc.status, exc.message)
+            return self._refused(api, endpoint.path, exc, started)
         except ClientDisconnected:
-            return self._client_gone(endpoint, ctx, started)
-        return self.answer(ctx, opened, endpoint, started)
+            self._unanswered(ctx, CLIENT_CLOSED, "the client went away")
+            return self._client_gone(endpoint.path, ctx)
+        return self._answer(ctx, opened, endpoint.path, started, translation)
 
-    async def passthrough(self, request: Request, path: str) -> Response:
+    async def count(self, request: Request, api: Api, endpoint: Endpoint) -> Response:
+        """Token counting: the request as it would be sent (canonicalized) to any healthy rank;
+        nothing is cached, so nothing is routed by prefix."""
+        started = time.perf_counter()
+        try:
+            ctx = await self.parse(request, api)
+            self.identify(ctx)
+            self.canonicalize(ctx)
+            opened = await until_disconnected(
+                request.receive,
+                self.forwarder.open(
+                    self.route.any(),
+                    endpoint.upstream,
+                    ctx.upstream_body(),
+                    upstream_headers(request.headers),
+                    stream=False,
+                ),
+            )
+        except ProxyError as exc:
+            return self._refused(api, endpoint.path, exc, started)
+        except ClientDisconnected:
+            return self._client_gone(endpoint.path, None)
+        return self._relay_whole(endpoint.path, opened, started)
+
+    async def retrieve(self, request: Request, api: Api, endpoint: Endpoint, stored_id: str) -> Response:
+        """A stored answer (``GET``), from the rank that stored it."""
+        started = time.perf_counter()
+        try:
+            rank = await self.pins.rank_of(stored_id)
+            headers = upstream_headers(request.headers)
+            headers.pop("content-type", None)
+            url = f"{rank.url}{endpoint.upstream}/{quote(stored_id, safe='')}"
+            try:
+                async with self.forwarder.client.get(url, headers=headers) as upstream:
+                    body = await upstream.read()
+                    status = upstream.status
+                    out_headers = response_headers(upstream, rank.name)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise upstream_failed(f"{rank.name}: {type(exc).__name__}: {exc}") from None
+        except ProxyError as exc:
+            return self._refused(api, endpoint.path, exc, started)
+        self._count_relayed(endpoint.path, rank.name, status, started)
+        return Response(body, status_code=status, headers=out_headers)
+
+    async def passthrough(self, request: Request, path: str, api: Api) -> Response:
         """``POST /tokenize`` and ``/detokenize``: the body goes to one healthy rank as it is."""
         started = time.perf_counter()
         try:
-            raw = await read_body(request, self.max_body_bytes)
+            raw = await read_body(request, self.parse.max_body_bytes)
             opened = await until_disconnected(
                 request.receive,
-                self.forwarder.open(None, path, raw, upstream_headers(request.headers), stream=False),
+                self.forwarder.open(self.route.any(), path, raw, upstream_headers(request.headers), stream=False),
             )
         except ProxyError as exc:
-            return self._error(path, exc, started)
+            return self._refused(api, path, exc, started)
         except ClientDisconnected:
-            return self._client_gone(path, None, started)
-        return self.relay_whole(path, opened, started)
+            return self._client_gone(path, None)
+        return self._relay_whole(path, opened, started)
 
-    # -- admit, forward, answer, observe (shared with proxy/agent_pipeline.py) ----------------------
+    # -- forward and stream, observe --------------------------------------------------------------
 
-    async def admit_and_open(
-        self, request: Request, ctx: RequestContext, endpoint: str, content: bytes, forwarder: Forwarder
-    ) -> Opened:
-        """Admit the request's session, then open ``content`` at ``endpoint`` through ``forwarder``
-        (raises ``ClientDisconnected`` when the client goes away first)."""
-        if self.admission is not None:
-            await self.admission.admit(ctx, request.receive)
-        return await until_disconnected(
-            request.receive,
-            forwarder.open(ctx, endpoint, content, upstream_headers(request.headers), stream=ctx.stream),
-        )
-
-    def answer(
+    def _answer(
         self,
         ctx: RequestContext,
         opened: Opened,
         endpoint: str,
         started: float,
-        read_usage: Callable[[Any], Usage | None] = usage_of_json,
-        error_event: Callable[[str], bytes] = sse_error_event,
-        on_stream_end: Callable[[StreamOutcome], None] | None = None,
-        on_body: Callable[[Any], None] | None = None,
+        translation: Translation | None,
     ) -> Response:
-        """The client's response for a routed request: the stream relayed, or the whole answer; usage
-        (parsed by ``read_usage``) is observed when it ends. ``on_stream_end(outcome)`` runs before a
-        finished stream's usage is observed, ``on_body(parsed JSON or None)`` after a 200 answer's."""
-        backend = opened.backend.name
-        if self.explainer is not None:
-            self.explainer.after_route(ctx)
-        session_headers = self.session_headers(ctx)
+        """The client's response for a routed request: the stream relayed, or the whole answer
+        (translated into the client's API when the rank does not serve it); the observers are told
+        when it ends."""
+        rank = opened.rank
+        ctx.rank, ctx.attempts = rank, opened.attempts
+        plan = ctx.plan
+        assert plan is not None
+        if plan.charged != rank.name:  # a retry landed on another rank
+            self.observers.placed(ctx, rank)
+        self.observers.routed(ctx)
+        api = ctx.api
+        session_headers = self._session_headers(ctx)
         if opened.chunks is not None:
 
-            def finish(outcome: StreamOutcome) -> None:
-                if self.stream_ended(endpoint, backend, outcome, started):
-                    if on_stream_end is not None:
-                        on_stream_end(outcome)
-                    self.observe(ctx, backend, last_event_with(outcome.tail, b'"usage"', read_usage))
+            def done(stream: StreamOutcome) -> None:
+                self._count_stream(endpoint, rank.name, stream, started)
+                if stream.disconnected:
+                    outcome = Outcome(ctx, rank.name, CLIENT_CLOSED, error=stream.error)
+                else:
+                    chunks = (stream.first, *stream.tail)
+                    usage = last_event_with(stream.tail, b'"usage"', api.usage)
+                    stored = last_event_with(chunks, b'"response"', api.stored_id)
+                    outcome = Outcome(ctx, rank.name, 200, usage, stored, stream.error)
+                self.observers.finished(outcome)
 
-            relay = RelayResponse(opened, finish, error_event)
+            relay = RelayResponse(opened, done, api.sse_error, translation)
             relay.headers.update(session_headers)
             return relay
 
         status = opened.response.status
-        assert opened.body is not None
+        body = opened.body
+        assert body is not None
+        usage = stored = None
         if status == 200:
-            data = json_or_none(opened.body)  # parsed once, for the usage and for ``on_body``
-            self.observe(ctx, backend, read_usage(data) if data is not None else None)
-            if on_body is not None:
-                on_body(data)
-        headers = response_headers(opened.response, backend)
+            data = json_or_none(body)  # parsed once, for the usage and the stored id
+            if data is not None:
+                usage, stored = api.usage(data), api.stored_id(data)
+            if translation is not None:
+                body = translation.body(body)
+        self.observers.finished(Outcome(ctx, rank.name, status, usage, stored))
+        headers = response_headers(opened.response, rank.name)
         headers.update(session_headers)
-        self.answered(endpoint, backend, status, started)
-        return Response(opened.body, status_code=status, headers=headers)
+        self._count_whole(endpoint, rank.name, status, started)
+        return Response(body, status_code=status, headers=headers)
 
-    def session_headers(self, ctx: RequestContext) -> dict[str, str]:
+    def _unanswered(self, ctx: RequestContext | None, status: int, error: str) -> None:
+        """A routed request that no rank answered: the observers release what they hold for it."""
+        if ctx is not None and ctx.plan is not None:
+            self.observers.finished(Outcome(ctx, None, status, error=error))
+
+    def _session_headers(self, ctx: RequestContext) -> dict[str, str]:
         """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""
         headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
         if ctx.estimated_cached_tokens is not None:
@@ -163,72 +226,49 @@ class Pipeline:
             headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
         return headers
 
-    def observe(self, ctx: RequestContext, backend: str, usage: Usage | None) -> None:
-        """Feed a finished request's usage to the metrics, admission, the explainer and the router."""
-        record_usage(self.metrics, backend, usage)
-        if self.admission is not None:
-            self.admission.observed(ctx, backend, usage)
-        if self.explainer is not None:
-            if usage is not None:
-                self.explainer.after_observe(ctx, usage.cached_tokens, usage.prompt_tokens)
-            else:
-                self.explainer.after_observe(ctx, None)
-        if ctx.backend is not None:
-            self.forwarder.router.observe(
-                ctx, ctx.backend, usage.cached_tokens if usage is not None else None
-            )
+    # -- counting ---------------------------------------------------------------------------------
 
-    def answered(self, endpoint: str, backend: str, status: int, started: float) -> None:
+    def _relay_whole(self, endpoint: str, opened: Opened, started: float) -> Response:
+        """Count and return an upstream answer as it came (no usage observed, no session headers)."""
+        rank = opened.rank.name
+        status = opened.response.status
+        self._count_relayed(endpoint, rank, status, started)
+        assert opened.body is not None
+        return Response(opened.body, status_code=status, headers=response_headers(opened.response, rank))
+
+    def _count_whole(self, endpoint: str, rank: str, status: int, started: float) -> None:
         """Count a whole (non-streamed) answer: its time to first byte equals its duration."""
         elapsed = time.perf_counter() - started
         self.metrics.ttfb.labels(endpoint).observe(elapsed)
         self.metrics.duration.labels(endpoint).observe(elapsed)
-        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+        self.metrics.requests.labels(endpoint, rank, str(status)).inc()
 
-    def relay_whole(self, endpoint: str, opened: Opened, started: float) -> Response:
-        """Count and return an upstream answer as it came (no usage observed, no session headers)."""
-        backend = opened.backend.name
-        status = opened.response.status
-        self.count_relayed(endpoint, backend, status, started)
-        assert opened.body is not None
-        return Response(opened.body, status_code=status, headers=response_headers(opened.response, backend))
-
-    def count_relayed(self, endpoint: str, backend: str, status: int, started: float) -> None:
-        """Count an upstream answer relayed as it came."""
-        self.metrics.requests.labels(endpoint, backend, str(status)).inc()
+    def _count_relayed(self, endpoint: str, rank: str, status: int, started: float) -> None:
+        self.metrics.requests.labels(endpoint, rank, str(status)).inc()
         self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
 
-    def stream_ended(self, endpoint: str, backend: str, outcome: StreamOutcome, started: float) -> bool:
-        """Count a relayed stream's end; False when the client went away (nothing to observe then)."""
-        now = time.perf_counter()
-        self.metrics.ttfb.labels(endpoint).observe(outcome.first_byte_at - started)
-        self.metrics.duration.labels(endpoint).observe(now - started)
-        if outcome.disconnected:
-            self.metrics.client_disconnects.labels(endpoint).inc()
-            self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
-            return False
-        if outcome.error is not None:
-            self.metrics.stream_errors.labels(backend).inc()
-        self.metrics.requests.labels(endpoint, backend, "200").inc()
-        return True
+    def _count_stream(self, endpoint: str, rank: str, stream: StreamOutcome, started: float) -> None:
+        metrics = self.metrics
+        metrics.ttfb.labels(endpoint).observe(stream.first_byte_at - started)
+        metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        if stream.disconnected:
+            metrics.client_disconnects.labels(endpoint).inc()
+            metrics.requests.labels(endpoint, rank, str(CLIENT_CLOSED)).inc()
+            return
+        if stream.error is not None:
+            metrics.stream_errors.labels(rank).inc()
+        metrics.requests.labels(endpoint, rank, "200").inc()
 
-    def count_error(self, endpoint: str, exc: ProxyError, started: float) -> None:
-        """Count a request that failed before reaching a rank."""
+    def _refused(self, api: Api, endpoint: str, exc: ProxyError, started: float) -> Response:
+        """A request that failed before (or instead of) reaching a rank, in the API's error shape."""
         self.metrics.requests.labels(endpoint, NO_BACKEND, str(exc.status)).inc()
         self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        return api.error_response(exc, NO_BACKEND)
 
-    def client_closed(self, endpoint: str, ctx: RequestContext | None) -> Response:
+    def _client_gone(self, endpoint: str, ctx: RequestContext | None) -> Response:
         """Count a client that went away before its answer started, and the 499 logged for it."""
         self.metrics.client_disconnects.labels(endpoint).inc()
-        backend = ctx.backend.name if ctx is not None and ctx.backend is not None else NO_BACKEND
-        self.metrics.requests.labels(endpoint, backend, str(CLIENT_CLOSED)).inc()
-        return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": backend})
-
-    def _error(self, endpoint: str, exc: ProxyError, started: float) -> Response:
-        self.count_error(endpoint, exc, started)
-        return error_response(exc)
-
-    def _client_gone(self, endpoint: str, ctx: RequestContext | None, started: float) -> Response:
-        response = self.client_closed(endpoint, ctx)
+        rank = ctx.rank.name if ctx is not None and ctx.rank is not None else NO_BACKEND
+        self.metrics.requests.labels(endpoint, rank, str(CLIENT_CLOSED)).inc()
         log.info("client went away before %s completed", endpoint)
-        return response
+        return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": rank})

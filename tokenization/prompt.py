@@ -1,11 +1,13 @@
 """Per-session incremental rendering and block hashing: what the proxy's "render and hash blocks" calls.
 
-A coding agent's turn N+1 re-sends turn N plus a few messages. The session cache keeps, per session
-key, the last turn's ``Encoded`` (tokens + the tokenizer's memo) and its block hashes; the next turn
-encodes only what changed (the tokenizer reports how many leading tokens are unchanged) and hashes
-only the blocks from the first changed one, chaining from the cached parent. Everything cached is
-immutable, so concurrent requests of one session never see a half-updated state; the last one to
-finish wins the cache slot.
+A coding agent's turn N+1 re-sends turn N plus a few messages. A turn's ``PromptBlocks`` carries a
+``memo`` of it (the ``Encoded`` tokens + the tokenizer's memo, and its block hashes); given the
+previous turn's memo, the next turn encodes only what changed (the tokenizer reports how many
+leading tokens are unchanged) and hashes only the blocks from the first changed one, chaining from
+the cached parent. The caller keeps the memo per session: the proxy on the session's local state
+(``proxy.state.local``), standalone users in ``IncrementalTokenizer.sessions`` through
+``blocks_for_chat(session_key, ...)``. Everything cached is immutable, so concurrent requests of
+one session never see a half-updated state; the last one to finish wins the slot.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class PromptBlocks:
     reused_tokens: int = 0  # leading tokens taken from the session's previous turn without re-encoding
     reused_blocks: int = 0  # leading block hashes taken from the previous turn
     shared_blocks: int = 0  # leading block hashes taken from the cross-session cache (not hashed here)
+    #: What the next turn of this session starts from (``IncrementalTokenizer.chat_blocks``), and
+    #: about how many bytes it holds.
+    memo: PromptMemo | None = None
+    memo_bytes: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -71,14 +77,16 @@ class PromptBlocks:
 
 
 @dataclass(frozen=True, slots=True)
-class _Entry:
+class PromptMemo:
+    """One turn as the next turn of its session reuses it."""
+
     kind: str  # "chat" or "text": an Encoded is only a valid base for the same kind
     encoded: Encoded
     salt: str | None
     hashes: list[BlockHash]
 
 
-class SessionCache(LRU[str, _Entry]):
+class SessionCache(LRU[str, PromptMemo]):
     """LRU over sessions with a byte budget (approximate: tokens, hashes and tokenizer memos).
 
     A turn larger than the whole budget is not kept (its session's previous turn is dropped)."""
@@ -118,19 +126,34 @@ class IncrementalTokenizer:
         self.shared = LRU[tuple[bytes, int, str | None], tuple[BlockHash, ...]](shared_cache_bytes)
 
     async def blocks_for_chat(self, session_key: str | None, body: Mapping[str, Any]) -> PromptBlocks:
-        """Blocks of an OpenAI chat request (``messages``, ``tools``, ``add_generation_prompt``,
-        ``cache_salt``, ``chat_template_kwargs``). Raises ``UnsupportedRequest`` on a malformed body."""
-        prompt = ChatPrompt.from_body(body)
-        salt = _salt(body)
-        prev = self._previous(session_key, "chat")
-        plan = await self.tokenizer.plan_chat(prompt, prev.encoded if prev else None)
-        return await self._complete(session_key, "chat", plan, prev, salt)
+        """``chat_blocks`` after the session's previous turn, kept in ``sessions``."""
+        blocks = await self.chat_blocks(body, self._previous(session_key))
+        self._remember(session_key, blocks)
+        return blocks
 
     async def blocks_for_completion(self, session_key: str | None, body: Mapping[str, Any]) -> PromptBlocks:
+        """``completion_blocks`` after the session's previous turn, kept in ``sessions``."""
+        blocks = await self.completion_blocks(body, self._previous(session_key))
+        self._remember(session_key, blocks)
+        return blocks
+
+    async def chat_blocks(self, body: Mapping[str, Any], previous: PromptMemo | None = None) -> PromptBlocks:
+        """Blocks of an OpenAI chat request (``messages``, ``tools``, ``add_generation_prompt``,
+        ``cache_salt``, ``chat_template_kwargs``), reusing ``previous`` (the memo of the session's
+        previous turn). Raises ``UnsupportedRequest`` on a malformed body."""
+        prompt = ChatPrompt.from_body(body)
+        salt = _salt(body)
+        prev = previous if previous is not None and previous.kind == "chat" else None
+        plan = await self.tokenizer.plan_chat(prompt, prev.encoded if prev else None)
+        return await self._complete("chat", plan, prev, salt)
+
+    async def completion_blocks(
+        self, body: Mapping[str, Any], previous: PromptMemo | None = None
+    ) -> PromptBlocks:
         """Blocks of an OpenAI completion request whose ``prompt`` is a string or a list of token ids."""
         prompt = body.get("prompt")
         salt = _salt(body)
-        prev = self._previous(session_key, "text")
+        prev = previous if previous is not None and previous.kind == "text" else None
         base = prev.encoded if prev else None
         if isinstance(prompt, str):
             model = body.get("model")
@@ -139,25 +162,21 @@ class IncrementalTokenizer:
             plan = token_ids_plan(prompt, base)
         else:
             raise UnsupportedRequest("'prompt' must be a string or a list of token ids")
-        return await self._complete(session_key, "text", plan, prev, salt)
+        return await self._complete("text", plan, prev, salt)
 
-    def _previous(self, session_key: str | None, kind: str) -> _Entry | None:
-        if session_key is None:
-            return None
-        entry = self.sessions.get(session_key)
-        return entry if entry is not None and entry.kind == kind else None
+    def _previous(self, session_key: str | None) -> PromptMemo | None:
+        return self.sessions.get(session_key) if session_key is not None else None
 
-    async def _complete(
-        self, session_key: str | None, kind: str, plan: Plan, prev: _Entry | None, salt: str | None
-    ) -> PromptBlocks:
+    def _remember(self, session_key: str | None, blocks: PromptBlocks) -> None:
+        if session_key is not None and blocks.memo is not None:
+            self.sessions.put(session_key, blocks.memo, blocks.memo_bytes)
+
+    async def _complete(self, kind: str, plan: Plan, prev: PromptMemo | None, salt: str | None) -> PromptBlocks:
         encoded = await self._run(plan.work, plan.finish)
         keep = self._reusable_blocks(encoded, prev, salt)
         shared, keep = self._shared_blocks(encoded, prev, keep, salt)
         unhashed = len(encoded.tokens) - keep * self.block_size
         hashes = await self._run(unhashed, self._hash, encoded, prev, keep, salt, shared)
-        if session_key is not None:
-            nbytes = encoded.nbytes + len(hashes) * self._hash_bytes + 200
-            self.sessions.put(session_key, _Entry(kind, encoded, salt, hashes), nbytes)
         return PromptBlocks(
             num_tokens=len(encoded.tokens),
             block_size=self.block_size,
@@ -167,6 +186,8 @@ class IncrementalTokenizer:
             reused_tokens=encoded.reused,
             reused_blocks=keep if shared is None else 0,
             shared_blocks=0 if shared is None else keep,
+            memo=PromptMemo(kind, encoded, salt, hashes),
+            memo_bytes=encoded.nbytes + len(hashes) * self._hash_bytes + 200,
         )
 
     async def _run(self, work: int, fn: Callable[..., _T], *args: Any) -> _T:
@@ -176,7 +197,7 @@ class IncrementalTokenizer:
         return fn(*args)
 
     def _shared_blocks(
-        self, encoded: Encoded, prev: _Entry | None, keep: int, salt: str | None
+        self, encoded: Encoded, prev: PromptMemo | None, keep: int, salt: str | None
     ) -> tuple[tuple[BlockHash, ...] | None, int]:
         """The cross-session hashes of the shared leading blocks when they beat the session's own
         reuse, and the number of leading blocks then known: ``(None, keep)`` otherwise."""
@@ -199,7 +220,7 @@ class IncrementalTokenizer:
             nbytes = _SHARED_ENTRY_BYTES + lead * self._hash_bytes
             self.shared.put(self._shared_key(encoded, lead, salt), tuple(hashes[:lead]), nbytes)
 
-    def _reusable_blocks(self, encoded: Encoded, prev: _Entry | None, salt: str | None) -> int:
+    def _reusable_blocks(self, encoded: Encoded, prev: PromptMemo | None, salt: str | None) -> int:
         # The salt sits in block 0's hash, so a changed salt changes every block.
         if prev is None or prev.salt != salt:
             return 0
@@ -208,7 +229,7 @@ class IncrementalTokenizer:
     def _hash(
         self,
         encoded: Encoded,
-        prev: _Entry | None,
+        prev: PromptMemo | None,
         keep: int,
         salt: str | None,
         shared: tuple[BlockHash, ...] | None = None,

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from proxy.errors import ProxyError
-from proxy.session_growth import PeakEstimator
+from proxy.admission.growth import PeakEstimator
 from tests.admission.test_release import TTL, ctx_for, make, turn
 
 
@@ -37,9 +37,9 @@ async def test_sessions_that_ended_feed_the_estimate() -> None:
     adm, clock = make()
     await turn(adm, "a", 300)
     await turn(adm, "a", 900)  # 916 tokens held after the answer
-    adm.rank_states()
+    adm.refresh()
     clock.now += TTL + 1  # a idles out
-    adm.rank_states()
+    adm.refresh()
     assert len(adm.peaks) == 1 and adm.peaks.expected_peak(0) == 916
 
 
@@ -49,17 +49,17 @@ async def test_a_rank_takes_new_sessions_only_with_room_for_their_expected_growt
     for key in ("old1", "old2"):
         await turn(adm, key, 400)
         await turn(adm, key, 984)
-    adm.rank_states()
+    adm.refresh()
     clock.now += TTL + 1
-    adm.rank_states()
+    adm.refresh()
     assert adm.peaks.expected_peak(300) == 1000
     first = await turn(adm, "a", 300)
-    assert first.allowed_backends == {"r0", "r1"}
-    states = adm.rank_states()
+    assert first.admitted.allowed == {"r0", "r1"}
+    states = adm.refresh()
     assert states["r0"].working_set_tokens == 316 and states["r0"].projected_tokens == 1000
     # 316 + 300 tokens fit r0's 1,600-token budget today, but not two sessions grown to 1,000
     second = await turn(adm, "b", 300)
-    assert second.allowed_backends == {"r1"}
+    assert second.admitted.allowed == {"r1"}
     with pytest.raises(ProxyError):  # both ranks are spoken for
         await adm.admit(ctx_for("c", 300))
 
@@ -70,26 +70,26 @@ async def test_released_sessions_are_not_taken_for_ended_ones() -> None:
     clock.now += 1
     await turn(adm, "a", 700)
     clock.now += 100  # idle far past its think gaps: reclaimable
-    adm.rank_states()
+    adm.refresh()
     new = ctx_for("b", 1000)
-    await adm.admit(new)  # a is released for it
-    adm.routed(new, adm.pool.get("r0"))  # type: ignore[arg-type]
-    adm.rank_states()
+    new.admitted = await adm.admit(new)  # a is released for it
+    adm.placed(new, adm.fleet.get("r0"))  # type: ignore[arg-type]
+    adm.refresh()
     assert len(adm.peaks) == 0
 
 
 async def test_an_admitted_session_is_homed_on_its_rank_a_new_one_is_not() -> None:
     adm, _ = make(ranks=2)
     first = await turn(adm, "a", 300)
-    assert first.home_backend is None and first.allowed_backends is not None
+    assert first.admitted.home is None and first.admitted.allowed is not None
     again = ctx_for("a", 400)
-    await adm.admit(again)
-    assert again.home_backend == first.session.rank
+    again.admitted = await adm.admit(again)
+    assert again.admitted.home == first.admitted.session.rank
     off, _ = make(ranks=2, enabled=False)
     await turn(off, "a", 300)
     unmanaged = ctx_for("a", 400)
-    await off.admit(unmanaged)
-    assert unmanaged.home_backend is None  # without admission the router's load bound still applies
+    unmanaged.admitted = await off.admit(unmanaged)
+    assert unmanaged.admitted.home is None  # without admission the router's load bound still applies
 
 
 async def test_the_smallest_session_covering_the_excess_moves_off_an_outgrown_rank(
@@ -99,14 +99,14 @@ async def test_the_smallest_session_covering_the_excess_moves_off_an_outgrown_ra
     await turn(adm, "a", 300)
     assert (await turn(adm, "b", 300)).session.rank == "r0"  # both admitted on r0 while small
     grown = await turn(adm, "a", 1200)
-    assert grown.allowed_backends is None and grown.home_backend == "r0"  # 1,216 + 316: within the pool
+    assert grown.admitted.allowed is None and grown.admitted.home == "r0"  # 1,216 + 316: within the pool
     with caplog.at_level(logging.INFO, logger="prefixgate.admission"):
         moving = await turn(adm, "b", 1000)  # 1,216 + 1,000 > 2,000: b is the smallest covering the excess
-    assert moving.allowed_backends == {"r1"} and moving.home_backend is None
+    assert moving.admitted.allowed == {"r1"} and moving.admitted.home is None
     assert "session b re-homed before its turn 1: r0 holds 216 tokens past its pool of 2000" in caplog.text
     assert adm.table.get("b").rank == "r1"  # type: ignore[union-attr]
     staying = await turn(adm, "a", 1300)
-    assert staying.allowed_backends is None and staying.home_backend == "r0"
+    assert staying.admitted.allowed is None and staying.admitted.home == "r0"
 
 
 async def test_nobody_moves_when_no_other_rank_has_room() -> None:
@@ -115,4 +115,4 @@ async def test_nobody_moves_when_no_other_rank_has_room() -> None:
     await turn(adm, "b", 300)
     await turn(adm, "a", 1200)
     stuck = await turn(adm, "b", 1000)
-    assert stuck.allowed_backends is None and stuck.home_backend == "r0"
+    assert stuck.admitted.allowed is None and stuck.admitted.home == "r0"

@@ -11,10 +11,11 @@ import pytest
 from starlette.datastructures import Headers
 
 from proxy.admission import Admission, AdmissionConfig
-from proxy.context import ApiKind, RequestContext
+from proxy.apis import CHAT
+from proxy.context import Outcome, RequestContext
 from proxy.errors import ProxyError
-from proxy.observe import Usage
-from proxy.sessions import MemorySessionStore, Session, SessionTable
+from proxy.stages.usage import Usage
+from proxy.state.sessions import MemorySessionStore, Session, SessionTable
 from routing.ranks import Fleet, Rank
 from tests.admission.conftest import KV_TOKENS, chat, prompt_of
 from tokenization.prompt import PromptBlocks
@@ -41,7 +42,7 @@ def make(ranks: int = 1, **config: object) -> tuple[Admission, Clock]:
 
 
 def ctx_for(key: str, tokens: int, head: bytes | None = None, head_tokens: int = 0) -> RequestContext:
-    ctx = RequestContext(ApiKind.CHAT, Headers(), b"", {}, False, "m", 0.0)
+    ctx = RequestContext(CHAT, Headers(), b"", {}, False, "m", 0.0)
     ctx.session_key = key
     ctx.prompt_tokens = tokens
     if head is not None:
@@ -57,12 +58,13 @@ def ctx_for(key: str, tokens: int, head: bytes | None = None, head_tokens: int =
 async def turn(adm: Admission, key: str, tokens: int, **head: object) -> RequestContext:
     """One request: admitted, routed to the first allowed rank, answered (16 output tokens)."""
     ctx = ctx_for(key, tokens, **head)  # type: ignore[arg-type]
-    await adm.admit(ctx)
-    rank = sorted(ctx.allowed_backends)[0] if ctx.allowed_backends else ctx.session.rank or "r0"
-    backend = adm.pool.get(rank)
-    assert backend is not None
-    adm.routed(ctx, backend)
-    adm.observed(ctx, rank, Usage(tokens, 16, 0))
+    ctx.admitted = await adm.admit(ctx)
+    assert ctx.admitted.session is not None
+    rank = sorted(ctx.admitted.allowed)[0] if ctx.admitted.allowed else ctx.admitted.session.rank or "r0"
+    placed = adm.fleet.get(rank)
+    assert placed is not None
+    adm.placed(ctx, placed)
+    adm.finished(Outcome(ctx, rank, 200, Usage(tokens, 16, 0)))
     return ctx
 
 
@@ -100,28 +102,28 @@ def test_release_after_follows_the_sessions_own_think_gaps() -> None:
 
 async def test_idle_sessions_keep_their_room_until_a_new_session_needs_it() -> None:
     adm, clock = await two_idle_sessions()
-    states = adm.rank_states()
+    states = adm.refresh()
     assert [s.key for s, _ in states["r0"].reclaimable] == ["a", "b"]  # longest idle first
     assert states["r0"].sessions == 2  # nobody asked for room: they still count
     small = ctx_for("small", 100)
-    await adm.admit(small)  # fits as is: nothing is released
-    assert small.allowed_backends == {"r0"}
-    adm.routed(small, adm.pool.get("r0"))  # type: ignore[arg-type]
+    small.admitted = await adm.admit(small)  # fits as is: nothing is released
+    assert small.admitted.allowed == {"r0"}
+    adm.placed(small, adm.fleet.get("r0"))  # type: ignore[arg-type]
     assert {s.key for s in adm.table.active()} == {"a", "b", "small"}
 
     big = ctx_for("c", 700)
-    await adm.admit(big)  # room only once the longest-idle session goes
-    assert big.allowed_backends == {"r0"}
-    adm.routed(big, adm.pool.get("r0"))  # type: ignore[arg-type]
+    big.admitted = await adm.admit(big)  # room only once the longest-idle session goes
+    assert big.admitted.allowed == {"r0"}
+    adm.placed(big, adm.fleet.get("r0"))  # type: ignore[arg-type]
     a = adm.table.get("a")
     assert a is not None and a.released and not a.is_active(clock.now, TTL)
     assert {s.key for s in adm.table.active()} == {"b", "small", "c"}
 
     # a comes back: a new session again, which has to find room like any other (b's, idle as long)
     back = ctx_for("a", 800)
-    await adm.admit(back)
-    assert back.allowed_backends == {"r0"} and adm._reservations["a"].victims == {"r0": ("b",)}
-    adm.routed(back, adm.pool.get("r0"))  # type: ignore[arg-type]
+    back.admitted = await adm.admit(back)
+    assert back.admitted.allowed == {"r0"} and adm.reservation("a").victims == {"r0": ("b",)}  # type: ignore[union-attr]
+    adm.placed(back, adm.fleet.get("r0"))  # type: ignore[arg-type]
     assert {s.key for s in adm.table.active()} == {"a", "small", "c"}
     a = adm.table.get("a")
     assert a is not None and not a.released and a.turns == 3
@@ -136,13 +138,13 @@ async def test_sessions_in_flight_or_within_their_think_times_are_not_released()
     clock.now += 1
     await adm.admit(ctx_for("busy", 700))  # never answered: in flight
     clock.now += 90  # thinker is within 2 x its gap, busy is in flight
-    assert adm.rank_states()["r0"].reclaimable == []
+    assert adm.refresh()["r0"].reclaimable == []
     with pytest.raises(ProxyError):
         await adm.admit(ctx_for("new", 700))
     clock.now += 20  # thinker is past 100 s now
     new = ctx_for("new", 700)
-    await adm.admit(new)
-    adm.routed(new, adm.pool.get("r0"))  # type: ignore[arg-type]
+    new.admitted = await adm.admit(new)
+    adm.placed(new, adm.fleet.get("r0"))  # type: ignore[arg-type]
     thinker, busy = adm.table.get("thinker"), adm.table.get("busy")
     assert thinker is not None and thinker.released
     assert busy is not None and not busy.released
@@ -151,10 +153,10 @@ async def test_sessions_in_flight_or_within_their_think_times_are_not_released()
 async def test_a_victim_back_before_the_pick_is_kept_and_its_own_turns_are_never_refused() -> None:
     adm, _ = await two_idle_sessions()
     new = ctx_for("c", 700)
-    await adm.admit(new)  # a is to make room
+    new.admitted = await adm.admit(new)  # a is to make room
     again = await turn(adm, "a", 900)  # but a sends its next turn before c is routed
-    assert again.allowed_backends is None  # an active session: admitted at once, whatever its size
-    adm.routed(new, adm.pool.get("r0"))  # type: ignore[arg-type]
+    assert again.admitted.allowed is None  # an active session: admitted at once, whatever its size
+    adm.placed(new, adm.fleet.get("r0"))  # type: ignore[arg-type]
     a = adm.table.get("a")
     assert a is not None and not a.released and a.turns == 3
 
@@ -162,11 +164,11 @@ async def test_a_victim_back_before_the_pick_is_kept_and_its_own_turns_are_never
 async def test_pending_victims_are_not_claimed_twice() -> None:
     adm, _ = await two_idle_sessions()
     first = ctx_for("c", 700)
-    await adm.admit(first)
+    first.admitted = await adm.admit(first)
     second = ctx_for("d", 700)
-    await adm.admit(second)  # a is claimed by c's reservation: d needs b
-    assert adm._reservations["c"].victims == {"r0": ("a",)}
-    assert adm._reservations["d"].victims == {"r0": ("b",)}
+    second.admitted = await adm.admit(second)  # a is claimed by c's reservation: d needs b
+    assert adm.reservation("c").victims == {"r0": ("a",)}  # type: ignore[union-attr]
+    assert adm.reservation("d").victims == {"r0": ("b",)}  # type: ignore[union-attr]
     with pytest.raises(ProxyError):  # nothing reclaimable is left
         await adm.admit(ctx_for("e", 700))
 
@@ -177,13 +179,13 @@ async def test_a_shared_head_counts_once_per_rank() -> None:
     # 1,000 tokens each: two would need 2,000 of a 1,600 budget, but 640 of them are the same blocks
     await turn(adm, "a", 1000, **head)
     second = await turn(adm, "b", 1000, **head)
-    assert second.allowed_backends == {"r0", "r1"}  # an empty rank and one holding the head
-    states = adm.rank_states()
+    assert second.admitted.allowed == {"r0", "r1"}  # an empty rank and one holding the head
+    states = adm.refresh()
     assert states["r0"].working_set_tokens == 2 * 1016 - 640
     assert states["r0"].shared_head_tokens == 640
     assert states["r0"].heads == {b"claude-code-head".hex(): 2}
     other = await turn(adm, "x", 1000, head=b"another-head", head_tokens=640)
-    assert other.allowed_backends == {"r1"}  # a different head gets no discount on r0
+    assert other.admitted.allowed == {"r1"}  # a different head gets no discount on r0
     session = adm.table.get("a")
     assert session is not None and session.head_tokens == 640
 
@@ -193,7 +195,7 @@ async def test_without_a_head_every_session_counts_in_full() -> None:
     await turn(adm, "a", 1000)
     with pytest.raises(ProxyError):
         await adm.admit(ctx_for("b", 1000))
-    assert adm.rank_states()["r0"].working_set_tokens == 1016
+    assert adm.refresh()["r0"].working_set_tokens == 1016
 
 
 # -- end to end: a real proxy in front of one simulated rank with a 2,048-token pool ---------------

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.sessions import (
+from proxy.state.sessions import (
     MAX_BREAKS,
     HitRateWindow,
     MemorySessionStore,

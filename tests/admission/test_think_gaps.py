@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.admission import AdmissionConfig
-from proxy.sessions import Session
-from proxy.think_gaps import MIN_SAMPLES, OWN_EVIDENCE, ThinkGaps
+from proxy.state.sessions import Session
+from proxy.admission.think_gaps import MIN_SAMPLES, OWN_EVIDENCE, ThinkGaps
 from tests.admission.test_release import TTL, make, turn
 
 
@@ -63,6 +63,6 @@ async def test_a_one_request_session_is_reclaimable_after_twice_the_typical_gap(
     assert adm.typical_gap() == pytest.approx(20.0)
     await turn(adm, "one-shot", 900)  # a single request, then nothing
     clock.now += 39  # under 2 x 20 s
-    assert adm.rank_states()["r0"].reclaimable == []
+    assert adm.refresh()["r0"].reclaimable == []
     clock.now += 2  # past 2 x 20 s, long before the 300 s idle TTL it was held for before
-    assert [s.key for s, _ in adm.rank_states()["r0"].reclaimable] == ["one-shot"]
+    assert [s.key for s, _ in adm.refresh()["r0"].reclaimable] == ["one-shot"]

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from proxy.anthropic import AnthropicApi
+from proxy.apis.messages import MessagesApi
 from proxy.canonical import CanonicalConfig, Canonicalizer
-from proxy.responses import MemoryResponseRanks, RedisResponseRanks, ResponsesApi
+from proxy.apis.responses import ResponsesApi
+from proxy.state.responses import MemoryResponseRanks, RedisResponseRanks
 from tokenization.agent_apis import ConversionError, anthropic_to_chat, responses_to_chat
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.37.a1f; cc_entrypoint=cli; cch=3f9c2;"
@@ -112,7 +113,7 @@ def test_responses_items_and_previous_conversation():
 
 
 def test_anthropic_canonical_rewrites_map_back_with_cache_control():
-    api = AnthropicApi()
+    api = MessagesApi()
     body = {
         "model": "m",
         "max_tokens": 8,

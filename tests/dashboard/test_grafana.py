@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bench.sim import SimConfig, SimRankServer
-from proxy.metrics import Metrics
+from proxy.ops.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "docs" / "grafana"

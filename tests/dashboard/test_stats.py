@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.dashboard import Recorder, Series, Turn, TurnLog
-from proxy.dashboard.stats import HitCounter
-from proxy.sessions import HitRateWindow
+from proxy.ops.dashboard import HitRateWindow, Recorder, Series, Turn, TurnLog
+from proxy.ops.dashboard.stats import HitCounter
+from proxy.state.local import SessionLocals
 
 
 class Clock:
@@ -81,7 +81,7 @@ def test_series_points_before_any_hit_report_have_no_rates():
 
 
 def test_turn_log_keeps_the_newest_turns_of_the_most_recent_sessions():
-    log = TurnLog(sessions=2, turns=3)
+    log = TurnLog(SessionLocals(max_sessions=2), turns=3)
     for n in range(5):
         log.add("a", Turn(n, float(n), "r0", 10, 5, 5, 1))
     log.add("b", Turn(0, 0.0, "r0", 10, 5, 5, 1))

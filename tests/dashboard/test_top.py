@@ -6,7 +6,7 @@ import argparse
 
 from rich.console import Console
 
-from proxy import top_cmd
+from proxy.cli import top as top_cmd
 from proxy.cli import build_parser
 from tests.dashboard.conftest import SYSTEM, converse
 

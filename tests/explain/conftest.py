@@ -12,7 +12,7 @@ import pytest
 
 from bench.real_vllm.session import path_tool
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
-from proxy.app import Gateway
+from proxy.gateway import Gateway
 from proxy.server import ServerThread
 from tests.helpers.gateway import gateway_app
 

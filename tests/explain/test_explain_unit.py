@@ -6,17 +6,22 @@ from array import array
 
 from starlette.datastructures import Headers
 
-from proxy.context import ApiKind, RequestContext
-from proxy.explain import Explainer
+from proxy.apis import CHAT
+from proxy.context import Outcome, RequestContext
+from proxy.explain import Explainer, Turn, extends
+from proxy.stages.usage import Usage
+from proxy.state.local import SessionLocals
 from tokenization.block_hash import BlockHasher
 from tokenization.prompt import PromptBlocks
 
 HASHER = BlockHasher(16)
 
 
-def ctx_for(session: str, tokens: list[int], system: str) -> RequestContext:
+def ctx_for(locals_: SessionLocals, session: str, tokens: list[int], system: str) -> RequestContext:
     body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]}
-    ctx = RequestContext(ApiKind.CHAT, Headers({}), b"{}" * 50, body, False, "m", 0.0, session_key=session)
+    ctx = RequestContext(CHAT, Headers({}), b"{}" * 50, body, False, "m", 0.0, session_key=session)
+    ctx.local = locals_.open(session)
+    ctx.prompt = body
     ctx.prompt_blocks = PromptBlocks(
         len(tokens), 16, HASHER.hash_blocks(tokens), (("system", 0, len(tokens)),), array("I", tokens)
     )
@@ -24,49 +29,52 @@ def ctx_for(session: str, tokens: list[int], system: str) -> RequestContext:
 
 
 def test_sessions_are_bounded_by_count_and_bytes() -> None:
-    explainer = Explainer(capacity=3)
+    # the explainer's memory of each session lives on its local state: bounded by the owner's count...
+    counted = SessionLocals(max_sessions=3)
+    explainer = Explainer(counted)
     for i in range(5):
-        explainer.after_route(ctx_for(f"s{i}", list(range(64)), "a"))
-    assert len(explainer._sessions) == 3
-    budget = Explainer(budget_bytes=2_000)
+        explainer.routed(ctx_for(counted, f"s{i}", list(range(64)), "a"))
+    assert len(counted) == 3
+    # ... and by its bytes
+    budget = SessionLocals(budget_bytes=2_000)
+    explainer = Explainer(budget)
     for i in range(5):
-        budget.after_route(ctx_for(f"s{i}", list(range(64)), "a"))
+        explainer.routed(ctx_for(budget, f"s{i}", list(range(64)), "a"))
     assert budget.nbytes <= 2_000
-    assert len(budget._sessions) < 5
+    assert len(budget) < 5
 
 
 def test_divergence_offset_inside_a_block_and_unobserved_requests_expire() -> None:
-    explainer = Explainer(max_pending=2)
+    locals_ = SessionLocals()
+    explainer = Explainer(locals_)
     first = list(range(100))
-    explainer.after_route(ctx_for("s", first, "old"))
+    explainer.routed(ctx_for(locals_, "s", first, "old"))
     second = [*first[:37], 999, *first[38:]]
-    explainer.after_route(ctx_for("s", second, "new"))
+    explainer.routed(ctx_for(locals_, "s", second, "new"))
     (record,) = explainer.breaks("s")
     assert (record["token_offset"], record["block_index"], record["lost_blocks"]) == (37, 2, 4)
     assert record["cause"] == "system_edited"
-    unobserved = [ctx_for("s", second, "new") for _ in range(3)]  # kept alive: distinct ids
+    # what a routed request should hit rides on its own context: an unobserved one leaves nothing behind
+    unobserved = [ctx_for(locals_, "s", second, "new") for _ in range(3)]
     for ctx in unobserved:
-        explainer.after_route(ctx)
-    assert len(explainer._pending) == 2
-    explainer.after_observe(unobserved[-1], 0, 100)
+        explainer.routed(ctx)
+    assert all(ctx.expectation is not None for ctx in unobserved)
+    explainer.finished(Outcome(unobserved[-1], "r0", 200, Usage(100, 1, 0)))
     assert explainer.breaks("s")[-1]["cause"] == "evicted"
-    assert len(explainer._pending) == 1
 
 
 def test_extends_is_true_only_for_the_same_bytes_with_appended_messages() -> None:
-    from proxy.explain import _extends, _Turn
-
-    def turn(body: dict) -> _Turn:
-        return _Turn(0, body, (), None, 0, 0, None, 0)
+    def turn(body: dict) -> Turn:
+        return Turn(0, body, (), None, 0, 0, None, 0)
 
     old = {"model": "m", "tools": [{"a": 1, "b": 2}], "messages": [{"role": "user", "content": "x"}]}
     grown = {**old, "messages": [*old["messages"], {"role": "assistant", "content": "y"}]}
-    assert _extends(turn(old), turn(old)) and _extends(turn(old), turn(grown))
-    assert not _extends(turn(grown), turn(old))  # a dropped message (compaction)
-    assert not _extends(turn(old), turn({**grown, "tools": [{"a": 2, "b": 2}]}))
-    assert not _extends(turn(old), turn({**grown, "tools": [{"b": 2, "a": 1}]}))  # key order drifts
-    assert not _extends(turn(old), turn({**grown, "reasoning_effort": "high"}))
+    assert extends(turn(old), turn(old)) and extends(turn(old), turn(grown))
+    assert not extends(turn(grown), turn(old))  # a dropped message (compaction)
+    assert not extends(turn(old), turn({**grown, "tools": [{"a": 2, "b": 2}]}))
+    assert not extends(turn(old), turn({**grown, "tools": [{"b": 2, "a": 1}]}))  # key order drifts
+    assert not extends(turn(old), turn({**grown, "reasoning_effort": "high"}))
     edited = {**grown, "messages": [{"role": "user", "content": "X"}, *grown["messages"][1:]]}
-    assert not _extends(turn(old), turn(edited))
+    assert not extends(turn(old), turn(edited))
     longer_text = {**old, "messages": [{"role": "user", "content": "xy"}]}
-    assert not _extends(turn(old), turn(longer_text))
+    assert not extends(turn(old), turn(longer_text))

@@ -8,8 +8,11 @@ import time
 import pytest
 from starlette.datastructures import Headers
 
-from proxy.blocks import BlockStage
-from proxy.context import ApiKind, RequestContext
+from proxy.apis import CHAT
+from proxy.apis.base import Api
+from proxy.context import RequestContext
+from proxy.stages.blocks import Blocks
+from proxy.state.local import SessionLocals
 from tokenization.block_hash import BlockHasher
 from tokenization.chatml import render
 from tokenization.config import TokenizerConfig
@@ -18,7 +21,7 @@ from tokenization.factory import build_incremental
 from tokenization.hashers import make_hasher
 
 
-def context(body: dict, api: ApiKind = ApiKind.CHAT) -> RequestContext:
+def context(body: dict, api: Api = CHAT) -> RequestContext:
     return RequestContext(
         api=api,
         headers=Headers(),
@@ -38,13 +41,14 @@ def context(body: dict, api: ApiKind = ApiKind.CHAT) -> RequestContext:
     ],
 )
 async def test_chat_blocks_match_the_reference_hashing_and_grow_incrementally(config, reference):
-    stage = BlockStage(build_incremental(TokenizerConfig.model_validate(config), block_size=16))
+    locals_ = SessionLocals()
+    stage = Blocks(build_incremental(TokenizerConfig.model_validate(config), block_size=16), locals_)
     messages = [
         {"role": "system", "content": "You are an agent. " * 30},
         {"role": "user", "content": "Fix it."},
     ]
     ctx = context({"messages": messages})
-    ctx.session_key = "s1"
+    ctx.session_key, ctx.local = "s1", locals_.open("s1")
     await stage(ctx)
     expected_tokens = encode(render(messages))
     assert ctx.prompt_tokens == len(expected_tokens)
@@ -52,14 +56,14 @@ async def test_chat_blocks_match_the_reference_hashing_and_grow_incrementally(co
 
     longer = [*messages, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Next."}]
     ctx2 = context({"messages": longer})
-    ctx2.session_key = "s1"
+    ctx2.session_key, ctx2.local = "s1", locals_.open("s1")
     await stage(ctx2)
     assert list(ctx2.block_hashes) == reference.hash_blocks(encode(render(longer)))
     assert ctx2.prompt_blocks is not None and ctx2.prompt_blocks.reused_blocks > 0
 
 
 async def test_unrenderable_request_is_left_to_the_rank():
-    stage = BlockStage(build_incremental(TokenizerConfig.model_validate({}), block_size=16))
+    stage = Blocks(build_incremental(TokenizerConfig.model_validate({}), block_size=16), SessionLocals())
     ctx = context({"messages": "not a list"})
     await stage(ctx)
     assert ctx.prompt_tokens is None and not ctx.block_hashes
@@ -67,5 +71,5 @@ async def test_unrenderable_request_is_left_to_the_rank():
 
 async def test_disabled_stage_does_nothing():
     ctx = context({"messages": [{"role": "user", "content": "hi"}]})
-    await BlockStage(None)(ctx)
+    await Blocks(None, SessionLocals())(ctx)
     assert ctx.prompt_tokens is None

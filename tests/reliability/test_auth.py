@@ -8,7 +8,7 @@ import logging
 import httpx
 import pytest
 
-from proxy.auth import KeyRing, bearer_token, read_keys_file
+from proxy.ops.auth import KeyRing, bearer_token, read_keys_file
 from proxy.config import ConfigError
 from tests.reliability.conftest import assert_openai_error, chat
 
@@ -79,7 +79,7 @@ def test_metrics_and_logs_carry_the_label_never_the_key(stubs, gateway, keys_fil
 
 
 def test_label_and_session_cap_reach_the_request_state(keys_file):
-    from proxy.auth import AuthMiddleware
+    from proxy.ops.auth import AuthMiddleware
 
     ring = KeyRing(read_keys_file(keys_file))
     seen: dict = {}

@@ -6,7 +6,7 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.limits import json_depth_exceeds
+from proxy.ops.limits import json_depth_exceeds
 from tests.reliability.conftest import assert_openai_error, chat
 
 

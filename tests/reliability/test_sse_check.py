@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.sse_check import SseChecker
+from proxy.stages.sse_check import SseChecker
 
 
 def event(i: int) -> bytes:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from proxy.route import Router
+from proxy.stages.route import Router
 from routing.policy import make_policy
 from tests.routing.conftest import chain, make_ctx, make_pool
 

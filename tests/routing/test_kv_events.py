@@ -12,7 +12,7 @@ import pytest
 
 from bench.sim import SimConfig, SimRankServer
 from bench.sim.prompts import PromptProcessor
-from proxy.route import Router
+from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
 from routing.policy import make_policy

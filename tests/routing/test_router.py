@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from proxy.metrics import Metrics
-from proxy.route import Router
+from proxy.ops.metrics import Metrics
+from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.index.redis_store import RedisPrefixIndex
 from routing.policy import make_policy

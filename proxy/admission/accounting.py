@@ -1,0 +1,124 @@
+"""Admission's accounting: each rank's share of the active sessions and pending reservations.
+
+``count`` is a pure function of the active sessions, the reservations and the growth and think-gap
+models: it changes nothing, so the dashboard, ``/metrics`` and the admission decisions can all call
+it. Two refinements keep the count close to what the rank's prefix cache really holds:
+
+- Sessions of one agent share their leading system+tools segment (about 15k tokens for Claude
+  Code), and a rank caches those blocks once: a rank's working set counts each distinct head once.
+- Room is counted in *projected* tokens: each active session as large as recently ended sessions
+  of at least its size grew (``proxy/admission/growth.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
+from proxy.state.sessions import Session
+from routing.ranks import Fleet
+
+
+@dataclass(slots=True)
+class RankState:
+    """One rank's share of the active sessions, as admission counts it."""
+
+    name: str
+    pool_tokens: int | None
+    budget_tokens: int | None
+    working_set_tokens: int = 0
+    #: The working set as its sessions are expected to grow (``PeakEstimator``): what the budget holds.
+    projected_tokens: int = 0
+    sessions: int = 0
+    reserved_tokens: int = 0
+    reserved_sessions: int = 0
+    #: When its oldest active session idles out (wall-clock seconds), for Retry-After.
+    next_idle_at: float | None = None
+    #: Distinct shared heads held (head key -> sessions holding it) and the tokens not double-counted.
+    heads: dict[str, int] = field(default_factory=dict)
+    shared_head_tokens: int = 0
+    #: Sessions past their own release time, longest idle first, with the projected tokens releasing
+    #: each frees.
+    reclaimable: list[tuple[Session, int]] = field(default_factory=list)
+    #: Its sessions' keys and context tokens.
+    members: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def over_pool(self) -> bool:
+        return self.pool_tokens is not None and self.working_set_tokens > self.pool_tokens
+
+
+@dataclass(slots=True)
+class Reservation:
+    """A new session's claim on room, from the room check until the router's pick."""
+
+    allowed: frozenset[str]
+    tokens: int
+    #: Per allowed rank, the reclaimable sessions it only has room with once they are released.
+    victims: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    since: float = field(default_factory=time.monotonic)
+
+    def live(self, now_monotonic: float) -> bool:
+        """Not yet past ``RESERVATION_TTL_S`` (a reservation never routed: its request failed early)."""
+        return self.since >= now_monotonic - RESERVATION_TTL_S
+
+
+def count(
+    fleet: Fleet,
+    active: Iterable[Session],
+    reservations: Iterable[Reservation],
+    config: AdmissionConfig,
+    now: float,
+    expected_peak: Callable[[int], int],
+    typical_gap: float | None,
+) -> dict[str, RankState]:
+    """Working set and session count per rank from the ``active`` sessions and live reservations."""
+    fraction = config.target_fraction
+    states = {
+        r.name: RankState(r.name, r.pool_tokens, int(r.pool_tokens * fraction) if r.pool_tokens else None)
+        for r in fleet
+    }
+    live = [r for r in reservations if r.live(time.monotonic())]
+    # sessions a pending reservation will release: their room is spoken for already
+    claimed = {(name, victim) for r in live for name, victims in r.victims.items() for victim in victims}
+    reclaimable: list[tuple[float, Session, RankState]] = []
+    idle_ttl = config.idle_ttl
+    for session in active:
+        state = states.get(session.rank) if session.rank is not None else None
+        if state is None or (state.name, session.key) in claimed:
+            continue
+        tokens = session.context_tokens
+        projected = expected_peak(tokens)
+        head = session.head_key
+        if head is not None:
+            held = state.heads.get(head, 0)
+            if held:
+                shared = min(session.head_tokens, tokens)
+                tokens -= shared
+                projected -= shared
+                state.shared_head_tokens += session.head_tokens
+            state.heads[head] = held + 1
+        state.working_set_tokens += tokens
+        state.projected_tokens += projected
+        state.sessions += 1
+        state.members.append((session.key, session.context_tokens))
+        idle_at = session.last_seen + idle_ttl
+        if state.next_idle_at is None or idle_at < state.next_idle_at:
+            state.next_idle_at = idle_at
+        if session.answered and now - session.answered_at > config.release_after(session, typical_gap):
+            reclaimable.append((session.answered_at, session, state))
+    reclaimable.sort(key=lambda item: item[0])  # longest idle first
+    for _, session, state in reclaimable:
+        # a head other sessions also hold stays cached: releasing frees the rest only
+        shared = session.head_key is not None and state.heads[session.head_key] > 1
+        freed = expected_peak(session.context_tokens) - (session.head_tokens if shared else 0)
+        state.reclaimable.append((session, max(freed, 0)))
+    for reservation in live:
+        for name in reservation.allowed:
+            rank_state = states.get(name)
+            if rank_state is not None:
+                rank_state.reserved_tokens += reservation.tokens
+                rank_state.reserved_sessions += 1
+    return states

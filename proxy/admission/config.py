@@ -1,0 +1,60 @@
+"""Admission's settings and the rule that judges a quiet session ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.admission.think_gaps import OWN_EVIDENCE
+from proxy.state.sessions import Session
+
+DEFAULT_TARGET_FRACTION = 0.8
+#: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
+#: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. A session quiet for longer has
+#: most likely ended (or its user has left), and its blocks are fair game.
+DEFAULT_IDLE_TTL_S = 300.0
+DEFAULT_WAIT_S = 30.0
+#: A session quiet for longer than this many times its longest think gap so far has most likely ended:
+#: in those traces a session's next gap exceeds twice its longest earlier gap for ~5 % of gaps.
+DEFAULT_RELEASE_FACTOR = 2.0
+#: ... but never sooner than this fraction of the idle TTL (30 s for the default 300 s).
+DEFAULT_RELEASE_MIN_FRACTION = 0.1
+#: The population's think gap that stands in for a session's own: the 95th percentile.
+TYPICAL_GAP_QUANTILE = 0.95
+#: A reservation not routed within this many seconds (its request failed early) is dropped.
+RESERVATION_TTL_S = 30.0
+#: Without a token count (policies that skip the blocks stage) a prompt is estimated from its body.
+BYTES_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    enabled: bool = True
+    target_fraction: float = DEFAULT_TARGET_FRACTION
+    idle_ttl: float = DEFAULT_IDLE_TTL_S
+    wait: float = DEFAULT_WAIT_S
+    max_sessions_per_rank: int | None = None
+    block_size: int = 16
+    release_factor: float = DEFAULT_RELEASE_FACTOR
+    #: Fraction of ``idle_ttl``: the least idle time after which a session can be reclaimed.
+    release_min_fraction: float = DEFAULT_RELEASE_MIN_FRACTION
+
+    def release_after(self, session: Session, typical_gap: float | None = None) -> float:
+        """Seconds after its last answer from which ``session`` counts as ended when room is needed.
+
+        ``typical_gap``: a long think gap of the population (``ThinkGaps``), which stands in for the
+        session's own while it has fewer than ``OWN_EVIDENCE`` gaps: with none it would hold its room
+        for the whole idle TTL, with one short gap it would count as ended after twice that.
+        """
+        if typical_gap is not None and session.gaps < OWN_EVIDENCE:
+            estimate = max(session.gap_max, typical_gap)
+        elif session.gaps:
+            estimate = session.gap_max
+        else:
+            return self.idle_ttl  # no think time seen yet: nothing to judge by
+        floor = self.idle_ttl * self.release_min_fraction
+        return min(self.idle_ttl, max(floor, self.release_factor * estimate))
+
+    @property
+    def poll_interval(self) -> float:
+        """How often a queued request re-checks: sessions idle out with time, other replicas change."""
+        return min(0.25, max(self.idle_ttl / 10, 0.01))

@@ -1,0 +1,66 @@
+"""OpenAI chat completions: ``POST /v1/chat/completions``, the API vLLM renders natively.
+
+The body is its own canonicalization view and its own prompt view: the rules rewrite its leading
+system messages and ``tools`` in place, and the tokenizer renders its messages through the chat
+template.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from starlette.responses import Response
+
+from proxy.apis.base import Endpoint, check_stream_and_model, first_user_head
+from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
+from proxy.ops.limits import Bounds, check_bounds
+from proxy.stages.usage import Usage, usage_of_json
+
+PATH = "/v1/chat/completions"
+
+
+class ChatApi:
+    name = "chat"
+    endpoints = (Endpoint("POST", PATH, "complete", PATH),)
+    prompt_kind: Literal["chat", "text"] = "chat"
+
+    def validate(self, body: dict[str, Any], bounds: Bounds) -> None:
+        check_stream_and_model(body)
+        if not isinstance(body.get("messages"), list):
+            raise bad_request("'messages' must be a list of messages", param="messages")
+        check_bounds(body, bounds)
+
+    def head(self, body: dict[str, Any]) -> Any:
+        return first_user_head(None, body.get("messages"), body.get("tools"))
+
+    def canon_view(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        return body
+
+    def from_canon_view(
+        self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
+    ) -> dict[str, Any]:
+        return after
+
+    def prompt_view(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        return body
+
+    def continues(self, body: dict[str, Any]) -> str | None:
+        return None
+
+    def usage(self, data: Any) -> Usage | None:
+        return usage_of_json(data)
+
+    def stored_id(self, data: Any) -> str | None:
+        return None
+
+    def error_response(self, exc: ProxyError, rank: str) -> Response:
+        return error_response(exc, rank)
+
+    def sse_error(self, message: str) -> bytes:
+        return sse_error_event(message)
+
+    def translation(self) -> None:
+        return None
+
+
+CHAT = ChatApi()

@@ -1,0 +1,45 @@
+"""The ``prefixgate`` command. Each subcommand lives with its package and exposes
+``configure_parser(parser)`` and ``run(args) -> int``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("proxy.cli.serve", "run the proxy in front of vLLM ranks"),
+    "demo": ("bench.demo", "simulated ranks, prefixgate in front, a short agent workload: see the hits"),
+    "bench": ("bench.bench_cmd", "replay agent traces through prefixgate and peer routers, side by side"),
+    "sim": ("bench.sim.cli", "run simulated vLLM ranks (prefix cache, KV events, faults)"),
+    "tokenize": ("tokenization.cli", "print a request's token and block counts and block hashes"),
+    "top": ("proxy.cli.top", "live terminal view of a running prefixgate: hit rates, ranks, sessions"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefixgate",
+        description="An OpenAI-compatible proxy that makes coding agents' prompts hit vLLM's prefix cache.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure_parser(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

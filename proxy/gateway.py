@@ -1,0 +1,213 @@
+"""One prefixgate process: its state, its ranks and the pipeline's stages, assembled from the settings.
+
+``Gateway.start`` (the app's lifespan) opens the upstream client, probes every rank once, learns
+block and pool sizes from ``vllm:cache_config_info``, builds the tokenizer, the router (policy,
+prefix index from the state backend, KV-event feeds), admission and the pipeline; ``stop`` undoes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+import httpx
+
+from proxy.admission import Admission, admission_from_settings
+from proxy.config import Settings
+from proxy.explain import Explainer
+from proxy.ops.auth import upstream_auth_headers
+from proxy.ops.dashboard import Dashboard
+from proxy.ops.limits import Bounds
+from proxy.ops.metrics import Metrics
+from proxy.ops.models import fetch_models
+from proxy.pipeline import Pipeline
+from proxy.stages.blocks import Blocks
+from proxy.stages.canonicalize import Canonicalize
+from proxy.stages.forward import Forwarder, upstream_session
+from proxy.stages.identify import Identify
+from proxy.stages.observe import Observers, UsageMetrics
+from proxy.stages.parse import Parse
+from proxy.stages.pin import Pins
+from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
+from proxy.state import StateBackend, open_state
+from proxy.state.kv_feeds import start_kv_event_feeds
+from proxy.state.local import SessionLocals
+from proxy.state.sessions import Session, SessionTable
+from routing.health import check_all, run_health_checks
+from routing.kv_events import KVEventSubscriber
+from routing.policies import make_policy, needs_of
+from routing.ranks import Fleet, Rank
+from tokenization.backend_info import block_size_of, parse_cache_config_info
+from tokenization.config import TokenizerConfig
+from tokenization.factory import build_incremental
+from tokenization.prompt import IncrementalTokenizer
+
+log = logging.getLogger("prefixgate")
+
+
+class Gateway:
+    """The state of one prefixgate process: ranks, the client to them, the stages and the pipeline."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.state: StateBackend = open_state(settings)
+        #: What this process keeps per session between its turns, for every stage.
+        self.locals = SessionLocals()
+        self.sessions = SessionTable(self.state.sessions(), settings.session_idle_ttl)
+        self.explainer = Explainer(self.locals, self.metrics, on_break=self.sessions.add_break)
+        self.dashboard = Dashboard(self.locals)
+        self.fleet = Fleet(
+            Rank(name=b.name, url=b.url, pool_tokens=b.pool_tokens, block_size=b.block_size)
+            for b in settings.backends
+        )
+        self.client: aiohttp.ClientSession | None = None
+        self.router: Router | None = None
+        self.admission: Admission | None = None
+        self.pins: Pins | None = None
+        self.pipeline: Pipeline | None = None
+        self._kv_feeds: list[KVEventSubscriber] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._tokenizer_client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        """Open the upstream client (it needs the running loop), probe every rank, build the stages."""
+        settings = self.settings
+        self.client = client = upstream_session(
+            settings.connect_timeout, settings.read_timeout, upstream_auth_headers(settings)
+        )
+        await check_all(client, self.fleet, settings.health_timeout)
+        await asyncio.gather(*(self._learn_cache_config(r) for r in self.fleet if r.healthy))
+        incremental = self._incremental_tokenizer()
+        block_size = (incremental.block_size if incremental is not None else self._block_size()) or (
+            DEFAULT_BLOCK_SIZE
+        )
+        algo = incremental.hasher.algo if incremental is not None else "none"
+        index = self.state.prefix_index(await self._model_name(), block_size, algo, self._index_state)
+        self.pins = Pins(self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout)
+        self.router = router = Router(
+            self.fleet,
+            make_policy(settings.policy, balance_factor=settings.balance_factor),
+            index,
+            block_size=block_size,
+            metrics=self.metrics,
+            pins=self.pins,
+        )
+        if settings.redis_url:  # name a wrong password or a TLS mismatch, not just "unreachable"
+            from proxy.ops.redis_check import log_redis_problem
+
+            await asyncio.to_thread(log_redis_problem, settings.redis_url, max(settings.redis_timeout, 1.0))
+        hasher = incremental.hasher if incremental is not None else None
+        self._kv_feeds = await start_kv_event_feeds(settings.kv_events, client, router, hasher, self.metrics)
+        self.admission = admission = admission_from_settings(
+            settings, self.sessions, self.fleet, self.metrics, block_size
+        )
+        self.pipeline = Pipeline(
+            Parse(settings.max_body_bytes, Bounds.from_settings(settings)),
+            Identify(self.locals),
+            Canonicalize.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
+            Blocks(incremental, self.locals),
+            admission,
+            router,
+            Forwarder(client, self.metrics, settings.retries),
+            Observers(
+                [UsageMetrics(self.metrics), admission, self.dashboard.recorder, self.explainer, router, self.pins]
+            ),
+            self.pins,
+            self.metrics,
+            debug_headers=settings.debug_headers,
+        )
+        self._tasks = [
+            asyncio.create_task(
+                run_health_checks(client, self.fleet, settings.health_interval, settings.health_timeout)
+            ),
+            asyncio.create_task(self._refresh_admission(admission)),
+        ]
+        for rank in self.fleet:
+            state = "healthy" if rank.healthy else f"DOWN ({rank.last_error})"
+            log.info("rank %s at %s: %s", rank.name, rank.url, state)
+
+    async def stop(self) -> None:
+        for feed in self._kv_feeds:
+            feed.stop()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.client is not None:
+            await self.client.close()
+        if self._tokenizer_client is not None:
+            await self._tokenizer_client.aclose()
+        self.state.close()
+
+    def end_session(self, key: str) -> Session | None:
+        """End a session at once (``DELETE /admin/sessions/{id}``): its budget is free for the queue
+        and everything this process kept for it is gone (its local state, its stored answers' ids,
+        its rank binding in the prefix index)."""
+        assert self.admission is not None and self.router is not None and self.pins is not None
+        session = self.admission.release(key)
+        local = self.locals.end(key)
+        if local is not None:
+            self.pins.forget(list(local.response_ids))
+        self.router.index.forget_session(key)
+        return session
+
+    # -- assembly ---------------------------------------------------------------------------------
+
+    def _index_state(self, up: bool) -> None:
+        self.metrics.index_redis_up.set(1 if up else 0)
+        if up:
+            log.info("redis is reachable again: prefix index resynchronized")
+        else:
+            log.warning("redis unreachable: routing from the local mirror until it returns")
+
+    async def _refresh_admission(self, admission: Admission) -> None:
+        """Apply what time changes to admission's accounting (sessions idling out, reservations
+        expiring), whether or not requests arrive."""
+        while True:
+            await asyncio.sleep(admission.config.poll_interval)
+            admission.refresh()
+
+    async def _learn_cache_config(self, rank: Rank) -> None:
+        """Block size and pool size from the rank's ``vllm:cache_config_info``, where not configured."""
+        assert self.client is not None
+        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout)
+        try:
+            async with self.client.get(f"{rank.url}/metrics", timeout=timeout) as response:
+                info = parse_cache_config_info((await response.read()).decode("utf-8", "replace"))
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        block_size = block_size_of(info)
+        if rank.block_size is None and block_size is not None:
+            rank.block_size = block_size
+        blocks = info.get("num_gpu_blocks", "")
+        if rank.pool_tokens is None and blocks.isdigit() and rank.block_size:
+            rank.pool_tokens = int(blocks) * rank.block_size
+
+    def _block_size(self) -> int | None:
+        sizes = {r.block_size for r in self.fleet if r.block_size}
+        if len(sizes) > 1:
+            log.warning("ranks report different block sizes %s: using %d", sorted(sizes), min(sizes))
+        return min(sizes) if sizes else None
+
+    async def _model_name(self) -> str:
+        """The served model's name (namespaces the shared index), from the first rank that says."""
+        assert self.client is not None
+        for rank in self.fleet.healthy():
+            cards = await fetch_models(self.client, rank, self.settings.health_timeout)
+            if cards and isinstance(cards[0], dict) and isinstance(cards[0].get("id"), str):
+                return str(cards[0]["id"])
+        return "default"
+
+    def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
+        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks."""
+        if not needs_of(self.settings.policy).blocks:
+            return None
+        config = TokenizerConfig.model_validate(self.settings.tokenization)
+        client = base_url = None
+        if config.kind == "backend":
+            self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
+            base_url = next(iter(self.fleet)).url
+        return build_incremental(config, block_size=self._block_size(), client=client, base_url=base_url)

@@ -1,0 +1,137 @@
+"""The admin API over the session table: list, show and end sessions (``/admin/sessions``).
+
+Guarded by ``proxy/auth.py``: with the admin token every session is visible; a client key sees only
+its own sessions (those recorded with its label).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.errors import ProxyError, error_response
+from proxy.state.sessions import SORT_FIELDS, Session, SessionTable
+
+if TYPE_CHECKING:
+    from proxy.gateway import Gateway
+
+MAX_PAGE = 1000
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def viewer_of(request: Request) -> str | None:
+    """None: sees every session (admin); else the client label whose sessions alone are visible."""
+    state = request.scope.get("state") or {}
+    if state.get("is_admin", True):
+        return None
+    return state.get("client_label") or ""
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ProxyError(400, f"'{name}' must be an integer", param=name, code="invalid_request") from None
+    if not low <= value <= high:
+        raise ProxyError(400, f"'{name}' must be within {low}..{high}", param=name, code="invalid_request")
+    return value
+
+
+def session_not_found(session_id: str) -> Response:
+    """The 404 for a session that is unknown or not the viewer's."""
+    return error_response(ProxyError(404, f"no session {session_id!r}", code="session_not_found"))
+
+
+def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
+    """Routes for ``/admin/sessions`` over the running ``gateway()``."""
+    router = APIRouter()
+
+    @router.get("/admin/sessions")
+    async def list_sessions(request: Request) -> Response:
+        """``?sort=FIELD&order=asc|desc&offset=N&limit=N&active=1``: a page of the table."""
+        params = request.query_params
+        sort = params.get("sort", "last_seen")
+        order = params.get("order", "desc")
+        if sort not in SORT_FIELDS:
+            fields = ", ".join(sorted(SORT_FIELDS))
+            return error_response(ProxyError(400, f"'sort' must be one of {fields}", param="sort"))
+        if order not in ("asc", "desc"):
+            return error_response(ProxyError(400, "'order' must be asc or desc", param="order"))
+        try:
+            offset = _int_param(request, "offset", 0, 0, 1 << 31)
+            limit = _int_param(request, "limit", 50, 1, MAX_PAGE)
+        except ProxyError as exc:
+            return error_response(exc)
+        active_only = params.get("active", "0").lower() in ("1", "true", "yes")
+        gw = gateway()
+        page = gw.sessions.page(
+            sort=sort,
+            descending=order == "desc",
+            offset=offset,
+            limit=limit,
+            active_only=active_only,
+            client=viewer_of(request),
+        )
+        now = gw.sessions.clock()
+        ttl = gw.sessions.idle_ttl
+        return _json(
+            {
+                "object": "list",
+                "total": page.total,
+                "offset": offset,
+                "limit": limit,
+                "sort": sort,
+                "order": order,
+                "data": [_row(s, now, ttl, with_breaks=False) for s in page.sessions],
+            }
+        )
+
+    @router.get("/admin/sessions/{session_id:path}")
+    async def show_session(request: Request, session_id: str) -> Response:
+        table = gateway().sessions
+        session = visible_session(request, table, session_id)
+        if session is None:
+            return session_not_found(session_id)
+        return _json(_row(session, table.clock(), table.idle_ttl, with_breaks=True))
+
+    @router.delete("/admin/sessions/{session_id:path}")
+    async def end_session(request: Request, session_id: str) -> Response:
+        """End a session at once: its working set no longer counts against its rank's budget."""
+        gw = gateway()
+        session = visible_session(request, gw.sessions, session_id)
+        if session is None:
+            return session_not_found(session_id)
+        gw.end_session(session_id)
+        return _json({"id": session_id, "object": "session", "deleted": True})
+
+    return router
+
+
+def visible(request: Request, session: Session) -> bool:
+    """Whether the caller may see ``session`` (the admin sees all, a client key its own)."""
+    viewer = viewer_of(request)
+    return viewer is None or session.client == viewer
+
+
+def visible_session(request: Request, table: SessionTable, session_id: str) -> Session | None:
+    """The session ``session_id`` when it exists and the caller may see it, else None."""
+    session = table.get(session_id)
+    return session if session is not None and visible(request, session) else None
+
+
+def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> dict[str, object]:
+    data = session.to_dict(with_breaks=with_breaks)
+    data["id"] = session.key
+    data["active"] = session.is_active(now, idle_ttl)
+    return data

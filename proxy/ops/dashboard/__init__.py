@@ -1,0 +1,55 @@
+"""The live dashboard: ``GET /dashboard`` and the JSON endpoints it and ``prefixgate top`` poll.
+
+``Dashboard`` holds the ``Recorder`` (an observer of the pipeline: it counts every finished
+request) and builds the routes over the running gateway. See ``api.py`` for the routes and
+``views.py`` for the documents they return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter
+
+from proxy.ops.dashboard.api import dashboard_router, page_html
+from proxy.ops.dashboard.stats import (
+    HIT_RATE_WINDOW,
+    SAMPLE_INTERVAL_S,
+    SERIES_POINTS,
+    HitRateWindow,
+    Point,
+    Recorder,
+    Series,
+    Turn,
+    TurnLog,
+)
+from proxy.state.local import SessionLocals
+
+if TYPE_CHECKING:
+    from proxy.gateway import Gateway
+
+__all__ = [
+    "HIT_RATE_WINDOW",
+    "SAMPLE_INTERVAL_S",
+    "SERIES_POINTS",
+    "Dashboard",
+    "HitRateWindow",
+    "Point",
+    "Recorder",
+    "Series",
+    "Turn",
+    "TurnLog",
+    "page_html",
+]
+
+
+class Dashboard:
+    """The dashboard of one prefixgate process: its recorder and its routes."""
+
+    def __init__(self, locals_: SessionLocals, *, interval: float = SAMPLE_INTERVAL_S) -> None:
+        self.recorder = Recorder(interval=interval, turn_log=TurnLog(locals_))
+
+    def router(self, gateway: Callable[[], Gateway]) -> APIRouter:
+        """``/dashboard`` and ``/admin/overview*`` over the running gateway."""
+        return dashboard_router(gateway, lambda: self.recorder)

@@ -1,0 +1,110 @@
+"""The dashboard's HTTP routes: the page and the JSON it polls.
+
+- ``GET /dashboard``: the page (``page.html``: hand-written JS and CSS, nothing fetched from outside).
+- ``GET /admin/overview[?since=T]``: fleet, hit-rate series after ``T``, ranks, admission.
+- ``GET /admin/overview/sessions[?limit=N&sort=F&order=asc|desc&active=1]``: the sessions table.
+- ``GET /admin/overview/sessions/{id}``: one session's turns and breaks.
+
+``proxy/auth.py`` guards ``/dashboard`` and ``/admin/*`` with the admin token when one is set; like
+``/admin/sessions``, a client key sees only its own sessions here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from typing import TYPE_CHECKING
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.ops.admin import session_not_found, viewer_of, visible_session
+from proxy.ops.dashboard import views
+from proxy.ops.dashboard.stats import Recorder
+from proxy.errors import ProxyError, error_response
+from proxy.state.sessions import SORT_FIELDS
+
+if TYPE_CHECKING:
+    from proxy.gateway import Gateway
+
+MAX_ROWS = 500
+#: The page runs inline script and style only and talks to this origin alone: nothing external loads.
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'"
+)
+
+
+def page_html() -> bytes:
+    """The dashboard page as shipped in the package."""
+    return resources.files("proxy.ops.dashboard").joinpath("page.html").read_bytes()
+
+
+def _json(data: object) -> Response:
+    return Response(orjson.dumps(data), media_type="application/json", headers={"cache-control": "no-store"})
+
+
+def _bad(message: str, param: str) -> Response:
+    return error_response(ProxyError(400, message, param=param, code="invalid_request"))
+
+
+def dashboard_router(gateway: Callable[[], Gateway], recorder: Callable[[], Recorder]) -> APIRouter:
+    """Routes over the running ``gateway()`` and the dashboard's ``recorder()``."""
+    router = APIRouter()
+    html = page_html()
+
+    @router.get("/dashboard")
+    async def dashboard() -> Response:
+        return Response(
+            html,
+            media_type="text/html; charset=utf-8",
+            headers={"content-security-policy": CSP, "cache-control": "no-store"},
+        )
+
+    @router.get("/admin/overview")
+    async def overview(request: Request) -> Response:
+        raw = request.query_params.get("since")
+        try:
+            since = float(raw) if raw is not None else None
+        except ValueError:
+            return _bad("'since' must be a number (seconds since the epoch)", "since")
+        return _json(views.overview(gateway(), recorder(), since))
+
+    @router.get("/admin/overview/sessions")
+    async def sessions(request: Request) -> Response:
+        params = request.query_params
+        sort = params.get("sort", "last_seen")
+        if sort not in SORT_FIELDS:
+            return _bad(f"'sort' must be one of {', '.join(sorted(SORT_FIELDS))}", "sort")
+        order = params.get("order", "desc")
+        if order not in ("asc", "desc"):
+            return _bad("'order' must be asc or desc", "order")
+        try:
+            limit = int(params.get("limit", "50"))
+        except ValueError:
+            return _bad("'limit' must be an integer", "limit")
+        if not 1 <= limit <= MAX_ROWS:
+            return _bad(f"'limit' must be within 1..{MAX_ROWS}", "limit")
+        active_only = params.get("active", "0").lower() in ("1", "true", "yes")
+        return _json(
+            views.session_rows(
+                gateway(),
+                viewer=viewer_of(request),
+                sort=sort,
+                descending=order == "desc",
+                limit=limit,
+                active_only=active_only,
+            )
+        )
+
+    @router.get("/admin/overview/sessions/{session_id:path}")
+    async def session(request: Request, session_id: str) -> Response:
+        gw = gateway()
+        found = visible_session(request, gw.sessions, session_id)
+        if found is None:
+            return session_not_found(session_id)
+        return _json(views.session_detail(gw, recorder(), found))
+
+    return router

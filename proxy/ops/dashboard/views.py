@@ -1,0 +1,177 @@
+"""The JSON the dashboard page and ``prefixgate top`` poll, built from the running gateway's state.
+
+Every function here reads; none changes the gateway. Shapes (all times wall-clock seconds):
+
+- ``overview()``: ``fleet`` (hit rate over the last 1,000 requests and since start, prompt tokens
+  computed per 100 sent), ``series`` (points after ``since``, fields named in ``series_fields``) and
+  ``live`` (the point for now), ``ranks`` (pool, budget, working set of the active sessions, in
+  flight, health, hit rate), ``admission`` (queue depth, queued, rejections by reason), ``breaks``
+  (prefix breaks by cause) and ``rewrites`` (canonicalization rewrites by rule).
+- ``session_rows()``: the sessions table (key, rank, turns, context tokens, hit rate, last break,
+  idle seconds).
+- ``session_detail()``: one session with its turns (hits per turn) and its breaks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter
+
+from proxy.ops.dashboard.stats import HIT_RATE_WINDOW, Point, Recorder, computed_per_100, hit_rate
+from proxy.state.sessions import Session
+
+if TYPE_CHECKING:
+    from proxy.gateway import Gateway
+
+SERIES_FIELDS = ("time", "window_rate", "cumulative_rate", "interval_rate", "computed_per_100", "requests")
+
+
+def counter_values(counter: Counter, label: str) -> dict[str, float]:
+    """A labelled counter's value per label value (through ``collect``, the client's public API)."""
+    out: dict[str, float] = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[sample.labels[label]] = sample.value
+    return out
+
+
+def counter_total(counter: Counter) -> float:
+    return sum(s.value for f in counter.collect() for s in f.samples if s.name.endswith("_total"))
+
+
+def _point(point: Point) -> list[Any]:
+    return list(point)
+
+
+def overview(gateway: Gateway, recorder: Recorder, since: float | None = None) -> dict[str, Any]:
+    """Fleet, series, ranks and admission as one document (see the module docstring)."""
+    admission = gateway.admission
+    metrics = gateway.metrics
+    window = recorder.window
+    total = recorder.total
+    now = recorder.clock()
+    states = admission.count(now) if admission is not None else {}
+    ranks = []
+    for rank in gateway.fleet:
+        state = states.get(rank.name)
+        hits = recorder.per_rank.get(rank.name)
+        pool = rank.pool_tokens
+        working = state.working_set_tokens if state is not None else 0
+        ranks.append(
+            {
+                "name": rank.name,
+                "url": rank.url,
+                "healthy": rank.healthy,
+                "last_error": rank.last_error,
+                "in_flight": rank.in_flight,
+                "pool_tokens": pool,
+                "budget_tokens": state.budget_tokens if state is not None else None,
+                "working_set_tokens": working,
+                "occupancy": working / pool if pool else None,
+                "sessions": state.sessions if state is not None else 0,
+                "reserved_tokens": state.reserved_tokens if state is not None else 0,
+                "over_pool": state.over_pool if state is not None else False,
+                "hit_rate": hits.rate if hits is not None else None,
+                "requests": hits.requests if hits is not None else 0,
+            }
+        )
+    config = admission.config if admission is not None else None
+    active = sum(s["sessions"] for s in ranks)
+    return {
+        "object": "overview",
+        "time": now,
+        "fleet": {
+            "window": {
+                "requests": len(window),
+                "size": HIT_RATE_WINDOW,
+                "hit_rate": hit_rate(window.queried, window.hits),
+                "computed_per_100": computed_per_100(window.queried, window.hits),
+            },
+            "cumulative": {
+                **total.to_dict(),
+                "hit_rate": total.rate,
+                "computed_per_100": computed_per_100(total.queried, total.hits),
+            },
+            "active_sessions": active,
+            "healthy_ranks": sum(1 for r in gateway.fleet if r.healthy),
+            "ranks": len(gateway.fleet),
+        },
+        "series_fields": SERIES_FIELDS,
+        "series": [_point(p) for p in recorder.points(since)],
+        "live": _point(recorder.live()),
+        "sample_interval": recorder.series.interval,
+        "ranks": ranks,
+        "admission": {
+            "enabled": bool(config and config.enabled),
+            "target_fraction": config.target_fraction if config else None,
+            "idle_ttl": config.idle_ttl if config else None,
+            "queue_depth": len(admission.queue) if admission is not None else 0,
+            "queued": counter_total(metrics.admission_queued),
+            "rejected": counter_values(metrics.admission_rejected, "reason"),
+        },
+        "breaks": counter_values(metrics.prefix_breaks, "cause"),
+        "rewrites": counter_values(metrics.canonical_rewrites, "rule"),
+    }
+
+
+def _last_break(gateway: Gateway, session: Session) -> dict[str, Any] | None:
+    # Redis pages load records without their breaks: this replica's explainer has the recent ones
+    breaks = session.breaks or gateway.explainer.breaks(session.key)
+    if not breaks:
+        return None
+    last = breaks[-1]
+    return {k: last.get(k) for k in ("turn", "time", "cause", "detail", "part")}
+
+
+def session_row(gateway: Gateway, session: Session, now: float, idle_ttl: float) -> dict[str, Any]:
+    """One line of the sessions table."""
+    return {
+        "key": session.key,
+        "rank": session.rank,
+        "client": session.client,
+        "turns": session.turns,
+        "context_tokens": session.context_tokens,
+        "prompt_tokens_sent": session.prompt_tokens_sent,
+        "hit_tokens_reported": session.hit_tokens_reported,
+        "hit_rate": session.hit_rate,
+        "last_break": _last_break(gateway, session),
+        "idle_s": max(0.0, now - session.last_seen),
+        "active": session.is_active(now, idle_ttl),
+    }
+
+
+def session_rows(
+    gateway: Gateway,
+    *,
+    viewer: str | None,
+    sort: str = "last_seen",
+    descending: bool = True,
+    limit: int = 50,
+    active_only: bool = False,
+) -> dict[str, Any]:
+    """The sessions table, most recently seen first (``viewer``: only that client's sessions)."""
+    table = gateway.sessions
+    page = table.page(sort=sort, descending=descending, limit=limit, active_only=active_only, client=viewer)
+    now = table.clock()
+    ttl = table.idle_ttl
+    return {
+        "object": "list",
+        "total": page.total,
+        "data": [session_row(gateway, s, now, ttl) for s in page.sessions],
+    }
+
+
+def session_detail(gateway: Gateway, recorder: Recorder, session: Session) -> dict[str, Any]:
+    """A session's row with its turns (hit tokens per turn) and its prefix breaks."""
+    table = gateway.sessions
+    now = table.clock()
+    row = session_row(gateway, session, now, table.idle_ttl)
+    breaks = session.breaks or gateway.explainer.breaks(session.key)
+    row["created"] = session.created
+    row["hit_tokens_estimated"] = session.hit_tokens_estimated
+    row["prefill_tokens"] = session.prefill_tokens
+    row["turns_log"] = [t._asdict() for t in recorder.turns.get(session.key)]
+    row["breaks"] = breaks
+    return row

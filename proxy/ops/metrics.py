@@ -1,0 +1,237 @@
+"""Prometheus metrics of one prefixgate process (one registry per app, so tests can run several)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from proxy.admission import Admission
+    from proxy.state.sessions import SessionTable
+    from routing.ranks import Fleet
+
+# The *_created series double the scrape size and tell nothing a restart counter does not.
+disable_created_metrics()
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "prefixgate_requests",
+            "Requests answered, by endpoint, backend and HTTP status",
+            ("endpoint", "backend", "status"),
+            registry=r,
+        )
+        self.duration = Histogram(
+            "prefixgate_request_duration_seconds",
+            "Time from request arrival to the last byte sent, by endpoint",
+            ("endpoint",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            "prefixgate_time_to_first_byte_seconds",
+            "Time from request arrival to the first response byte relayed, by endpoint",
+            ("endpoint",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_failures = Counter(
+            "prefixgate_upstream_failures",
+            "Failed attempts at a backend, by backend and reason",
+            ("backend", "reason"),
+            registry=r,
+        )
+        self.retries = Counter(
+            "prefixgate_retries", "Requests retried on another backend", ("endpoint",), registry=r
+        )
+        self.stream_errors = Counter(
+            "prefixgate_stream_errors",
+            "Streams that broke after bytes were sent (ended with an SSE error event)",
+            ("backend",),
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "prefixgate_client_disconnects",
+            "Requests whose client went away first",
+            ("endpoint",),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "prefixgate_in_flight", "Requests in flight, by backend", ("backend",), registry=r
+        )
+        self.backend_up = Gauge(
+            "prefixgate_backend_up", "1 when the backend is healthy", ("backend",), registry=r
+        )
+        self.prompt_tokens = Counter(
+            "prefixgate_prompt_tokens", "Prompt tokens reported by the backends", ("backend",), registry=r
+        )
+        self.cached_tokens = Counter(
+            "prefixgate_cached_tokens",
+            "Prompt tokens the backends reported as prefix-cache hits (usage...cached_tokens)",
+            ("backend",),
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "prefixgate_completion_tokens",
+            "Completion tokens reported by the backends",
+            ("backend",),
+            registry=r,
+        )
+
+        # routing and the prefix index
+        self.predicted_cached_tokens = Counter(
+            "prefixgate_predicted_cached_tokens",
+            "Prompt tokens the prefix index predicted as cache hits, for requests whose rank reported",
+            ("backend",),
+            registry=r,
+        )
+        self.reported_cached_tokens = Counter(
+            "prefixgate_reported_cached_tokens",
+            "Cache-hit tokens the ranks reported for the requests counted in predicted_cached_tokens",
+            ("backend",),
+            registry=r,
+        )
+        self.index_corrections = Counter(
+            "prefixgate_index_corrections",
+            "Requests whose rank hit fewer tokens than predicted (its mirror was trimmed)",
+            ("backend",),
+            registry=r,
+        )
+        self.index_redis_up = Gauge(
+            "prefixgate_index_redis_up",
+            "1 while the Redis prefix index is reachable; 0 while routing uses the local mirror",
+            registry=r,
+        )
+        self.kv_events = Counter(
+            "prefixgate_kv_events",
+            "KV-cache events applied to a rank's mirror, by backend and event type",
+            ("backend", "type"),
+            registry=r,
+        )
+
+        # client keys (proxy/auth.py): labelled by the key's label, never by the key
+        self.client_requests = Counter(
+            "prefixgate_client_requests",
+            "Authenticated requests, by the label of the client's API key",
+            ("client",),
+            registry=r,
+        )
+        self.auth_rejections = Counter(
+            "prefixgate_auth_rejections",
+            "Requests answered 401, by reason (missing, invalid, admin)",
+            ("reason",),
+            registry=r,
+        )
+
+        self.canonical_rewrites = Counter(
+            "prefixgate_canonical_rewrites",
+            "Rewrites made by canonicalization rules, by rule",
+            ("rule",),
+            registry=r,
+        )
+
+        # the prefix-break explainer (proxy/explain.py)
+        self.prefix_breaks = Counter(
+            "prefixgate_prefix_breaks",
+            "Turns whose prompt stopped extending the session's previous turn (or whose rank lost it), "
+            "by cause",
+            ("cause",),
+            registry=r,
+        )
+
+        # sessions and admission control (proxy/sessions.py, proxy/admission.py)
+        self.sessions_active = Gauge(
+            "prefixgate_sessions_active",
+            "Sessions seen within the idle TTL, by the backend holding them",
+            ("backend",),
+            registry=r,
+        )
+        self.admission_queue_depth = Gauge(
+            "prefixgate_admission_queue_depth",
+            "New sessions waiting for a rank with room (this replica's FIFO queue)",
+            registry=r,
+        )
+        self.admission_queued = Counter(
+            "prefixgate_admission_queued",
+            "New sessions that had to wait in the admission queue (admitted or refused later)",
+            registry=r,
+        )
+        self.admission_rejected = Counter(
+            "prefixgate_admission_rejected",
+            "New sessions answered 429, by reason (pool_full, rank_sessions, client_sessions)",
+            ("reason",),
+            registry=r,
+        )
+        self.rank_working_set = Gauge(
+            "prefixgate_rank_working_set_tokens",
+            "Context tokens of the active sessions on a backend (its KV working set)",
+            ("backend",),
+            registry=r,
+        )
+        self.rank_pool_tokens = Gauge(
+            "prefixgate_rank_pool_tokens", "KV cache pool of a backend, in tokens", ("backend",), registry=r
+        )
+        self.rank_over_pool = Gauge(
+            "prefixgate_rank_over_pool",
+            "1 while a backend's active working set exceeds its pool (it gets no new sessions)",
+            ("backend",),
+            registry=r,
+        )
+        self.fleet_hit_rate = Gauge(
+            "prefixgate_fleet_hit_rate",
+            "Prefix-cache hit tokens over prompt tokens across the last 1,000 answered requests",
+            registry=r,
+        )
+        self.session_hit_rate = Gauge(
+            "prefixgate_session_hit_rate",
+            "Reported prefix-cache hit rate of each active session",
+            ("session", "backend"),
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def export_gauges(
+    metrics: Metrics,
+    fleet: Fleet,
+    admission: Admission | None,
+    fleet_hit_rate: float,
+    sessions: SessionTable,
+    max_sessions: int = 1000,
+) -> None:
+    """Set the gauges read at scrape time from the current state (reading it changes nothing):
+    per rank its health, load and admission count, the fleet hit rate, the active sessions' hit rates."""
+    for rank in fleet:
+        metrics.backend_up.labels(rank.name).set(1 if rank.healthy else 0)
+        metrics.in_flight.labels(rank.name).set(rank.in_flight)
+    if admission is not None:
+        for state in admission.count().values():
+            metrics.sessions_active.labels(state.name).set(state.sessions)
+            metrics.rank_working_set.labels(state.name).set(state.working_set_tokens)
+            metrics.rank_over_pool.labels(state.name).set(1 if state.over_pool else 0)
+            if state.pool_tokens is not None:
+                metrics.rank_pool_tokens.labels(state.name).set(state.pool_tokens)
+    metrics.fleet_hit_rate.set(fleet_hit_rate)
+    gauge = metrics.session_hit_rate
+    # only active sessions are exported, so the series come and go with the sessions
+    gauge.clear()
+    active = sorted(sessions.active(), key=lambda s: s.last_seen, reverse=True)[:max_sessions]
+    for session in active:
+        rate = session.hit_rate
+        if rate is not None:
+            gauge.labels(session.key, session.rank or "").set(rate)

@@ -1,0 +1,1 @@
+"""The pipeline's stages, one module each (``proxy/pipeline.py`` calls them in order)."""

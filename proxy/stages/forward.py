@@ -1,0 +1,170 @@
+"""Stage 7, forward: send the request to the plan's ranks in turn until one answers.
+
+A rank that refuses the connection, times out, answers 5xx or breaks before any byte reached the
+client is retried on the plan's next healthy rank (``retries`` times). For a stream, the rank's first
+chunk is awaited before the client's response starts: that is the only way to still retry, and it
+costs the client nothing since its first byte could not come earlier. The answer is then relayed by
+``proxy/stages/relay.py``.
+
+Upstream traffic goes through aiohttp: measured here, httpx's connection pool fell from 1,190 to
+104 requests/s between concurrency 1 and 64 against the same rank, while aiohttp held 3,000-8,000.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from proxy.errors import upstream_failed
+from proxy.ops.metrics import Metrics
+from proxy.stages.route import RoutePlan
+from proxy.stages.sse_check import SseChecker
+from routing.ranks import Rank
+
+log = logging.getLogger("prefixgate.forward")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+#: Request headers never forwarded: hop-by-hop ones, and those aiohttp sets for the new connection.
+DROPPED_REQUEST_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding"}
+#: Response headers never relayed: the proxy's own server sets these.
+DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
+
+
+def upstream_headers(request_headers: Mapping[str, str]) -> dict[str, str]:
+    """Client headers to send to the rank: all but hop-by-hop and connection-specific ones."""
+    headers = {k: v for k, v in request_headers.items() if k not in DROPPED_REQUEST_HEADERS}
+    headers["accept-encoding"] = "identity"  # the stream tail must be readable for usage
+    headers.setdefault("content-type", "application/json")
+    return headers
+
+
+def response_headers(upstream: aiohttp.ClientResponse, rank: str) -> dict[str, str]:
+    headers = {k.lower(): v for k, v in upstream.headers.items() if k.lower() not in DROPPED_RESPONSE_HEADERS}
+    headers["x-prefixgate-backend"] = rank
+    return headers
+
+
+def is_event_stream(response: aiohttp.ClientResponse) -> bool:
+    return response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+def upstream_session(
+    connect_timeout: float, read_timeout: float, headers: dict[str, str] | None = None
+) -> aiohttp.ClientSession:
+    """The one HTTP client of a prefixgate process towards its ranks; ``headers`` go on every request."""
+    return aiohttp.ClientSession(
+        headers=headers,
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True),
+        timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout),
+        auto_decompress=False,
+        trust_env=False,  # never send rank traffic through an environment proxy
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+@dataclass(slots=True)
+class Opened:
+    """A rank's answer, either complete (``body``) or a stream whose first chunk was read."""
+
+    rank: Rank
+    response: aiohttp.ClientResponse
+    body: bytes | None = None
+    first_chunk: bytes = b""
+    chunks: AsyncIterator[bytes] | None = None
+    checker: SseChecker | None = None
+    #: Ranks tried until this one answered.
+    attempts: int = 1
+
+
+class Forwarder:
+    """Sends requests to ranks over the process's one upstream client."""
+
+    def __init__(self, client: aiohttp.ClientSession, metrics: Metrics, retries: int) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.retries = retries
+
+    async def open(
+        self,
+        plan: RoutePlan,
+        path: str,
+        content: bytes,
+        headers: dict[str, str],
+        *,
+        stream: bool,
+    ) -> Opened:
+        """Send to ``path`` on the plan's ranks in turn, while nothing has reached the client."""
+        failure = "no attempt made"
+        attempt = 0
+        for rank in plan.ranks:
+            if attempt > self.retries:
+                break
+            if attempt and not rank.healthy:
+                continue  # marked down by another request since the plan was made
+            if attempt:
+                self.metrics.retries.labels(path).inc()
+            attempt += 1
+            opened, failure = await self._attempt(rank, path, content, headers, stream)
+            if opened is not None:
+                opened.attempts = attempt
+                return opened
+            log.warning("attempt %d at %s failed: %s", attempt, rank.name, failure)
+        raise upstream_failed(failure)
+
+    async def _attempt(
+        self, rank: Rank, path: str, content: bytes, headers: dict[str, str], stream: bool
+    ) -> tuple[Opened | None, str]:
+        rank.in_flight += 1
+        response: aiohttp.ClientResponse | None = None
+        keep_open = False
+        try:
+            response = await self.client.post(rank.url + path, data=content, headers=headers)
+            status = response.status
+            if status >= 500:
+                await response.read()
+                self.metrics.upstream_failures.labels(rank.name, f"http_{status}").inc()
+                return None, f"{rank.name} answered HTTP {status}"
+            if stream and status == 200 and is_event_stream(response):
+                first = await response.content.readany()
+                checker = SseChecker()
+                problem = checker.feed(first)
+                if problem is not None:  # nothing reached the client yet: another rank may do better
+                    self.metrics.upstream_failures.labels(rank.name, "malformed").inc()
+                    response.close()
+                    return None, f"{rank.name} sent a {problem}"
+                keep_open = True
+                chunks = response.content.iter_any()
+                return Opened(rank, response, first_chunk=first, chunks=chunks, checker=checker), ""
+            body = await response.read()
+            return Opened(rank, response, body=body), ""
+        except aiohttp.ClientConnectorError as exc:
+            rank.mark_down(f"connection failed: {exc.os_error or exc}")
+            self.metrics.upstream_failures.labels(rank.name, "connect").inc()
+            return None, f"cannot connect to {rank.name} ({exc.os_error or exc})"
+        except TimeoutError:
+            self.metrics.upstream_failures.labels(rank.name, "timeout").inc()
+            return None, f"{rank.name} timed out"
+        except aiohttp.ClientError as exc:
+            self.metrics.upstream_failures.labels(rank.name, "protocol").inc()
+            return None, f"{rank.name} failed: {type(exc).__name__}: {exc}"
+        finally:
+            if not keep_open:
+                rank.in_flight -= 1
+                if response is not None:
+                    response.release()
+
+

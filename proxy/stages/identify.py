@@ -1,0 +1,80 @@
+"""Stage 2, identify the session: which conversation does this request continue?
+
+In order: the first configured header present, then body fields agents set (``prompt_cache_key``,
+``metadata.session_id``, ``metadata.user_id``, ``user``), else a fingerprint of the conversation's
+stable head (system, tools, first user message, as the API names them): the same agent task
+re-sends the same head every turn. The session's local state (``proxy.state.local``) is opened for
+the stages after this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import xxhash
+
+from proxy.context import RequestContext
+from proxy.state.local import SessionLocals
+
+DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
+    "x-session-id",
+    "x-claude-code-session-id",
+    "session-id",
+    "x-task-id",
+)
+
+
+def body_key(body: dict[str, Any]) -> tuple[str, str] | None:
+    """The session key an agent put in the body, and where: (key, source) or None."""
+    value = body.get("prompt_cache_key")
+    if isinstance(value, str) and value:
+        return value, "body:prompt_cache_key"
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        for name in ("session_id", "user_id"):
+            value = metadata.get(name)
+            if isinstance(value, str) and value:
+                return value, f"body:metadata.{name}"
+    value = body.get("user")
+    if isinstance(value, str) and value:
+        return value, "body:user"
+    return None
+
+
+def fingerprint(head: Any) -> str | None:
+    """A digest of a conversation's head (``Api.head``), or None when it has none."""
+    if head is None:
+        return None
+    try:
+        data = orjson.dumps(head)
+    except TypeError:
+        return None
+    return "fp-" + xxhash.xxh3_64_hexdigest(data)
+
+
+class Identify:
+    """Sets ``ctx.session_key``, ``ctx.session_source`` and ``ctx.local``."""
+
+    def __init__(self, locals_: SessionLocals, headers: Sequence[str] = DEFAULT_SESSION_HEADERS) -> None:
+        self.locals = locals_
+        self.headers = headers
+
+    def __call__(self, ctx: RequestContext) -> None:
+        found = self.key_of(ctx)
+        if found is None:
+            return
+        ctx.session_key, ctx.session_source = found
+        ctx.local = self.locals.open(found[0])
+
+    def key_of(self, ctx: RequestContext) -> tuple[str, str] | None:
+        for name in self.headers:
+            value = ctx.headers.get(name)
+            if value:
+                return value, f"header:{name}"
+        found = body_key(ctx.body)
+        if found is not None:
+            return found
+        key = fingerprint(ctx.api.head(ctx.body))
+        return (key, "fingerprint") if key is not None else None

@@ -1,0 +1,82 @@
+"""Stage 8, observe: what happened to a request goes to an explicit list of observers.
+
+Three events, in this order for every routed request:
+
+- ``placed(ctx, rank)``: ``rank`` holds the request: the plan's first choice once routed, and again
+  the rank a retry landed on when that is another;
+- ``routed(ctx)``: the rank answered (``ctx.rank``): the stream opened, or the whole body arrived;
+- ``finished(outcome)``: the request ended: answered, failed on every rank, or its client left.
+
+Observers are the stages that learn from answers (the router and its prefix index, admission and
+the session table, the prefix-break explainer, the dashboard, the stored-answer pins, the metrics).
+Each overrides what it needs of ``Observer``; the pipeline never reaches into one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from proxy.context import Outcome, RequestContext
+from proxy.ops.metrics import Metrics
+from routing.ranks import Rank
+
+log = logging.getLogger("prefixgate.observe")
+
+
+class Observer:
+    """What an observer may be told; each event does nothing unless overridden."""
+
+    def placed(self, ctx: RequestContext, rank: Rank) -> None:
+        """``rank`` holds the request now."""
+
+    def routed(self, ctx: RequestContext) -> None:
+        """The rank ``ctx.rank`` answered (its stream opened, or its whole body arrived)."""
+
+    def finished(self, outcome: Outcome) -> None:
+        """The request ended."""
+
+
+class Observers:
+    """The observers, told in order; one that fails is logged and the others are still told."""
+
+    def __init__(self, observers: Sequence[Observer]) -> None:
+        self.observers = tuple(observers)
+
+    def placed(self, ctx: RequestContext, rank: Rank) -> None:
+        for observer in self.observers:
+            try:
+                observer.placed(ctx, rank)
+            except Exception:
+                log.exception("%s failed on a placed request", type(observer).__name__)
+
+    def routed(self, ctx: RequestContext) -> None:
+        for observer in self.observers:
+            try:
+                observer.routed(ctx)
+            except Exception:
+                log.exception("%s failed on a routed request", type(observer).__name__)
+
+    def finished(self, outcome: Outcome) -> None:
+        for observer in self.observers:
+            try:
+                observer.finished(outcome)
+            except Exception:
+                log.exception("%s failed on a finished request", type(observer).__name__)
+
+
+class UsageMetrics(Observer):
+    """Counts the tokens the ranks reported (``prefixgate_{prompt,completion,cached}_tokens``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def finished(self, outcome: Outcome) -> None:
+        usage = outcome.usage
+        if usage is None or outcome.rank is None:
+            return
+        metrics, rank = self.metrics, outcome.rank
+        metrics.prompt_tokens.labels(rank).inc(usage.prompt_tokens)
+        metrics.completion_tokens.labels(rank).inc(usage.completion_tokens)
+        if usage.cached_tokens is not None:
+            metrics.cached_tokens.labels(rank).inc(usage.cached_tokens)

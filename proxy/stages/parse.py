@@ -1,0 +1,79 @@
+"""Stage 1, parse: read the body within the size limit, check its shape in its API's terms."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+from proxy.apis.base import Api, check_stream_and_model
+from proxy.context import RequestContext
+from proxy.errors import ProxyError, bad_request
+from proxy.ops.limits import Bounds
+
+
+def too_large(limit: int) -> ProxyError:
+    return ProxyError(
+        413,
+        f"request body exceeds the limit of {limit} bytes (max_body_bytes)",
+        code="request_too_large",
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than ``limit`` bytes without reading them all."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise too_large(limit)
+        except ValueError:
+            raise bad_request("invalid Content-Length header") from None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise bad_request("request body is empty; expected a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+class Parse:
+    """Reads and checks a request of ``api`` into a new ``RequestContext``."""
+
+    def __init__(self, max_body_bytes: int, bounds: Bounds) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.bounds = bounds
+
+    async def __call__(self, request: Request, api: Api) -> RequestContext:
+        started = time.perf_counter()
+        raw = await read_body(request, self.max_body_bytes)
+        body = parse_json_object(raw)
+        api.validate(body, self.bounds)
+        stream, model = check_stream_and_model(body)
+        state = request.scope.get("state")
+        return RequestContext(
+            api=api,
+            headers=request.headers,
+            raw_body=raw,
+            body=body,
+            stream=stream,
+            model=model,
+            started=started,
+            client=state.get("client") if state else None,
+        )

@@ -1,0 +1,142 @@
+"""Stage 7, stream: relay an opened upstream stream to the client chunk by chunk.
+
+Chunks are relayed as they arrive, never buffered or parsed beyond the SSE well-formedness check;
+the last few are kept to read the usage from (vLLM sends it last). A break (the rank dies, stalls
+past ``read_timeout`` or sends an undecodable event) ends the stream with an SSE error event in the
+client API's shape. A client that goes away cancels the upstream request. Whatever happens, the
+rank's in-flight count is released and ``on_done`` runs exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from proxy.apis.base import Translation
+from proxy.stages.disconnect import wait_for_disconnect
+from proxy.stages.forward import Opened, response_headers
+
+log = logging.getLogger("prefixgate.forward")
+
+#: The tail of a stream kept to read its usage chunk (vLLM sends it as one chunk near the end).
+STREAM_TAIL_CHUNKS = 4
+
+
+class MalformedStream(Exception):
+    """The rank's SSE stream holds an event that does not decode."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOutcome:
+    """How a relayed stream ended: its first and last chunks, why it broke, whether the client left."""
+
+    first: bytes
+    tail: tuple[bytes, ...]
+    error: str | None
+    disconnected: bool
+    first_byte_at: float
+
+
+class RelayResponse(Response):
+    """Relays an opened upstream stream chunk by chunk, watching for the client going away."""
+
+    def __init__(
+        self,
+        opened: Opened,
+        on_done: Callable[[StreamOutcome], None],
+        error_event: Callable[[str], bytes],
+        translation: Translation | None = None,
+    ) -> None:
+        """``error_event`` renders the event that ends a broken stream, in the client API's own shape;
+        ``translation`` turns the rank's chunks into the client API's (None: relayed as they are)."""
+        self.opened = opened
+        self.on_done = on_done
+        self.error_event = error_event
+        self.translation = translation
+        self.status_code = opened.response.status
+        self.background = None
+        self.init_headers(response_headers(opened.response, opened.rank.name))
+        self._tail: deque[bytes] = deque(maxlen=STREAM_TAIL_CHUNKS)
+        self._error: str | None = None
+        self._completed = False
+        self._first_byte_at = time.perf_counter()
+        self._settled = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relay = asyncio.ensure_future(self._relay(send))
+        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait((relay, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not relay.done():
+                relay.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relay
+            watcher.cancel()
+            self._settle()  # a relay cancelled before it started never ran its own cleanup
+        if relay in done and not relay.cancelled():
+            relay.result()
+
+    async def _relay(self, send: Send) -> None:
+        opened = self.opened
+        rank = opened.rank
+        tail = self._tail
+        translate = self.translation
+        self._first_byte_at = time.perf_counter()
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            first = opened.first_chunk
+            if first:
+                tail.append(first)
+                out = translate.chunk(first) if translate is not None else first
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            assert opened.chunks is not None
+            try:
+                checker = opened.checker
+                async for chunk in opened.chunks:
+                    problem = checker.feed(chunk) if checker is not None else None
+                    if problem is not None:  # end the stream here rather than relay what clients cannot parse
+                        raise MalformedStream(problem)
+                    tail.append(chunk)
+                    out = translate.chunk(chunk) if translate is not None else chunk
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+            except (aiohttp.ClientError, TimeoutError, MalformedStream) as exc:
+                error = f"{rank.name} broke mid-stream: {type(exc).__name__}"
+                if isinstance(exc, MalformedStream):
+                    error = f"{rank.name} sent a {exc}"
+                self._error = error
+                log.warning("%s", error)
+                await send({"type": "http.response.body", "body": self.error_event(error), "more_body": True})
+            end = translate.end() if translate is not None else b""
+            await send({"type": "http.response.body", "body": end, "more_body": False})
+            self._completed = True
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Release the rank and report the outcome, once."""
+        if self._settled:
+            return
+        self._settled = True
+        opened = self.opened
+        opened.rank.in_flight -= 1
+        if self._completed and self._error is None:
+            opened.response.release()
+        else:  # the connection is in an unknown state: never reuse it
+            opened.response.close()
+        self.on_done(
+            StreamOutcome(
+                opened.first_chunk, tuple(self._tail), self._error, not self._completed, self._first_byte_at
+            )
+        )

@@ -1,0 +1,249 @@
+"""Stage 6, route: rank the healthy ranks for a request, over the prefix index's view.
+
+For each request the router looks up (one index access) how many leading blocks of the prompt each
+rank probably holds and which rank the session used, lets the policy rank the candidates, and
+returns a ``RoutePlan``: the ranks in the order forwarding tries them. The first is charged at once
+(its queued prefill and in-flight prompt tokens, the prompt's blocks recorded on it, the session's
+rank), so a burst of sibling requests lands together; when a retry lands elsewhere, ``placed``
+moves the charge. After the answer, ``finished`` releases the charge, compares the predicted hit
+with what the rank reported and corrects the rank's mirror.
+
+A request continuing a stored answer (Responses' ``previous_response_id``) is pinned: its plan is
+the rank that stored it, or an error when that rank is gone. Ranks whose mirror is fed by KV-cache
+events (``exact``) get no speculative records or corrections: their events are the truth.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from proxy.context import Outcome, RequestContext
+from proxy.errors import no_healthy_backend
+from proxy.ops.metrics import Metrics
+from proxy.stages.observe import Observer
+from proxy.stages.pin import Pins
+from routing.index import Lookup, PrefixIndex
+from routing.index.memory import MemoryPrefixIndex
+from routing.policies import RouteRequest, RoutingPolicy
+from routing.policies.bounds import max_hit_blocks, prompt_size
+from routing.ranks import Fleet, Rank
+
+log = logging.getLogger("prefixgate.route")
+
+#: Block size assumed when neither the rank nor the configuration says (vLLM's CUDA default).
+DEFAULT_BLOCK_SIZE = 16
+#: Bound of a rank's speculative mirror when its pool size is unknown (no ``vllm:cache_config_info``,
+#: no ``pool_tokens``): without one, routing's own records grow the index forever (~200 B per block).
+#: 131,072 blocks = 2M tokens at block size 16 (~26 MB of mirror), the size of a large GPU pool.
+UNKNOWN_POOL_BLOCKS = 131_072
+
+
+@dataclass(slots=True)
+class RoutePlan:
+    """The ranks to try, best first, and what is charged to the one currently holding the request."""
+
+    ranks: list[Rank]
+    #: The rank charged with this request's prefill and prompt tokens (None once released).
+    charged: str | None = None
+    prefill: int = 0
+    tokens: int = 0
+    #: The response id that pins the request to its rank (Responses continuations), if any.
+    pinned: str | None = None
+
+
+class Router(Observer):
+    """Ranks the candidates per request and keeps the prefix index in step with what was routed."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        policy: RoutingPolicy,
+        index: PrefixIndex | None = None,
+        *,
+        block_size: int | None = None,
+        metrics: Metrics | None = None,
+        exact: Iterable[str] = (),
+        pins: Pins | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.policy = policy
+        self.index: PrefixIndex = index if index is not None else MemoryPrefixIndex()
+        self.block_size = block_size or next((r.block_size for r in fleet if r.block_size), DEFAULT_BLOCK_SIZE)
+        self.metrics = metrics
+        self.exact = set(exact)
+        self.pins = pins
+        #: Prefill tokens routed to each rank and not answered yet.
+        self.queued_prefill: dict[str, int] = {r.name: 0 for r in fleet}
+        #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
+        self.inflight_tokens: dict[str, int] = {r.name: 0 for r in fleet}
+        for rank in fleet:
+            self.index.set_capacity(rank.name, self.capacity_blocks(rank))
+
+    def capacity_blocks(self, rank: Rank) -> int | None:
+        """The rank's pool in blocks; ``UNKNOWN_POOL_BLOCKS`` for an unknown pool; None (unbounded)
+        for a mirror driven by KV-cache events, which remove what the rank evicts."""
+        if rank.name in self.exact:
+            return None
+        if not rank.pool_tokens:
+            return UNKNOWN_POOL_BLOCKS
+        return rank.pool_tokens // self.block_size
+
+    def set_exact(self, rank: str, exact: bool = True) -> None:
+        """Mark ``rank``'s mirror as driven by KV-cache events (or not)."""
+        if exact:
+            self.exact.add(rank)
+        else:
+            self.exact.discard(rank)
+        found = self.fleet.get(rank)
+        if found is not None:
+            self.index.set_capacity(rank, self.capacity_blocks(found))
+
+    # -- stage 6 ----------------------------------------------------------------------------------
+
+    async def __call__(self, ctx: RequestContext) -> RoutePlan:
+        """The plan for ``ctx``: pinned to a stored answer's rank, else ranked by the policy."""
+        stored = ctx.api.continues(ctx.body)
+        if stored is not None and self.pins is not None:
+            rank = await self.pins.rank_of(stored)
+            plan = RoutePlan([rank], pinned=stored)
+            self._charge(ctx, plan, rank, Lookup())
+            return plan
+        return self.plan(ctx)
+
+    def plan(self, ctx: RequestContext) -> RoutePlan:
+        """Rank the healthy ranks ``ctx`` may go to (admission may restrict a new session's)."""
+        candidates = self.fleet.healthy()
+        admitted = ctx.admitted
+        allowed = admitted.allowed if admitted is not None else None
+        if allowed is not None:  # admission: a new session only goes to a rank with room
+            candidates = [r for r in candidates if r.name in allowed]
+        if not candidates:
+            raise no_healthy_backend()
+        hashes = ctx.block_hashes
+        key = ctx.session_key
+        found = self.index.lookup(hashes, key) if hashes or key else Lookup()
+        request = RouteRequest(
+            key,
+            ctx.prompt_tokens,
+            hashes,
+            found.matches,
+            found.session_rank,
+            self.block_size,
+            self.queued_prefill,
+            admitted.home if admitted is not None else None,
+            self.inflight_tokens,
+        )
+        plan = RoutePlan(self.policy.order(request, candidates))
+        self._charge(ctx, plan, plan.ranks[0], found)
+        return plan
+
+    def any(self) -> RoutePlan:
+        """A plan for a request that caches nothing (token counting, ``/tokenize``): the healthy
+        ranks in the policy's order for a request it knows nothing about; nothing is charged."""
+        candidates = self.fleet.healthy()
+        if not candidates:
+            raise no_healthy_backend()
+        return RoutePlan(self.policy.order(RouteRequest(block_size=self.block_size), candidates))
+
+    def placed(self, ctx: RequestContext, rank: Rank) -> None:
+        """Forwarding reached ``rank``: when a retry landed away from the charged rank, move the
+        charge (and the session, and the blocks' record) there."""
+        plan = ctx.plan
+        if plan is None or plan.charged == rank.name:
+            return
+        previous = plan.charged
+        self._release(plan)
+        found = self.index.lookup(ctx.block_hashes, None) if ctx.block_hashes else Lookup()
+        found.session_rank = previous
+        self._charge(ctx, plan, rank, found, "its rank failed this request")
+
+    def finished(self, outcome: Outcome) -> None:
+        """After the answer (or the failure): release the charge; count predicted vs reported hit
+        tokens and, when the rank hit fewer tokens than predicted, drop the blocks past the actual
+        hit from its mirror."""
+        ctx = outcome.ctx
+        if ctx.plan is not None:
+            self._release(ctx.plan)
+        usage = outcome.usage
+        predicted = ctx.estimated_cached_tokens
+        rank = outcome.rank
+        if rank is None or usage is None or predicted is None or usage.cached_tokens is None:
+            return
+        cached = usage.cached_tokens
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.predicted_cached_tokens.labels(rank).inc(predicted)
+            metrics.reported_cached_tokens.labels(rank).inc(cached)
+        if rank in self.exact or cached >= predicted:
+            return
+        self.index.remove(rank, ctx.block_hashes[cached // self.block_size :])
+        if metrics is not None:
+            metrics.index_corrections.labels(rank).inc()
+
+    # -- the charge -------------------------------------------------------------------------------
+
+    def _charge(
+        self, ctx: RequestContext, plan: RoutePlan, rank: Rank, found: Lookup, why: str | None = None
+    ) -> None:
+        """``rank`` holds ``ctx`` now: its expected hit, its queued prefill and prompt tokens, the
+        prompt's blocks and the session's rank (``why``: the reason it left its previous rank)."""
+        name = rank.name
+        hashes = ctx.block_hashes
+        hit_blocks = min(
+            found.matches.get(name, 0), max_hit_blocks(ctx.prompt_tokens, len(hashes), self.block_size)
+        )
+        estimate = hit_blocks * self.block_size
+        ctx.estimated_cached_tokens = estimate if hashes else None
+        prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
+        plan.charged, plan.prefill, plan.tokens = name, max(prompt - estimate, 0), prompt
+        self.queued_prefill[name] = self.queued_prefill.get(name, 0) + plan.prefill
+        self.inflight_tokens[name] = self.inflight_tokens.get(name, 0) + prompt
+        key = ctx.session_key
+        if key and found.session_rank != name:
+            if found.session_rank is not None:
+                self._log_move(ctx, found.session_rank, name, plan.prefill, why)
+            self.index.set_session_rank(key, name)
+        if hashes and name not in self.exact:
+            self.index.record(name, hashes)
+
+    def _release(self, plan: RoutePlan) -> None:
+        name = plan.charged
+        if name is None:
+            return
+        plan.charged = None
+        self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) - plan.prefill, 0)
+        self.inflight_tokens[name] = max(self.inflight_tokens.get(name, 0) - plan.tokens, 0)
+
+    def _log_move(self, ctx: RequestContext, old: str, new: str, prefill: int, why: str | None) -> None:
+        """Say why a known session left its rank: each move recomputes its context elsewhere."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        admitted = ctx.admitted
+        candidates: Sequence[Rank] = self.fleet.healthy()
+        if why is not None:
+            reason = why
+        elif admitted is not None and admitted.allowed is not None:
+            room = ", ".join(sorted(admitted.allowed))
+            reason = f"admitted anew (back after idling out or being released), room on {room}"
+        elif all(r.name != old for r in candidates):
+            reason = "its rank is down or failed this request"
+        else:
+            queued = self.queued_prefill
+            home = admitted.home if admitted is not None else None
+            reason = (
+                f"{'saturated' if home == old else 'over the load bound'} (in flight "
+                f"{', '.join(f'{r.name}={r.in_flight}' for r in candidates)}; prompt tokens in flight "
+                f"on {old} {self.inflight_tokens.get(old, 0)}; prefill queued on {old} "
+                f"{queued.get(old, 0)}, on {new} {queued.get(new, 0) - prefill}; "
+                f"this request's there {prefill})"
+            )
+        session = admitted.session if admitted is not None else None
+        turns = session.turns if session is not None else 0  # admission counts this request already
+        log.info("session %s turn %d moved %s -> %s: %s", ctx.session_key, turns - 1, old, new, reason)
+
+    def stats(self) -> dict[str, object]:
+        """The index's stats and the prefill queued per rank."""
+        return {"index": self.index.stats(), "queued_prefill": dict(self.queued_prefill)}
+

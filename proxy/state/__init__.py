@@ -1,0 +1,71 @@
+"""Where the state that decides placement lives: one backend, chosen once per process.
+
+A backend serves the session table's store, the prefix index and the response id -> rank map
+(``StateBackend``). ``memory`` keeps them in this process; ``redis`` shares them between replicas.
+A new backend is one new module plus one line in ``BACKENDS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from proxy.config import ConfigError, Settings
+from proxy.state.memory import MemoryState
+from proxy.state.redis import RedisState
+from proxy.state.responses import ResponseRanks
+from proxy.state.sessions import SessionStore
+from routing.index import PrefixIndex
+
+
+class StateBackend(Protocol):
+    """What a state backend provides (each call builds a new store over the backend)."""
+
+    name: str
+
+    def sessions(self) -> SessionStore: ...
+
+    def response_ranks(self) -> ResponseRanks: ...
+
+    def prefix_index(
+        self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]
+    ) -> PrefixIndex:
+        """The prefix index for ranks serving ``model`` with ``block_size`` blocks hashed with
+        ``hash_algo``; ``on_state(up)`` is told when a shared index becomes unreachable and back."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _memory(settings: Settings) -> StateBackend:
+    return MemoryState()
+
+
+def _redis(settings: Settings) -> StateBackend:
+    if not settings.redis_url:
+        raise ConfigError("state 'redis' needs --redis-url (redis://[:password@]host:port/db)")
+    return RedisState(settings.redis_url, settings.redis_timeout, settings.index_ttl)
+
+
+#: Backend name -> its constructor from the settings.
+BACKENDS: dict[str, Callable[[Settings], StateBackend]] = {
+    "memory": _memory,
+    "redis": _redis,
+}
+
+
+def backend_name(settings: Settings) -> str:
+    """``settings.state``, else ``redis`` with a Redis URL and ``memory`` without."""
+    return settings.state or ("redis" if settings.redis_url else "memory")
+
+
+def open_state(settings: Settings) -> StateBackend:
+    """The state backend the settings choose (``ConfigError`` for an unknown one)."""
+    name = backend_name(settings)
+    build = BACKENDS.get(name)
+    if build is None:
+        raise ConfigError(f"unknown state backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return build(settings)
+
+
+__all__ = ["BACKENDS", "StateBackend", "backend_name", "open_state"]

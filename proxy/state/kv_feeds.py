@@ -1,0 +1,100 @@
+"""The KV-event feeds that keep the prefix index exact: one vLLM KV-event subscription per rank.
+
+``kv_events`` settings: ``auto`` (ask every rank's ``GET /kv_event_sources``), or comma-separated
+``NAME=tcp://HOST:PORT`` entries, each optionally followed by ``|tcp://HOST:PORT`` for the replay
+socket. A rank fed by events is mirrored exactly (no speculative records or corrections).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from proxy.config import Settings
+from proxy.ops.metrics import Metrics
+from proxy.stages.route import Router
+from routing.index import PrefixIndex
+from routing.index.memory import MemoryPrefixIndex
+from routing.kv_events import KVEventSubscriber, RankMirror
+from routing.policy import make_policy
+from routing.ranks import Fleet, Rank
+from tokenization.hashers import ChainHasher
+
+log = logging.getLogger("prefixgate.routing")
+
+
+@dataclass(frozen=True, slots=True)
+class EventSource:
+    rank: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+
+def parse_kv_event_specs(spec: str) -> list[EventSource]:
+    """``NAME=tcp://h:p[|tcp://h:p],...`` to sources (``auto`` is resolved by ``discover_sources``)."""
+    sources = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, sep, endpoints = item.partition("=")
+        if not sep:
+            raise ValueError(f"kv_events entry {item!r} is not NAME=tcp://HOST:PORT[|tcp://HOST:PORT]")
+        endpoint, _, replay = endpoints.partition("|")
+        sources.append(EventSource(name.strip(), endpoint.strip(), replay.strip() or None))
+    return sources
+
+
+async def discover_source(client: aiohttp.ClientSession, rank: Rank) -> EventSource | None:
+    """The rank's own answer at ``GET /kv_event_sources`` (vLLM reports it with ``tcp://*:0``)."""
+    try:
+        async with client.get(f"{rank.url}/kv_event_sources", timeout=aiohttp.ClientTimeout(total=3)) as r:
+            if r.status != 200:
+                return None
+            sources = orjson.loads(await r.read())
+    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(sources, list) or not sources or not isinstance(sources[0], dict):
+        return None
+    first = sources[0]
+    endpoint = first.get("endpoint")
+    if not isinstance(endpoint, str):
+        return None
+    return EventSource(rank.name, endpoint, first.get("replay_endpoint"), first.get("topic") or "")
+
+
+async def start_kv_event_feeds(
+    spec: str | None,
+    client: aiohttp.ClientSession,
+    router: Router,
+    hasher: ChainHasher | None,
+    metrics: Metrics,
+) -> list[KVEventSubscriber]:
+    """Subscribe to the ranks' KV events named by ``spec`` (the ``kv_events`` setting); each
+    subscribed rank's mirror becomes exact."""
+    if not spec:
+        return []
+    if hasher is None:
+        log.warning("kv_events needs the blocks stage (a prefix-aware policy): not subscribing")
+        return []
+    if spec.strip() == "auto":
+        found = [await discover_source(client, b) for b in router.fleet]
+        sources = [s for s in found if s is not None]
+    else:
+        sources = parse_kv_event_specs(spec)
+    subscribers = []
+    for source in sources:
+        if router.fleet.get(source.rank) is None:
+            log.warning("kv_events names unknown rank %s: ignored", source.rank)
+            continue
+
+        def count(kind: str, rank: str = source.rank) -> None:
+            metrics.kv_events.labels(rank, kind).inc()
+
+        mirror = RankMirror(source.rank, router.index, hasher, on_event=count)
+        subscriber = KVEventSubscriber(mirror, source.endpoint, source.replay_endpoint, source.topic)
+        router.set_exact(source.rank)
+        subscribers.append(subscriber.start())
+        log.info("rank %s: KV events from %s", source.rank, source.endpoint)
+    return subscribers

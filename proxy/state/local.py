@@ -1,0 +1,107 @@
+"""The one owner of what this process keeps per session between its turns.
+
+Each stage that remembers something about a session hangs it off the session's ``SessionLocal``:
+the canonicalizer its first-seen tool order, the tokenizer the previous turn's tokens and block
+hashes, the prefix-break explainer the previous turn and the recent breaks, the dashboard the turn
+log, the Responses API the ids the session's answers were stored under. ``SessionLocals`` bounds
+them together: one count, one byte budget, one eviction (least recently used session first), and
+ending a session (``end``) frees all of it at once.
+
+Invariants: a ``SessionLocal`` is held by at most one ``SessionLocals`` entry (its ``key``); the
+entry's charged cost equals ``SessionLocal.nbytes`` after every ``charge``; an evicted or ended
+session's objects are no longer reachable from the owner (a request still holding it finishes on
+its copy, and the next request of that session starts afresh).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.canonical import InMemorySessionCanonState
+from tokenization.lru import LRU
+
+#: Sessions remembered per process at most (least recently used dropped first).
+DEFAULT_MAX_SESSIONS = 100_000
+#: Approximate bytes all sessions' local state may hold together: previous turns' tokens and block
+#: hashes dominate (~4 B a token, ~70 B a block), then the explainer's bodies.
+DEFAULT_BUDGET_BYTES = 512 * 1024 * 1024
+#: A session's entry before anything is attached: the object and its small slots.
+_BASE_BYTES = 400
+#: Response ids remembered per session (so that ending it forgets them); older ones are left to
+#: the response map's own bound.
+MAX_RESPONSE_IDS = 64
+
+
+@dataclass(slots=True, eq=False)
+class SessionLocal:
+    """One session's state in this process. Slots are filled by the stages that own them."""
+
+    key: str
+    canon: InMemorySessionCanonState = field(default_factory=InMemorySessionCanonState)
+    #: The tokenizer's previous turn (``tokenization.prompt``), and its bytes.
+    prompt: Any = None
+    prompt_bytes: int = 0
+    #: The prefix-break explainer's memory of the previous turn (``proxy.explain``), and its bytes.
+    turn: Any = None
+    turn_bytes: int = 0
+    #: The newest prefix breaks (``proxy.explain`` records), oldest first.
+    breaks: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=32))
+    #: The dashboard's turn log (``proxy.ops.dashboard.stats.Turn``), oldest first.
+    turns: deque[Any] = field(default_factory=lambda: deque(maxlen=100))
+    #: Ids of answers the rank stored for this session (Responses), newest last.
+    response_ids: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_RESPONSE_IDS))
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held: the tokenizer's and explainer's turns dominate."""
+        return _BASE_BYTES + self.prompt_bytes + self.turn_bytes + 160 * (len(self.breaks) + len(self.turns))
+
+
+class SessionLocals:
+    """Every session's ``SessionLocal``, bounded together (see the module docstring)."""
+
+    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        self._lru: LRU[str, SessionLocal] = LRU(budget_bytes, max_entries=max_sessions)
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def nbytes(self) -> int:
+        return self._lru.nbytes
+
+    @property
+    def budget_bytes(self) -> int:
+        return self._lru.budget_bytes
+
+    def get(self, key: str) -> SessionLocal | None:
+        """The session's state, if this process holds it (no use counted: a read)."""
+        return self._lru.peek(key)
+
+    def open(self, key: str) -> SessionLocal:
+        """The session's state for its next request (created empty on its first), now the most
+        recently used."""
+        local = self._lru.get(key)
+        if local is None:
+            local = SessionLocal(key)
+            self._lru.put(key, local, local.nbytes)
+        return local
+
+    def values(self) -> list[SessionLocal]:
+        """Every session's state, least recently used first (a copy)."""
+        return list(self._lru.values())
+
+    def charge(self, local: SessionLocal) -> None:
+        """Re-count ``local``'s bytes after a stage attached or replaced something (may evict others,
+        or ``local`` itself when it alone exceeds the budget)."""
+        if self._lru.peek(local.key) is local:
+            self._lru.recost(local.key, local.nbytes)
+
+    def end(self, key: str) -> SessionLocal | None:
+        """Forget the session's state at once (it ended); what was held, if anything."""
+        return self._lru.pop(key)
+
+    def stats(self) -> dict[str, int]:
+        return self._lru.stats()

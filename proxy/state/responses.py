@@ -1,0 +1,84 @@
+"""Response id -> rank: a Responses request continuing a stored answer (``previous_response_id``)
+and a retrieval must reach the rank that stored it.
+
+In memory (bounded, least recently used ids dropped) or in Redis when the state backend is Redis, so
+that every prefixgate replica finds them; the Redis map keeps a local copy for when Redis is down.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from tokenization.lru import LRU
+
+log = logging.getLogger("prefixgate.responses")
+
+#: Response ids remembered per process when there is no Redis.
+DEFAULT_CAPACITY = 200_000
+#: How long Redis keeps a response id's rank (vLLM's in-memory store has no expiry; a week bounds it).
+REDIS_TTL_S = 7 * 24 * 3600
+REDIS_PREFIX = "prefixgate:response:"
+
+
+# -- response id -> rank ------------------------------------------------------------------------------
+class ResponseRanks(Protocol):
+    def get(self, response_id: str) -> str | None:
+        """The rank that stored ``response_id``, or None when unknown."""
+        ...
+
+    def put(self, response_id: str, rank: str) -> None: ...
+
+    def forget(self, response_id: str) -> None:
+        """Drop ``response_id`` (its session ended)."""
+        ...
+
+
+class MemoryResponseRanks(LRU[str, str]):
+    """Response id -> rank name, least recently used ids dropped past ``capacity``."""
+
+    __slots__ = ()
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        super().__init__(capacity)
+
+    def forget(self, response_id: str) -> None:
+        self.discard(response_id)
+
+
+class RedisResponseRanks:
+    """Response id -> rank name in Redis (shared by replicas), with a local copy for when it is down."""
+
+    def __init__(self, client: Any, ttl: int = REDIS_TTL_S, local: MemoryResponseRanks | None = None) -> None:
+        self.client = client
+        self.ttl = ttl
+        self.local = local or MemoryResponseRanks()
+
+    def get(self, response_id: str) -> str | None:
+        rank = self.local.get(response_id)
+        if rank is not None:
+            return rank
+        try:
+            value = self.client.get(REDIS_PREFIX + response_id)
+        except Exception as exc:  # a Redis outage must not fail requests: answer from the local copy
+            log.warning("redis lookup of a response id failed: %s", exc)
+            return None
+        if value is None:
+            return None
+        rank = value.decode() if isinstance(value, bytes) else str(value)
+        self.local.put(response_id, rank)
+        return rank
+
+    def put(self, response_id: str, rank: str) -> None:
+        self.local.put(response_id, rank)
+        try:
+            self.client.set(REDIS_PREFIX + response_id, rank, ex=self.ttl)
+        except Exception as exc:
+            log.warning("redis store of a response id failed: %s", exc)
+
+    def forget(self, response_id: str) -> None:
+        self.local.forget(response_id)
+        try:
+            self.client.delete(REDIS_PREFIX + response_id)
+        except Exception as exc:
+            log.warning("redis delete of a response id failed: %s", exc)
