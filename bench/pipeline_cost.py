@@ -36,7 +36,7 @@ from proxy.metrics import Metrics
 from proxy.route import Router
 from proxy.session_id import identify_session
 from routing.index.memory import MemoryPrefixIndex
-from routing.policy import make_policy
+from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
 from tokenization.config import TokenizerConfig
 from tokenization.factory import build_incremental

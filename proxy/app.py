@@ -40,7 +40,7 @@ from proxy.routing_setup import build_router, start_kv_event_feeds
 from proxy.sessions import SessionTable
 from routing.health import check_all, run_health_checks
 from routing.kv_events import KVEventSubscriber
-from routing.policy import make_policy
+from routing.policies import needs_of
 from routing.ranks import Fleet, Rank
 from tokenization.backend_info import block_size_of, parse_cache_config_info
 from tokenization.config import TokenizerConfig
@@ -164,7 +164,7 @@ class Gateway:
 
     def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
         """The tokenizer of the blocks stage, when the routing policy uses prefix blocks."""
-        if not getattr(make_policy(self.settings.policy), "uses_blocks", False):
+        if not needs_of(self.settings.policy).blocks:
             return None
         config = TokenizerConfig.model_validate(self.settings.tokenization)
         block_size = self._block_size()

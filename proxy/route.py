@@ -22,8 +22,8 @@ from proxy.context import RequestContext
 from proxy.errors import no_healthy_backend
 from routing.index import Lookup, PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
-from routing.policy import RouteRequest, RoutingPolicy, prompt_size
-from routing.prefix_affinity import max_hit_blocks
+from routing.policies import RouteRequest, RoutingPolicy
+from routing.policies.bounds import max_hit_blocks, prompt_size
 from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate.route")
@@ -104,7 +104,7 @@ class Router:
         if not candidates:
             raise no_healthy_backend()
         if ctx is None:
-            return self.policy.choose(RouteRequest(block_size=self.block_size), candidates)
+            return self.policy.order(RouteRequest(block_size=self.block_size), candidates)[0]
         self._release(id(ctx))  # a retry: the previous attempt's rank did not answer
         self._expire()
         hashes = ctx.block_hashes
@@ -124,7 +124,7 @@ class Router:
                 ctx.home_backend,
                 self.inflight_tokens,
             )
-            backend = self.policy.choose(request, candidates)
+            backend = self.policy.order(request, candidates)[0]
         name = backend.name
         hit_blocks = min(
             found.matches.get(name, 0), max_hit_blocks(ctx.prompt_tokens, len(hashes), self.block_size)

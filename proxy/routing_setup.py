@@ -19,7 +19,7 @@ from proxy.route import Router
 from routing.index import PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror
-from routing.policy import make_policy
+from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
 from tokenization.hashers import ChainHasher
 

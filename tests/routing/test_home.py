@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from proxy.route import Router
-from routing.policy import make_policy
+from routing.policies import make_policy
 from tests.routing.conftest import chain, make_ctx, make_pool
 
 POOL = 100_000

@@ -15,7 +15,7 @@ from bench.sim.prompts import PromptProcessor
 from proxy.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
-from routing.policy import make_policy
+from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
 from tests.routing.conftest import make_ctx
 from tokenization.block_hash import BlockHasher, kv_event_hash

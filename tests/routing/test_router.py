@@ -10,7 +10,7 @@ from proxy.metrics import Metrics
 from proxy.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.index.redis_store import RedisPrefixIndex
-from routing.policy import make_policy
+from routing.policies import make_policy
 from tests.routing.conftest import RedisServer, chain, make_ctx, make_pool
 
 
