@@ -118,7 +118,7 @@ class Router:
                 ctx.prompt_tokens,
                 hashes,
                 found.matches,
-                found.session_backend,
+                found.session_rank,
                 self.block_size,
                 self.queued_prefill,
                 ctx.home_backend,
@@ -136,10 +136,10 @@ class Router:
         self._pending[id(ctx)] = _Pending(name, prefill, prompt, time.monotonic())
         self.queued_prefill[name] = self.queued_prefill.get(name, 0) + prefill
         self.inflight_tokens[name] = self.inflight_tokens.get(name, 0) + prompt
-        if key and found.session_backend != name:
-            if found.session_backend is not None:
-                self._log_move(ctx, found.session_backend, name, candidates, prefill)
-            self.index.set_session_backend(key, name)
+        if key and found.session_rank != name:
+            if found.session_rank is not None:
+                self._log_move(ctx, found.session_rank, name, candidates, prefill)
+            self.index.set_session_rank(key, name)
         if hashes and name not in self.exact:
             self.index.record(name, hashes)
         if self.on_pick is not None:
