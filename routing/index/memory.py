@@ -107,6 +107,15 @@ class MemoryPrefixIndex:
             held[names[low]] = n if first_miss < 0 else first_miss
         return held
 
+    def walk_match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
+        """``match`` walking the blocks one by one whatever the prompt's length: the reference the
+        vectorized path must agree with."""
+        if not block_hashes:
+            return {}
+        with self._lock:
+            mask = self._holders.get(block_hashes[0], 0)
+            return self._walk(block_hashes, mask) if mask else {}
+
     def _walk(self, block_hashes: Sequence[bytes], mask: int) -> dict[str, int]:
         """``match`` one block at a time (short prompts, or more than 64 ranks). Holds the lock."""
         held: dict[str, int] = {}
