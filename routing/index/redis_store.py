@@ -175,9 +175,9 @@ class RedisPrefixIndex:
     # mirror is updated at once, and lookups merge it in, so this replica's own fresh records are
     # seen immediately; other replicas see them once written.
 
-    def _submit(self, write: Callable[[], None]) -> None:
+    def _submit(self, write: Callable[[], object]) -> None:
         if self._writer is None:
-            self._writes: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+            self._writes: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
             self._writer = threading.Thread(target=self._write_loop, name="redis-index-writer", daemon=True)
             self._writer.start()
         self._writes.put(write)
@@ -205,7 +205,7 @@ class RedisPrefixIndex:
     def _lru_key(self, rank: str) -> str:
         return f"{self.namespace}lru:{rank}"
 
-    def _record_call(self, rank: str, block_hashes: Sequence[bytes]) -> tuple[list[str], list[object]]:
+    def _record_call(self, rank: str, block_hashes: Sequence[bytes]) -> tuple[list[str], list[bytes | int]]:
         """Keys and arguments of the record script: ``block_hashes`` (newest first) on ``rank``."""
         cap = self._capacity.get(rank)
         keys = [self._lru_key(rank), self.namespace + "tick"]
