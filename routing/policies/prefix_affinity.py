@@ -66,8 +66,9 @@ class PrefixAffinity:
         first = None
         if request.home_rank is not None:
             home = next((r for r in candidates if r.name == request.home_rank), None)
-            inflight = 0 if home is None else request.inflight_tokens.get(home.name, 0)
-            if home is not None and not saturated(home, bound, prompt, inflight):
+            if home is not None and not saturated(
+                home, bound, prompt, request.inflight_tokens.get(home.name, 0)
+            ):
                 first = home
         elif request.session_rank is not None:
             first = next(
