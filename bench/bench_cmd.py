@@ -157,8 +157,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def available_policies() -> list[str]:
-    """prefixgate's routing policies, as ``routing.policy`` knows them at run time."""
-    from routing import policy as policy_module
+    """prefixgate's routing policies, as ``routing.policies`` knows them at run time."""
+    from routing import policies as policy_module
 
     names = list(getattr(policy_module, "POLICIES", ("round_robin",)))
     usable = []

@@ -68,7 +68,9 @@ class Stages:
 
 def _context(raw: bytes, session: str | None) -> RequestContext:
     headers = Headers({"x-session-id": session} if session else {})
-    return RequestContext(api=CHAT, headers=headers, raw_body=raw, body={}, stream=True, model=None, started=0.0)
+    return RequestContext(
+        api=CHAT, headers=headers, raw_body=raw, body={}, stream=True, model=None, started=0.0
+    )
 
 
 def _timed(samples: dict[str, list[float]], name: str, fn: Callable[[], Any]) -> Any:

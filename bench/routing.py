@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 from bench.common import OUT_DIR, median, percentile, redis_server, write_json  # noqa: E402
 from bench.sim.config import DEFAULT_KV_TOKENS  # noqa: E402
 from routing.index.memory import MemoryPrefixIndex  # noqa: E402
-from routing.policy import POLICIES  # noqa: E402
+from routing.policies import POLICIES  # noqa: E402
 
 LOOKUP_TOKENS = 100_000
 LOOKUP_BLOCK = 16

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
+
 ENV_PREFIX = "PREFIXGATE_"
 KiB = 1024
 MiB = 1024 * 1024
@@ -57,7 +59,7 @@ class Settings(BaseModel):
     backends: list[BackendConfig] = Field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    policy: str = "prefix_affinity"
+    policy: str = DEFAULT_POLICY
     balance_factor: float = Field(default=1.25, ge=1.0)
     state: str | None = None
     redis_url: str | None = None
@@ -97,6 +99,13 @@ class Settings(BaseModel):
     tokenization: dict[str, Any] = Field(default_factory=dict)
     canonical: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, policy: str) -> str:
+        if policy not in policy_names():
+            raise ValueError(f"unknown routing policy {policy!r}; available: {', '.join(policy_names())}")
+        return policy
+
     @field_validator("backends")
     @classmethod
     def _unique_names(cls, backends: list[BackendConfig]) -> list[BackendConfig]:
@@ -127,7 +136,7 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("host", str, "address to listen on"),
     Option("port", int, "port to listen on"),
-    Option("policy", str, "routing policy: prefix_affinity, session_hash, least_loaded or round_robin"),
+    Option("policy", str, f"routing policy: {', '.join(POLICIES[:-1])} or {POLICIES[-1]}"),
     Option(
         "balance_factor", float, "a rank may take a request while its load is within this factor of the mean"
     ),

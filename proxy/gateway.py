@@ -86,7 +86,10 @@ class Gateway:
         )
         algo = incremental.hasher.algo if incremental is not None else "none"
         index = self.state.prefix_index(await self._model_name(), block_size, algo, self._index_state)
-        self.pins = Pins(self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout)
+        self.metrics.index_redis_up.set(1 if self.state.name == "redis" else 0)
+        self.pins = Pins(
+            self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
+        )
         self.router = router = Router(
             self.fleet,
             make_policy(settings.policy, balance_factor=settings.balance_factor),
@@ -113,7 +116,14 @@ class Gateway:
             router,
             Forwarder(client, self.metrics, settings.retries),
             Observers(
-                [UsageMetrics(self.metrics), admission, self.dashboard.recorder, self.explainer, router, self.pins]
+                [
+                    UsageMetrics(self.metrics),
+                    admission,
+                    self.dashboard.recorder,
+                    self.explainer,
+                    router,
+                    self.pins,
+                ]
             ),
             self.pins,
             self.metrics,

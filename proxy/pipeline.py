@@ -149,7 +149,9 @@ class Pipeline:
             raw = await read_body(request, self.parse.max_body_bytes)
             opened = await until_disconnected(
                 request.receive,
-                self.forwarder.open(self.route.any(), path, raw, upstream_headers(request.headers), stream=False),
+                self.forwarder.open(
+                    self.route.any(), path, raw, upstream_headers(request.headers), stream=False
+                ),
             )
         except ProxyError as exc:
             return self._refused(api, path, exc, started)

@@ -74,12 +74,12 @@ class RankMirror:
 
     def __init__(
         self,
-        backend: str,
+        rank: str,
         index: PrefixIndex,
         hasher: ChainHasher,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
-        self.backend = backend
+        self.rank = rank
         self.index = index
         self.hasher = hasher
         self.on_event = on_event
@@ -105,7 +105,7 @@ class RankMirror:
 
     def reset(self) -> None:
         self._own.clear()
-        self.index.clear(self.backend)
+        self.index.clear(self.rank)
 
     def _stored(self, event: KVEvent) -> None:
         size = self.hasher.block_size
@@ -129,7 +129,7 @@ class RankMirror:
                 table[u64] = [h, 1]
             else:
                 entry[1] += 1
-        self.index.record(self.backend, own, counted=True)
+        self.index.record(self.rank, own, counted=True)
 
     def _removed(self, hashes: Sequence[int]) -> None:
         table = self._own
@@ -143,7 +143,7 @@ class RankMirror:
             if entry[1] <= 0:
                 del table[u64]
         if gone:
-            self.index.remove(self.backend, gone, counted=True)
+            self.index.remove(self.rank, gone, counted=True)
 
 
 class KVEventSubscriber:
@@ -165,7 +165,7 @@ class KVEventSubscriber:
         self.replay_timeout = replay_timeout
         self._zmq = zmq_context or zmq.Context.instance()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"kv-sub-{mirror.backend}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"kv-sub-{mirror.rank}", daemon=True)
         self.last_seq = -1
         self.batches = 0
         self.gaps = 0
@@ -201,7 +201,7 @@ class KVEventSubscriber:
                     continue
                 self._handle(int.from_bytes(frames[-2], "big"), frames[-1])
         except Exception:  # a dead subscriber must be visible: routing then runs on predictions
-            log.exception("KV event subscriber for %s failed", self.mirror.backend)
+            log.exception("KV event subscriber for %s failed", self.mirror.rank)
         finally:
             sub.close(0)
 
@@ -229,7 +229,7 @@ class KVEventSubscriber:
         """Fetch and apply batches ``start .. until-1`` from the replay socket, if there is one."""
         if self.replay_endpoint is None:
             log.warning(
-                "KV events %s: batches %d..%d lost (no replay socket)", self.mirror.backend, start, until - 1
+                "KV events %s: batches %d..%d lost (no replay socket)", self.mirror.rank, start, until - 1
             )
             return
         dealer = self._zmq.socket(zmq.DEALER)
@@ -247,6 +247,6 @@ class KVEventSubscriber:
                 if self.last_seq < seq < until:
                     self._apply(seq, payload)
                     self.replayed += 1
-            log.warning("KV events %s: replay from %d timed out", self.mirror.backend, start)
+            log.warning("KV events %s: replay from %d timed out", self.mirror.rank, start)
         finally:
             dealer.close(0)

@@ -1,6 +1,6 @@
 """The configured ranks (the fleet), their health and their load.
 
-Backends come only from configuration, never from a request. Health is active (a background
+Ranks come only from configuration, never from a request. Health is active (a background
 ``GET /health`` per rank, see ``routing.health``) and passive (a refused connection marks the rank
 down at once); a down rank gets no traffic until a health check succeeds again.
 """
@@ -55,19 +55,19 @@ class Rank:
 class Fleet:
     """The fleet: every configured rank, in configuration order."""
 
-    def __init__(self, backends: Iterable[Rank]) -> None:
-        self._backends = list(backends)
-        self._by_name = {b.name: b for b in self._backends}
+    def __init__(self, ranks: Iterable[Rank]) -> None:
+        self._ranks = list(ranks)
+        self._by_name = {b.name: b for b in self._ranks}
 
     def __iter__(self) -> Iterator[Rank]:
-        return iter(self._backends)
+        return iter(self._ranks)
 
     def __len__(self) -> int:
-        return len(self._backends)
+        return len(self._ranks)
 
     def get(self, name: str) -> Rank | None:
         return self._by_name.get(name)
 
     def healthy(self, exclude: Iterable[str] = ()) -> list[Rank]:
         excluded = set(exclude)
-        return [b for b in self._backends if b.healthy and b.name not in excluded]
+        return [b for b in self._ranks if b.healthy and b.name not in excluded]

@@ -65,9 +65,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 
 def test_no_module_is_over_400_lines() -> None:
     long = {
-        name: n
-        for name, path in modules().items()
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
+        name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
 

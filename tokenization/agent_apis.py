@@ -84,8 +84,9 @@ def _anthropic_system_blocks(blocks: Sequence[Any]) -> list[str]:
         if not isinstance(block, Mapping):
             raise ConversionError("system blocks must be objects")
         text = block.get("text")
-        is_text = block.get("type") == "text" and isinstance(text, str) and text
-        if is_text and not text.startswith(BILLING_HEADER_PREFIX):
+        if block.get("type") != "text" or not isinstance(text, str) or not text:
+            continue
+        if not text.startswith(BILLING_HEADER_PREFIX):
             out.append(text)
     return out
 

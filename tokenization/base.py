@@ -118,7 +118,14 @@ def common_prefix_len(a: Sequence[Any], b: Sequence[Any], chunk: int = 4096, *, 
     so a caller that extended a shared prefix needs no tail slices."""
     if type(a) is not type(b):  # slices of different types never compare equal: align them
         try:
-            b = array(a.typecode, b) if isinstance(a, array) else type(a)(b)  # type: ignore[call-arg]
+            if isinstance(a, array):
+                b = array(a.typecode, b)
+            elif isinstance(a, list):
+                b = list(b)
+            elif isinstance(a, tuple):
+                b = tuple(b)
+            else:  # e.g. a str against a list of characters: compare element by element
+                a, b = list(a), list(b)
         except (OverflowError, TypeError, ValueError):
             a, b = list(a), list(b)
     n = min(len(a), len(b))

@@ -38,7 +38,11 @@ class ChainHasher(Protocol):
 
     block_size: int
     none_hash: BlockHash
-    algo: str  # the name ``make_hasher`` takes
+
+    @property
+    def algo(self) -> str:
+        """The name ``make_hasher`` takes (read-only: ``BlockHasher``'s is a ``HashAlgo``)."""
+        ...
 
     def hash_blocks(
         self,

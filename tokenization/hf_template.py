@@ -52,7 +52,9 @@ def _strftime_now(fmt: str) -> str:
 class _GenerationTag(Extension):
     """``{% generation %}...{% endgeneration %}`` marks assistant text for masks; it renders its body."""
 
-    tags = frozenset({"generation"})
+    def __init__(self, environment: jinja2.Environment) -> None:
+        super().__init__(environment)
+        self.tags = {"generation"}  # per instance: jinja2 declares it a (mutable) set
 
     def parse(self, parser: Parser) -> list[nodes.Node]:
         next(parser.stream)

@@ -106,7 +106,8 @@ def _vllm_message(message: Mapping[str, Any], role: Any, content: Any) -> dict[s
         if isinstance(part, str):
             texts.append(part)
             continue
-        key = _TEXT_PART_KEYS.get(part.get("type")) if isinstance(part, Mapping) else None
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        key = _TEXT_PART_KEYS.get(kind) if isinstance(kind, str) else None
         if key is None:
             raise UnsupportedRequest("non-text content parts need the rank's own tokenizer")
         text = part.get(key)

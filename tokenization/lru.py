@@ -135,10 +135,11 @@ class LRU(Generic[K, V]):
         entry = self._entries.get(key)
         return None if entry is None else entry[1]
 
-    def keys(self) -> list[K]:
-        """The keys, least recently used first (a copy: safe to mutate the map while walking it)."""
+    def __iter__(self) -> Iterator[K]:
+        """The keys, least recently used first (from a copy: safe to mutate the map while walking it)."""
         with self._lock:
-            return list(self._entries)
+            held = list(self._entries)
+        return iter(held)
 
     def values(self) -> Iterator[V]:
         """The values, least recently used first (from a copy)."""

@@ -171,7 +171,9 @@ class IncrementalTokenizer:
         if session_key is not None and blocks.memo is not None:
             self.sessions.put(session_key, blocks.memo, blocks.memo_bytes)
 
-    async def _complete(self, kind: str, plan: Plan, prev: PromptMemo | None, salt: str | None) -> PromptBlocks:
+    async def _complete(
+        self, kind: str, plan: Plan, prev: PromptMemo | None, salt: str | None
+    ) -> PromptBlocks:
         encoded = await self._run(plan.work, plan.finish)
         keep = self._reusable_blocks(encoded, prev, salt)
         shared, keep = self._shared_blocks(encoded, prev, keep, salt)

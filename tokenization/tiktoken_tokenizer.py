@@ -124,8 +124,10 @@ class TiktokenTokenizer:
             keys.append(_GENERATION_KEY)
         frozen_keys = tuple(keys)
         memo = prev.memo if prev is not None and isinstance(prev.memo, _SegmentMemo) else None
-        first = 0 if memo is None else common_prefix_len(memo.keys, frozen_keys)
-        reused = memo.ends[first - 1] if first else 0
+        first = reused = 0
+        if memo is not None:
+            first = common_prefix_len(memo.keys, frozen_keys)
+            reused = memo.ends[first - 1] if first else 0
         offset = first_message - (1 if system_segment else 0)  # segment index -> message index
         # A session's first turn (or a changed system prompt): another session of the same agent
         # may have encoded this system+tools segment already.

@@ -44,6 +44,7 @@ from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate.admission")
 
+
 @dataclass(frozen=True, slots=True)
 class Admitted:
     """Admission's answer for one request: its session's record, and where it may go."""

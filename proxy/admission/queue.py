@@ -33,7 +33,9 @@ class WaitQueue:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def wait(self, attempt: Callable[[], T | None], timeout: float, on_depth: Callable[[int], None]) -> T:
+    async def wait(
+        self, attempt: Callable[[], T | None], timeout: float, on_depth: Callable[[int], None]
+    ) -> T:
         """``attempt()``'s first non-None result, tried whenever this waiter is at the head; raises
         ``TimeoutError`` after ``timeout`` seconds. ``on_depth(n)`` is told the queue's length as it
         changes."""

@@ -13,7 +13,9 @@ from proxy.state.sessions import Session
 log = logging.getLogger("prefixgate.admission")
 
 
-def client_at_cap(client: str, cap: int, active: Iterable[Session], now: float, idle_ttl: float) -> ProxyError | None:
+def client_at_cap(
+    client: str, cap: int, active: Iterable[Session], now: float, idle_ttl: float
+) -> ProxyError | None:
     """The 429 for a client key that already has ``cap`` active sessions, or None."""
     mine = [s.last_seen for s in active if s.client == client]
     if len(mine) < cap:
@@ -27,7 +29,9 @@ def client_at_cap(client: str, cap: int, active: Iterable[Session], now: float, 
     )
 
 
-def no_room(tokens: int, states: dict[str, RankState], config: AdmissionConfig, now: float) -> tuple[str, ProxyError]:
+def no_room(
+    tokens: int, states: dict[str, RankState], config: AdmissionConfig, now: float
+) -> tuple[str, ProxyError]:
     """(reason, the 429) for a new session of ``tokens`` that found no rank with room in time."""
     waits = [s.next_idle_at - now for s in states.values() if s.next_idle_at is not None]
     retry_after = min(waits) if waits else config.idle_ttl

@@ -33,4 +33,14 @@ def unregister(name: str) -> None:
     APIS[:] = [a for a in APIS if a.name != name]
 
 
-__all__ = ["APIS", "CHAT", "COMPLETIONS", "MESSAGES", "RESPONSES", "Api", "Endpoint", "register", "unregister"]
+__all__ = [
+    "APIS",
+    "CHAT",
+    "COMPLETIONS",
+    "MESSAGES",
+    "RESPONSES",
+    "Api",
+    "Endpoint",
+    "register",
+    "unregister",
+]

@@ -42,9 +42,7 @@ def explain(
     request part changed, and how."""
     lost = len(prev.hashes) - common_blocks
     if prev.body.get("cache_salt") != turn.body.get("cache_salt"):
-        return record(
-            turn, prev, CACHE_SALT_CHANGED, offset, common_blocks, lost, None, "cache_salt changed"
-        )
+        return record(turn, prev, CACHE_SALT_CHANGED, offset, common_blocks, lost, None, "cache_salt changed")
     old_parts = parts_of(prev)
     new_parts = parts(turn)
     found = first_differing_part(old_parts, new_parts)
@@ -71,6 +69,7 @@ def explain(
             turn, prev, UNKNOWN, offset, common_blocks, lost, None, "tokens differ, request parts do not"
         )
     return classify(prev, turn, found, offset, common_blocks, lost)
+
 
 def classify(
     prev: Turn,
@@ -100,6 +99,7 @@ def classify(
         return _tools(prev, turn, offset, block, lost, name)
     return _history(prev, turn, old, new, offset, block, lost, name)
 
+
 def _tools(
     prev: Turn, turn: Turn, offset: int | None, block: int | None, lost: int | None, name: str
 ) -> dict[str, Any]:
@@ -128,6 +128,7 @@ def _tools(
         what = [f"{k}: {', '.join(v)}" for k, v in tools.items() if v]
         detail = "tools changed (" + "; ".join(what) + ")" if what else "tools changed"
     return record(turn, prev, cause, offset, block, lost, name, detail[: MAX_TEXT * 2], tools=tools)
+
 
 def _history(
     prev: Turn,
@@ -203,5 +204,3 @@ def _part_matches_label(found: tuple[RequestPart | None, RequestPart | None], la
 
 
 _SYSTEM_LABELS = frozenset({"system", "tools", "system+tools", "prelude"})
-
-

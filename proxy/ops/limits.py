@@ -14,7 +14,6 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.config import Settings
-
 from proxy.errors import ProxyError, error_response
 
 

@@ -166,5 +166,3 @@ class Forwarder:
                 rank.in_flight -= 1
                 if response is not None:
                     response.release()
-
-

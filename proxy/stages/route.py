@@ -70,7 +70,9 @@ class Router(Observer):
         self.fleet = fleet
         self.policy = policy
         self.index: PrefixIndex = index if index is not None else MemoryPrefixIndex()
-        self.block_size = block_size or next((r.block_size for r in fleet if r.block_size), DEFAULT_BLOCK_SIZE)
+        self.block_size = block_size or next(
+            (r.block_size for r in fleet if r.block_size), DEFAULT_BLOCK_SIZE
+        )
         self.metrics = metrics
         self.exact = set(exact)
         self.pins = pins
@@ -246,4 +248,3 @@ class Router(Observer):
     def stats(self) -> dict[str, object]:
         """The index's stats and the prefill queued per rank."""
         return {"index": self.index.stats(), "queued_prefill": dict(self.queued_prefill)}
-

@@ -13,14 +13,10 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from proxy.config import Settings
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
-from routing.index import PrefixIndex
-from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror
-from routing.policy import make_policy
-from routing.ranks import Fleet, Rank
+from routing.ranks import Rank
 from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.routing")

@@ -62,7 +62,9 @@ class SessionLocal:
 class SessionLocals:
     """Every session's ``SessionLocal``, bounded together (see the module docstring)."""
 
-    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+    def __init__(
+        self, max_sessions: int = DEFAULT_MAX_SESSIONS, budget_bytes: int = DEFAULT_BUDGET_BYTES
+    ) -> None:
         self._lru: LRU[str, SessionLocal] = LRU(budget_bytes, max_entries=max_sessions)
 
     def __len__(self) -> int:

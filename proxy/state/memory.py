@@ -62,7 +62,6 @@ class MemorySessionStore:
         return list(self._by_key.values())
 
 
-
 class MemoryState:
     """The ``memory`` backend (the default without ``--redis-url``): one process's own state."""
 

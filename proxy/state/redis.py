@@ -146,7 +146,6 @@ class RedisSessionStore:
         return sessions
 
 
-
 class RedisState:
     """The ``redis`` backend: state shared by every replica through the server at ``url``."""
 

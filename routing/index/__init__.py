@@ -16,47 +16,51 @@ from typing import Protocol
 
 @dataclass(slots=True)
 class Lookup:
-    """One lookup: leading blocks held per backend name, and the session's remembered rank."""
+    """One lookup: leading blocks held per rank name, and the session's remembered rank."""
 
     matches: dict[str, int] = field(default_factory=dict)
-    session_backend: str | None = None
+    session_rank: str | None = None
 
 
 class PrefixIndex(Protocol):
     """What routing needs from a mirror of the ranks' prefix caches.
 
-    ``counted`` operations keep a reference count per (backend, hash): KV-cache events report every
+    ``counted`` operations keep a reference count per (rank, hash): KV-cache events report every
     physical copy of a block (vLLM does not de-duplicate concurrent requests' blocks), so a hash
     leaves the mirror only when its last copy is removed. Uncounted operations (routing's own
     predictions) add or drop a hash outright.
     """
 
-    def set_capacity(self, backend: str, blocks: int | None) -> None:
-        """Bound ``backend``'s mirror to ``blocks`` (None: unbounded, e.g. driven by KV events)."""
+    def set_capacity(self, rank: str, blocks: int | None) -> None:
+        """Bound ``rank``'s mirror to ``blocks`` (None: unbounded, e.g. driven by KV events)."""
         ...
 
     def match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
-        """Leading blocks of ``block_hashes`` held, for every backend holding at least block 0."""
+        """Leading blocks of ``block_hashes`` held, for every rank holding at least block 0."""
         ...
 
     def lookup(self, block_hashes: Sequence[bytes], session_key: str | None) -> Lookup:
-        """``match`` plus the session's remembered backend, in one store access."""
+        """``match`` plus the session's remembered rank, in one store access."""
         ...
 
-    def record(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        """``backend`` holds these blocks now (most recently used: head, then towards the tail)."""
+    def record(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        """``rank`` holds these blocks now (most recently used: head, then towards the tail)."""
         ...
 
-    def remove(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        """``backend`` no longer holds these blocks (counted: one copy fewer of each)."""
+    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        """``rank`` no longer holds these blocks (counted: one copy fewer of each)."""
         ...
 
-    def clear(self, backend: str) -> None:
-        """``backend`` holds nothing (cache reset, restart)."""
+    def clear(self, rank: str) -> None:
+        """``rank`` holds nothing (cache reset, restart)."""
         ...
 
-    def set_session_backend(self, session_key: str, backend: str) -> None:
+    def set_session_rank(self, session_key: str, rank: str) -> None:
         """Remember the rank a session was sent to."""
+        ...
+
+    def forget_session(self, session_key: str) -> None:
+        """Forget the session's rank (the session ended)."""
         ...
 
     def stats(self) -> dict[str, object]:

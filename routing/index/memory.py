@@ -1,8 +1,8 @@
-"""The in-memory prefix index: one LRU of block hashes per backend, bounded by the rank's pool.
+"""The in-memory prefix index: one LRU of block hashes per rank, bounded by the rank's pool.
 
 Lookups are a single pass over the prompt's hashes against ``_holders`` (hash -> bitmask of the
-backends holding it), so a 100k-token prompt costs one dict probe per block whatever the fleet size.
-Each backend's LRU mirrors vLLM's free queue: a request's blocks are touched tail first, so the
+ranks holding it), so a 100k-token prompt costs one dict probe per block whatever the fleet size.
+Each rank's LRU mirrors vLLM's free queue: a request's blocks are touched tail first, so the
 head of a chain is the most recent and, past capacity, the tail of the least recently used chain
 goes first.
 """
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from itertools import repeat
 
 from routing.index import Lookup
+from tokenization.lru import LRU
 
 #: Below this many blocks ``match`` walks them one by one; above, it gathers masks in bulk.
 _VECTOR_MIN_BLOCKS = 64
@@ -28,7 +29,7 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 DEFAULT_MAX_SESSIONS = 100_000
 
 
-class _BackendMirror:
+class _RankMirror:
     __slots__ = ("bit", "capacity", "evicted", "lru")
 
     def __init__(self, bit: int, capacity: int | None) -> None:
@@ -44,39 +45,38 @@ class MemoryPrefixIndex:
 
     def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         self._lock = threading.Lock()
-        self._mirrors: dict[str, _BackendMirror] = {}
+        self._mirrors: dict[str, _RankMirror] = {}
         self._names: dict[int, str] = {}
         self._holders: dict[bytes, int] = {}
-        self._sessions: OrderedDict[str, str] = OrderedDict()
-        self._max_sessions = max_sessions
+        self._sessions: LRU[str, str] = LRU(max_sessions)
 
     # -- configuration ---------------------------------------------------------------------------
 
-    def _mirror(self, backend: str) -> _BackendMirror:
-        mirror = self._mirrors.get(backend)
+    def _mirror(self, rank: str) -> _RankMirror:
+        mirror = self._mirrors.get(rank)
         if mirror is None:
             bit = 1 << len(self._mirrors)
-            mirror = self._mirrors[backend] = _BackendMirror(bit, None)
-            self._names[bit] = backend
+            mirror = self._mirrors[rank] = _RankMirror(bit, None)
+            self._names[bit] = rank
         return mirror
 
-    def set_capacity(self, backend: str, blocks: int | None) -> None:
+    def set_capacity(self, rank: str, blocks: int | None) -> None:
         with self._lock:
-            mirror = self._mirror(backend)
+            mirror = self._mirror(rank)
             mirror.capacity = blocks
             self._evict(mirror)
 
     @property
-    def backends(self) -> list[str]:
+    def ranks(self) -> list[str]:
         return list(self._mirrors)
 
     # -- lookups ---------------------------------------------------------------------------------
 
     def match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
-        """Leading blocks of ``block_hashes`` each backend holds (backends holding none left out).
+        """Leading blocks of ``block_hashes`` each rank holds (ranks holding none left out).
 
         Long prompts take the vectorized path: the holder masks of all blocks are gathered in one
-        C-level pass (``map(dict.get)`` into an ``array``), then each backend's first missing block
+        C-level pass (``map(dict.get)`` into an ``array``), then each rank's first missing block
         is found with ``bytes.translate`` + ``find`` over its bit column. Same result as walking
         the blocks one by one (the short path), at a fraction of the cost for ~6,000 blocks.
         """
@@ -107,8 +107,17 @@ class MemoryPrefixIndex:
             held[names[low]] = n if first_miss < 0 else first_miss
         return held
 
+    def walk_match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
+        """``match`` walking the blocks one by one whatever the prompt's length: the reference the
+        vectorized path must agree with."""
+        if not block_hashes:
+            return {}
+        with self._lock:
+            mask = self._holders.get(block_hashes[0], 0)
+            return self._walk(block_hashes, mask) if mask else {}
+
     def _walk(self, block_hashes: Sequence[bytes], mask: int) -> dict[str, int]:
-        """``match`` one block at a time (short prompts, or more than 64 backends). Holds the lock."""
+        """``match`` one block at a time (short prompts, or more than 64 ranks). Holds the lock."""
         held: dict[str, int] = {}
         get = self._holders.get
         i = 1
@@ -131,31 +140,26 @@ class MemoryPrefixIndex:
 
     def lookup(self, block_hashes: Sequence[bytes], session_key: str | None) -> Lookup:
         matches = self.match(block_hashes)
-        return Lookup(matches, self.session_backend(session_key) if session_key else None)
+        return Lookup(matches, self.session_rank(session_key) if session_key else None)
 
-    def session_backend(self, session_key: str) -> str | None:
-        with self._lock:
-            backend = self._sessions.get(session_key)
-            if backend is not None:
-                self._sessions.move_to_end(session_key)
-            return backend
+    def session_rank(self, session_key: str) -> str | None:
+        return self._sessions.get(session_key)
 
-    def set_session_backend(self, session_key: str, backend: str) -> None:
-        with self._lock:
-            self._sessions[session_key] = backend
-            self._sessions.move_to_end(session_key)
-            if len(self._sessions) > self._max_sessions:
-                self._sessions.popitem(last=False)
+    def set_session_rank(self, session_key: str, rank: str) -> None:
+        self._sessions.put(session_key, rank)
+
+    def forget_session(self, session_key: str) -> None:
+        self._sessions.discard(session_key)
 
     def sessions(self) -> list[tuple[str, str]]:
-        """Every remembered (session, backend), least recently used first (for resynchronization)."""
-        with self._lock:
-            return list(self._sessions.items())
+        """Every remembered (session, rank), least recently used first (for resynchronization)."""
+        sessions = self._sessions
+        return [(key, rank) for key in sessions if (rank := sessions.peek(key)) is not None]
 
     # -- updates ---------------------------------------------------------------------------------
 
-    def record(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        """Touch ``block_hashes`` (one chain, distinct hashes) on ``backend``: tail first, so that the
+    def record(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        """Touch ``block_hashes`` (one chain, distinct hashes) on ``rank``: tail first, so that the
         head ends up the most recently used, then evict past capacity.
 
         Invariant: afterwards the chain's blocks are the most recent entries, in reverse chain order
@@ -163,7 +167,7 @@ class MemoryPrefixIndex:
         used first, takes a chain's tail before its head.
         """
         with self._lock:
-            mirror = self._mirror(backend)
+            mirror = self._mirror(rank)
             lru = mirror.lru
             holders = self._holders
             bit = mirror.bit
@@ -188,9 +192,9 @@ class MemoryPrefixIndex:
                         holders[h] = holders.get(h, 0) | bit
             self._evict(mirror)
 
-    def remove(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
         with self._lock:
-            mirror = self._mirrors.get(backend)
+            mirror = self._mirrors.get(rank)
             if mirror is None:
                 return
             lru = mirror.lru
@@ -204,27 +208,27 @@ class MemoryPrefixIndex:
                 del lru[h]
                 self._drop_holder(h, mirror.bit)
 
-    def clear(self, backend: str) -> None:
+    def clear(self, rank: str) -> None:
         with self._lock:
-            mirror = self._mirrors.get(backend)
+            mirror = self._mirrors.get(rank)
             if mirror is None:
                 return
             for h in mirror.lru:
                 self._drop_holder(h, mirror.bit)
             mirror.lru.clear()
-            for key in [k for k, b in self._sessions.items() if b == backend]:
-                del self._sessions[key]
+            for key in [k for k in self._sessions if self._sessions.peek(k) == rank]:
+                self._sessions.discard(key)
 
-    def blocks(self, backend: str) -> list[bytes]:
-        """``backend``'s mirrored hashes, least recently used first."""
+    def blocks(self, rank: str) -> list[bytes]:
+        """``rank``'s mirrored hashes, least recently used first."""
         with self._lock:
-            mirror = self._mirrors.get(backend)
+            mirror = self._mirrors.get(rank)
             return [] if mirror is None else list(mirror.lru)
 
-    def missing(self, backend: str, block_hashes: Sequence[bytes]) -> list[bytes]:
-        """Those of ``block_hashes`` that ``backend``'s mirror does not hold."""
+    def missing(self, rank: str, block_hashes: Sequence[bytes]) -> list[bytes]:
+        """Those of ``block_hashes`` that ``rank``'s mirror does not hold."""
         with self._lock:
-            mirror = self._mirrors.get(backend)
+            mirror = self._mirrors.get(rank)
             if mirror is None:
                 return list(block_hashes)
             lru = mirror.lru
@@ -237,7 +241,7 @@ class MemoryPrefixIndex:
         else:
             self._holders.pop(h, None)
 
-    def _evict(self, mirror: _BackendMirror) -> None:
+    def _evict(self, mirror: _RankMirror) -> None:
         if mirror.capacity is None:
             return
         lru = mirror.lru

@@ -2,15 +2,15 @@
 
 Layout, namespaced per model, block size and block hash algorithm
 (``{prefix}:{model}:{block_size}:{hash_algo}:``, so replicas hashing differently never share keys):
-- ``lru:{backend}``: a sorted set per backend; member = a block's 8-byte key (``_keys_blob``),
+- ``lru:{rank}``: a sorted set per rank; member = a block's 8-byte key (``_keys_blob``),
   score = its last use in microseconds (a shared monotonic tick, so a request's blocks get distinct
   scores, head highest: past capacity ``ZPOPMIN`` drops the tail of the least recent chain first,
   and entries older than the TTL are dropped and never matched);
 - ``tick``: that clock; ``sess:{key}``: a session's rank, with the same TTL.
 
-A lookup is ONE round trip: a Lua script finds, per backend, the longest held (and unexpired)
+A lookup is ONE round trip: a Lua script finds, per rank, the longest held (and unexpired)
 prefix by galloping then bisecting over block positions (about 2 log2(n) ``ZSCORE`` probes instead
-of n), and reads the session's rank. Bisection assumes each backend's blocks form prefixes, which
+of n), and reads the session's rank. Bisection assumes each rank's blocks form prefixes, which
 the mirror maintains: blocks are evicted tail first and corrections trim a chain's suffix; a hole
 in the middle of a chain (rare) can make the match overstate that chain.
 
@@ -159,7 +159,7 @@ class RedisPrefixIndex:
         self._record = self._client.register_script(_RECORD)
         self._remove = self._client.register_script(_REMOVE)
         self._capacity: dict[str, int | None] = {}
-        self._backends: list[str] = []
+        self._ranks: list[str] = []
         self._lru_keys: list[str] = []
         self._on_state = on_state
         self.up = True
@@ -175,9 +175,9 @@ class RedisPrefixIndex:
     # mirror is updated at once, and lookups merge it in, so this replica's own fresh records are
     # seen immediately; other replicas see them once written.
 
-    def _submit(self, write: Callable[[], None]) -> None:
+    def _submit(self, write: Callable[[], object]) -> None:
         if self._writer is None:
-            self._writes: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+            self._writes: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
             self._writer = threading.Thread(target=self._write_loop, name="redis-index-writer", daemon=True)
             self._writer.start()
         self._writes.put(write)
@@ -202,13 +202,13 @@ class RedisPrefixIndex:
         self._writes.put(done.set)
         done.wait(timeout)
 
-    def _lru_key(self, backend: str) -> str:
-        return f"{self.namespace}lru:{backend}"
+    def _lru_key(self, rank: str) -> str:
+        return f"{self.namespace}lru:{rank}"
 
-    def _record_call(self, backend: str, block_hashes: Sequence[bytes]) -> tuple[list[str], list[object]]:
-        """Keys and arguments of the record script: ``block_hashes`` (newest first) on ``backend``."""
-        cap = self._capacity.get(backend)
-        keys = [self._lru_key(backend), self.namespace + "tick"]
+    def _record_call(self, rank: str, block_hashes: Sequence[bytes]) -> tuple[list[str], list[bytes | int]]:
+        """Keys and arguments of the record script: ``block_hashes`` (newest first) on ``rank``."""
+        cap = self._capacity.get(rank)
+        keys = [self._lru_key(rank), self.namespace + "tick"]
         return keys, [_keys_blob(block_hashes), -1 if cap is None else cap, int(self.ttl_s * 1e6)]
 
     def _failed(self, exc: Exception) -> None:
@@ -249,89 +249,94 @@ class RedisPrefixIndex:
 
     def resync(self) -> None:
         """Push the local mirror (blocks in LRU order, sessions) to Redis. Raises on Redis errors."""
-        for backend in self._backends:
-            blocks = self.local.blocks(backend)  # least recent first: head of the list = newest
+        for rank in self._ranks:
+            blocks = self.local.blocks(rank)  # least recent first: head of the list = newest
             blocks.reverse()
-            keys, args = self._record_call(backend, blocks)
+            keys, args = self._record_call(rank, blocks)
             self._record(keys=keys, args=args)
         sessions = self.local.sessions()
         if sessions:
             pipe = self._client.pipeline(transaction=False)
-            for key, backend in sessions:
-                pipe.set(f"{self.namespace}sess:{key}", backend, ex=int(self.ttl_s))
+            for key, rank in sessions:
+                pipe.set(f"{self.namespace}sess:{key}", rank, ex=int(self.ttl_s))
             pipe.execute()
 
     # -- PrefixIndex -----------------------------------------------------------------------------
 
-    def set_capacity(self, backend: str, blocks: int | None) -> None:
-        if backend not in self._capacity:
-            self._backends.append(backend)
-            self._lru_keys.append(self._lru_key(backend))
-        self._capacity[backend] = blocks
-        self.local.set_capacity(backend, blocks)
+    def set_capacity(self, rank: str, blocks: int | None) -> None:
+        if rank not in self._capacity:
+            self._ranks.append(rank)
+            self._lru_keys.append(self._lru_key(rank))
+        self._capacity[rank] = blocks
+        self.local.set_capacity(rank, blocks)
 
     def match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
         return self.lookup(block_hashes, None).matches
 
     def lookup(self, block_hashes: Sequence[bytes], session_key: str | None) -> Lookup:
         local = self.local.lookup(block_hashes, session_key)
-        if not self._available() or not self._backends or (not block_hashes and not session_key):
+        if not self._available() or not self._ranks or (not block_hashes and not session_key):
             return local
         keys = list(self._lru_keys)
         if session_key:
             keys.append(f"{self.namespace}sess:{session_key}")
         try:
             out = self._match(
-                keys=keys, args=[_keys_blob(block_hashes), int(self.ttl_s * 1e6), len(self._backends)]
+                keys=keys, args=[_keys_blob(block_hashes), int(self.ttl_s * 1e6), len(self._ranks)]
             )
         except redis.RedisError as exc:
             self._failed(exc)
             return local
-        matches = {b: int(n) for b, n in zip(self._backends, out, strict=False) if n}
-        for backend, blocks in local.matches.items():  # this replica's writes not yet in Redis
-            if blocks > matches.get(backend, 0):
-                matches[backend] = blocks
+        matches = {b: int(n) for b, n in zip(self._ranks, out, strict=False) if n}
+        for rank, blocks in local.matches.items():  # this replica's writes not yet in Redis
+            if blocks > matches.get(rank, 0):
+                matches[rank] = blocks
         session = out[-1] if session_key and out[-1] else None
-        session_backend = session.decode() if isinstance(session, bytes) else session
-        return Lookup(matches, session_backend or local.session_backend)
+        session_rank = session.decode() if isinstance(session, bytes) else session
+        return Lookup(matches, session_rank or local.session_rank)
 
-    def record(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+    def record(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
         if counted:
             # Counts live locally; Redis only needs to learn hashes that were not held yet.
-            fresh = self.local.missing(backend, block_hashes)
-            self.local.record(backend, block_hashes, counted=True)
+            fresh = self.local.missing(rank, block_hashes)
+            self.local.record(rank, block_hashes, counted=True)
             block_hashes = fresh if len(fresh) != len(block_hashes) else block_hashes
         else:
-            self.local.record(backend, block_hashes)
+            self.local.record(rank, block_hashes)
         if not block_hashes:
             return
-        if backend not in self._capacity:
-            self.set_capacity(backend, None)
-        keys, args = self._record_call(backend, block_hashes)
+        if rank not in self._capacity:
+            self.set_capacity(rank, None)
+        keys, args = self._record_call(rank, block_hashes)
         self._submit(lambda: self._record(keys=keys, args=args))
 
-    def remove(self, backend: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        self.local.remove(backend, block_hashes, counted=counted)
+    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        self.local.remove(rank, block_hashes, counted=counted)
         if counted:
-            block_hashes = self.local.missing(backend, block_hashes)
+            block_hashes = self.local.missing(rank, block_hashes)
         if not block_hashes:
             return
-        keys, args = [self._lru_key(backend)], [_keys_blob(block_hashes)]
+        keys, args = [self._lru_key(rank)], [_keys_blob(block_hashes)]
         self._submit(lambda: self._remove(keys=keys, args=args))
 
-    def clear(self, backend: str) -> None:
-        self.local.clear(backend)
+    def clear(self, rank: str) -> None:
+        self.local.clear(rank)
         if not self._available():
             return
         try:
-            self._client.delete(self._lru_key(backend))
+            self._client.delete(self._lru_key(rank))
         except redis.RedisError as exc:
             self._failed(exc)
 
-    def set_session_backend(self, session_key: str, backend: str) -> None:
-        self.local.set_session_backend(session_key, backend)
+    def set_session_rank(self, session_key: str, rank: str) -> None:
+        self.local.set_session_rank(session_key, rank)
         key, ttl = f"{self.namespace}sess:{session_key}", max(1, int(self.ttl_s))
-        self._submit(lambda: self._client.set(key, backend, ex=ttl))
+        self._submit(lambda: self._client.set(key, rank, ex=ttl))
+
+    def forget_session(self, session_key: str) -> None:
+        self.local.forget_session(session_key)
+        key = f"{self.namespace}sess:{session_key}"
+        self._submit(lambda: self._client.delete(key))
 
     def stats(self) -> dict[str, object]:
         local = self.local.stats()

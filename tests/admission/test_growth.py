@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from proxy.errors import ProxyError
 from proxy.admission.growth import PeakEstimator
+from proxy.errors import ProxyError
 from tests.admission.test_release import TTL, ctx_for, make, turn
 
 
@@ -97,7 +97,7 @@ async def test_the_smallest_session_covering_the_excess_moves_off_an_outgrown_ra
 ) -> None:
     adm, _ = make(ranks=2)
     await turn(adm, "a", 300)
-    assert (await turn(adm, "b", 300)).session.rank == "r0"  # both admitted on r0 while small
+    assert (await turn(adm, "b", 300)).admitted.session.rank == "r0"  # type: ignore[union-attr]  # both admitted on r0 while small
     grown = await turn(adm, "a", 1200)
     assert grown.admitted.allowed is None and grown.admitted.home == "r0"  # 1,216 + 316: within the pool
     with caplog.at_level(logging.INFO, logger="prefixgate.admission"):

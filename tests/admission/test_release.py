@@ -15,7 +15,8 @@ from proxy.apis import CHAT
 from proxy.context import Outcome, RequestContext
 from proxy.errors import ProxyError
 from proxy.stages.usage import Usage
-from proxy.state.sessions import MemorySessionStore, Session, SessionTable
+from proxy.state.memory import MemorySessionStore
+from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet, Rank
 from tests.admission.conftest import KV_TOKENS, chat, prompt_of
 from tokenization.prompt import PromptBlocks

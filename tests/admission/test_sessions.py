@@ -6,15 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.state.sessions import (
-    MAX_BREAKS,
-    HitRateWindow,
-    MemorySessionStore,
-    RedisSessionStore,
-    Session,
-    SessionStore,
-    SessionTable,
-)
+from proxy.ops.dashboard import HitRateWindow
+from proxy.state.memory import MemorySessionStore
+from proxy.state.redis import RedisSessionStore
+from proxy.state.sessions import MAX_BREAKS, Session, SessionStore, SessionTable
 from tests.routing.conftest import RedisServer
 
 

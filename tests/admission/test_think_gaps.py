@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.admission import AdmissionConfig
-from proxy.state.sessions import Session
 from proxy.admission.think_gaps import MIN_SAMPLES, OWN_EVIDENCE, ThinkGaps
+from proxy.state.sessions import Session
 from tests.admission.test_release import TTL, make, turn
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from proxy.apis.messages import MessagesApi
-from proxy.canonical import CanonicalConfig, Canonicalizer
 from proxy.apis.responses import ResponsesApi
+from proxy.canonical import CanonicalConfig, Canonicalizer
 from proxy.state.responses import MemoryResponseRanks, RedisResponseRanks
 from tokenization.agent_apis import ConversionError, anthropic_to_chat, responses_to_chat
 

@@ -6,8 +6,8 @@ import argparse
 
 from rich.console import Console
 
-from proxy.cli import top as top_cmd
 from proxy.cli import build_parser
+from proxy.cli import top as top_cmd
 from tests.dashboard.conftest import SYSTEM, converse
 
 

@@ -24,7 +24,11 @@ from tests.helpers.gateway import start_gateway
 
 
 def _chat(body: dict[str, Any]) -> dict[str, Any]:
-    return {"model": body.get("model"), "messages": [{"role": "user", "content": body["text"]}], "max_tokens": 8}
+    return {
+        "model": body.get("model"),
+        "messages": [{"role": "user", "content": body["text"]}],
+        "max_tokens": 8,
+    }
 
 
 class EchoTranslation:
@@ -58,7 +62,9 @@ class EchoApi:
     def canon_view(self, body: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
-    def from_canon_view(self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    def from_canon_view(
+        self, body: dict[str, Any], before: dict[str, Any], after: dict[str, Any]
+    ) -> dict[str, Any]:
         return body
 
     def prompt_view(self, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -95,11 +101,15 @@ def test_a_registered_api_runs_through_every_stage(echo_api: None) -> None:
     proxy = start_gateway(ranks, health_interval=0.5)
     try:
         text = "Summarize this repository's layout for a new contributor. " * 40
-        first = httpx.post(proxy.url + "/v1/echo", json={"model": "sim", "text": text}, headers={"x-session-id": "e1"})
+        first = httpx.post(
+            proxy.url + "/v1/echo", json={"model": "sim", "text": text}, headers={"x-session-id": "e1"}
+        )
         assert first.status_code == 200, first.text
         assert isinstance(first.json()["echo"], str) and first.json()["usage"]["prompt_tokens"] > 0
         assert first.headers["x-prefixgate-session"] == "e1"
-        again = httpx.post(proxy.url + "/v1/echo", json={"model": "sim", "text": text}, headers={"x-session-id": "e1"})
+        again = httpx.post(
+            proxy.url + "/v1/echo", json={"model": "sim", "text": text}, headers={"x-session-id": "e1"}
+        )
         assert again.headers["x-prefixgate-backend"] == first.headers["x-prefixgate-backend"]
         # the prompt view was tokenized and hashed: the second turn expects the first one's blocks
         assert int(again.headers["x-prefixgate-estimated-cached-tokens"]) > 0

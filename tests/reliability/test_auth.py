@@ -8,8 +8,8 @@ import logging
 import httpx
 import pytest
 
-from proxy.ops.auth import KeyRing, bearer_token, read_keys_file
 from proxy.config import ConfigError
+from proxy.ops.auth import KeyRing, bearer_token, read_keys_file
 from tests.reliability.conftest import assert_openai_error, chat
 
 KEYS_YAML = """\
@@ -97,7 +97,7 @@ def test_label_and_session_cap_reach_the_request_state(keys_file):
         "headers": [(b"authorization", b"Bearer sk-alice-0123456789"), (b"x-other", b"1")],
     }
     asyncio.run(middleware(scope, None, None))
-    assert seen["client_label"] == "alice" and seen["client_max_sessions"] == 4
+    assert seen["client_label"] == "alice" and seen["client"].max_sessions == 4
     assert seen["is_admin"] is False
     assert seen["headers"] == {b"x-other": b"1"}  # the client's key is gone before the pipeline
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from starlette.datastructures import Headers
 
-from proxy.context import ApiKind, RequestContext
+from proxy.apis import CHAT
+from proxy.context import Outcome, RequestContext
+from proxy.stages.route import Router
+from proxy.stages.usage import Usage
 from routing.ranks import Fleet, Rank
 from tests.helpers.redis_server import RedisServer  # noqa: F401  (imported from here by the tests)
 
@@ -14,7 +19,7 @@ def make_ctx(
 ) -> RequestContext:
     hashes = hashes or []
     return RequestContext(
-        api=ApiKind.CHAT,
+        api=CHAT,
         headers=Headers({}),
         raw_body=b"{}",
         body={},
@@ -44,3 +49,20 @@ def chain(tag: str, n: int, parent: bytes = b"") -> list[bytes]:
         prev = hashlib.sha256(prev + f"{tag}:{i}".encode()).digest()
         out.append(prev)
     return out
+
+
+def pick(router: Router, ctx: RequestContext, tried: Collection[str] = ()) -> Rank:
+    """What the pipeline and forwarding do: route ``ctx`` (its plan's first rank); with ``tried``,
+    the retry: the plan's next rank not tried yet, the request placed there."""
+    if ctx.plan is None or not tried:
+        ctx.plan = router.plan(ctx)
+        return ctx.plan.ranks[0]
+    rank = next(r for r in ctx.plan.ranks if r.name not in tried)
+    router.placed(ctx, rank)
+    return rank
+
+
+def observe(router: Router, ctx: RequestContext, rank: Rank, cached_tokens: int | None) -> None:
+    """The rank answered, reporting ``cached_tokens`` (None: it did not say)."""
+    usage = Usage(ctx.prompt_tokens or 0, 0, cached_tokens) if cached_tokens is not None else None
+    router.finished(Outcome(ctx, rank.name, 200, usage))

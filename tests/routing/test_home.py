@@ -6,9 +6,10 @@ import logging
 
 import pytest
 
+from proxy.admission import Admitted
 from proxy.stages.route import Router
-from routing.policy import make_policy
-from tests.routing.conftest import chain, make_ctx, make_pool
+from routing.policies import make_policy
+from tests.routing.conftest import chain, make_ctx, make_pool, observe, pick
 
 POOL = 100_000
 
@@ -16,16 +17,16 @@ POOL = 100_000
 def homed_turn(router: Router, session: str, hashes: list[bytes], home: str | None) -> str:
     """Route one turn of an admitted session (``home``) and hold it in flight; the chosen rank."""
     ctx = make_ctx(session, hashes)
-    ctx.home_backend = home
-    backend = router.pick(ctx)
+    ctx.admitted = Admitted(home=home)
+    backend = pick(router, ctx)
     backend.in_flight += 1
     return backend.name
 
 
 def first_turn(router: Router, session: str, hashes: list[bytes]) -> str:
     ctx = make_ctx(session, hashes)
-    backend = router.pick(ctx)
-    router.observe(ctx, backend, 0)
+    backend = pick(router, ctx)
+    observe(router, ctx, backend, 0)
     return backend.name
 
 
@@ -72,9 +73,9 @@ def test_a_down_home_rank_sends_the_session_elsewhere_and_the_move_is_logged(
     home = first_turn(router, "s", history)
     pool.get(home).mark_down("test")  # type: ignore[union-attr]
     ctx = make_ctx("s", history + chain("t2", 2, history[-1]))
-    ctx.home_backend = home
+    ctx.admitted = Admitted(home=home)
     with caplog.at_level(logging.INFO, logger="prefixgate.route"):
-        moved = router.pick(ctx)
+        moved = pick(router, ctx)
     assert moved.name != home
     assert f"session s turn -1 moved {home} -> {moved.name}: its rank is down" in caplog.text
 
@@ -83,9 +84,9 @@ def test_prompt_tokens_in_flight_are_counted_until_the_answer() -> None:
     pool = make_pool(2, pool_tokens=POOL)
     router = Router(pool, make_policy("least_loaded"))
     ctx = make_ctx("s", chain("q", 10), prompt_tokens=170)
-    first = router.pick(ctx)
+    first = pick(router, ctx)
     assert router.inflight_tokens[first.name] == 170
-    second = router.pick(ctx, tried=[first.name])  # a retry elsewhere releases the first attempt
+    second = pick(router, ctx, tried=[first.name])  # a retry elsewhere releases the first attempt
     assert router.inflight_tokens == {first.name: 0, second.name: 170}
-    router.observe(ctx, second, None)
+    observe(router, ctx, second, None)
     assert router.inflight_tokens == {"r0": 0, "r1": 0}

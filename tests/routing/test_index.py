@@ -76,12 +76,12 @@ def test_clear_and_sessions(index: PrefixIndex) -> None:
     blocks = chain("y", 3)
     index.record("a", blocks)
     index.record("b", blocks)
-    index.set_session_backend("s1", "b")
+    index.set_session_rank("s1", "b")
     found = index.lookup(blocks, "s1")
-    assert found.matches == {"a": 3, "b": 3} and found.session_backend == "b"
+    assert found.matches == {"a": 3, "b": 3} and found.session_rank == "b"
     index.clear("a")
     assert index.match(blocks) == {"b": 3}
-    assert index.lookup([], "unknown").session_backend is None
+    assert index.lookup([], "unknown").session_rank is None
 
 
 def test_redis_entries_expire(redis_server: RedisServer) -> None:

@@ -15,9 +15,9 @@ from bench.sim.prompts import PromptProcessor
 from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
-from routing.policy import make_policy
+from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
-from tests.routing.conftest import make_ctx
+from tests.routing.conftest import make_ctx, observe, pick
 from tokenization.block_hash import BlockHasher, kv_event_hash
 
 
@@ -115,13 +115,13 @@ def test_sim_events_make_predictions_exact(sim_rank: SimRankServer) -> None:
                 wait_applied(sub, sim_rank)
                 prompt = prompts.chat(messages)
                 ctx = make_ctx(s, list(prompt.block_hashes), len(prompt.token_ids))
-                router.pick(ctx)
+                pick(router, ctx)
                 body = {"model": "prefixgate-sim", "messages": messages, "max_tokens": 4}
                 answer = client.post("/v1/chat/completions", json=body).json()
                 reported = answer["usage"]["prompt_tokens_details"]["cached_tokens"]
                 assert answer["usage"]["prompt_tokens"] == len(prompt.token_ids)
                 assert ctx.estimated_cached_tokens == reported, f"turn {turn} session {s}"
-                router.observe(ctx, backend, reported)
+                observe(router, ctx, backend, reported)
                 messages.append(answer["choices"][0]["message"])
                 compared += 1
         assert sub.replayed >= 1, "the late start was recovered by replay"

@@ -10,13 +10,13 @@ from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.index.redis_store import RedisPrefixIndex
-from routing.policy import make_policy
-from tests.routing.conftest import RedisServer, chain, make_ctx, make_pool
+from routing.policies import make_policy
+from tests.routing.conftest import RedisServer, chain, make_ctx, make_pool, observe, pick
 
 
 def route(router: Router, session: str | None, hashes: list[bytes]) -> str:
     """Pick a rank and hold the request in flight (as the forwarder does); return the rank's name."""
-    backend = router.pick(make_ctx(session, hashes))
+    backend = pick(router, make_ctx(session, hashes))
     backend.in_flight += 1
     return backend.name
 
@@ -29,7 +29,7 @@ def route_one(router: Router, session: str | None, hashes: list[bytes]) -> str:
 
 
 def finish_all(router: Router) -> None:
-    for b in router.pool:
+    for b in router.fleet:
         b.in_flight = 0
 
 
@@ -41,12 +41,12 @@ def test_session_sticks_to_its_rank_across_turns() -> None:
     for turn in range(6):
         history += chain(f"turn{turn}", 7, history[-1])
         ctx = make_ctx("sess-1", history)
-        backend = router.pick(ctx)
+        backend = pick(router, ctx)
         first = first or backend.name
         assert backend.name == first
         if turn:  # everything but the new turn's blocks was recorded by earlier turns
             assert ctx.estimated_cached_tokens == (len(history) - 7) * 16
-        router.observe(ctx, backend, ctx.estimated_cached_tokens)
+        observe(router, ctx, backend, ctx.estimated_cached_tokens)
 
 
 def test_new_sessions_with_shared_prefix_spread_within_the_load_bound() -> None:
@@ -116,12 +116,12 @@ def test_observe_trims_the_mirror_when_the_rank_hit_less_and_counts_both() -> No
     router = Router(pool, make_policy("prefix_affinity"), index, metrics=metrics)
     hashes = chain("p", 10)
     ctx = make_ctx("s", hashes)
-    backend = router.pick(ctx)
-    router.observe(ctx, backend, 0)
+    backend = pick(router, ctx)
+    observe(router, ctx, backend, 0)
     ctx = make_ctx("s", hashes)
-    backend = router.pick(ctx)
+    backend = pick(router, ctx)
     assert ctx.estimated_cached_tokens == 10 * 16
-    router.observe(ctx, backend, 4 * 16)  # the rank had lost blocks 4..9
+    observe(router, ctx, backend, 4 * 16)  # the rank had lost blocks 4..9
     assert index.match(hashes) == {backend.name: 4}
     page = metrics.render().decode()
     assert f'prefixgate_predicted_cached_tokens_total{{backend="{backend.name}"}} 160.0' in page
@@ -132,9 +132,9 @@ def test_observe_trims_the_mirror_when_the_rank_hit_less_and_counts_both() -> No
 def test_estimate_never_counts_the_last_prompt_token() -> None:
     router = Router(make_pool(1), make_policy("prefix_affinity"))
     hashes = chain("x", 4)
-    router.pick(make_ctx("s", hashes, prompt_tokens=64))
+    pick(router, make_ctx("s", hashes, prompt_tokens=64))
     ctx = make_ctx("s", hashes, prompt_tokens=64)  # fully cached 64-token prompt: 48 tokens can hit
-    router.pick(ctx)
+    pick(router, ctx)
     assert ctx.estimated_cached_tokens == 48
 
 
@@ -142,11 +142,11 @@ def test_queued_prefill_released_on_observe_and_on_retry() -> None:
     pool = make_pool(2)
     router = Router(pool, make_policy("least_loaded"))
     ctx = make_ctx("s", chain("q", 10), prompt_tokens=170)
-    first = router.pick(ctx)
+    first = pick(router, ctx)
     assert router.queued_prefill[first.name] == 170
-    second = router.pick(ctx, tried=[first.name])  # a retry elsewhere
+    second = pick(router, ctx, tried=[first.name])  # a retry elsewhere
     assert router.queued_prefill[first.name] == 0 and router.queued_prefill[second.name] == 170
-    router.observe(ctx, second, None)
+    observe(router, ctx, second, None)
     assert router.queued_prefill == {"r0": 0, "r1": 0}
 
 
@@ -192,9 +192,9 @@ def test_two_replicas_sharing_redis_route_a_session_alike(redis_server: RedisSer
         history = history + chain(f"t{turn}", 4, history[-1])
         replica = replicas[turn % 2]
         ctx = make_ctx("shared-session", history)
-        backend = replica.pick(ctx)
+        backend = pick(replica, ctx)
         chosen.append(backend.name)
-        replica.observe(ctx, backend, ctx.estimated_cached_tokens)
+        observe(replica, ctx, backend, ctx.estimated_cached_tokens)
         # Redis writes are asynchronous (milliseconds); a session's next turn comes seconds later.
         replica.index.flush()  # type: ignore[attr-defined]
         if turn:
@@ -229,12 +229,12 @@ def test_redis_killed_mid_run_routing_continues(redis_server: RedisServer) -> No
         for key in histories:
             histories[key] = histories[key] + chain(f"{key}-{step}", 2, histories[key][-1])
             ctx = make_ctx(key, histories[key])
-            backend = router.pick(ctx)
+            backend = pick(router, ctx)
             homes.setdefault(key, backend.name)
             assert backend.name == homes[key], "stickiness survives Redis going away and coming back"
             if step:
                 assert ctx.estimated_cached_tokens == (len(histories[key]) - 2) * 16
-            router.observe(ctx, backend, ctx.estimated_cached_tokens)
+            observe(router, ctx, backend, ctx.estimated_cached_tokens)
         if 4 <= step < 8:
             assert index.up is False and "prefixgate_index_redis_up 0.0" in metrics.render().decode()
     assert index.up is True and index.resyncs == 1

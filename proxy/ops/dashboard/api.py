@@ -20,10 +20,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.errors import ProxyError, error_response
 from proxy.ops.admin import session_not_found, viewer_of, visible_session
 from proxy.ops.dashboard import views
 from proxy.ops.dashboard.stats import Recorder
-from proxy.errors import ProxyError, error_response
 from proxy.state.sessions import SORT_FIELDS
 
 if TYPE_CHECKING:

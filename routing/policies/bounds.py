@@ -1,0 +1,63 @@
+"""The math the policies share: CHWBL's load bound, saturation, prompt sizes, the rendezvous tie-break.
+
+Pure functions of numbers and ``Rank``s: no policy, no request, no registry, so every policy module
+(and the router) can import them without pulling anything else in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import xxhash
+
+from routing.ranks import Rank
+
+#: CHWBL's load bound: a rank takes a request only while its load stays within this factor of the mean.
+DEFAULT_BALANCE_FACTOR = 1.25
+
+#: A rank with fewer requests in flight than this is never over the bound: at low load CHWBL's bound
+#: (ceil(1.25 x 1/4) = 1 with one request in a 4-rank fleet) would forbid a session's second
+#: concurrent request (a sub-agent, a retry) from joining its cache.
+MIN_BOUND = 2
+
+
+def load_bound(candidates: Sequence[Rank], factor: float) -> int:
+    """CHWBL's bound: the most requests in flight a rank may have and still take one more."""
+    total = sum(r.in_flight for r in candidates)
+    return max(MIN_BOUND, math.ceil(factor * (total + 1) / len(candidates)))
+
+
+def within_bound(rank: Rank, bound: int) -> bool:
+    return rank.in_flight + 1 <= bound
+
+
+def prompt_size(prompt_tokens: int | None, full_blocks: int, block_size: int) -> int:
+    """The prompt's tokens; without a count (no blocks stage), those of its ``full_blocks``."""
+    return prompt_tokens if prompt_tokens is not None else full_blocks * block_size
+
+
+def max_hit_blocks(prompt_tokens: int | None, full_blocks: int, block_size: int) -> int:
+    """vLLM recomputes the prompt's last token, so at most ``(N - 1) // block_size`` blocks can hit."""
+    if prompt_tokens is None:
+        return full_blocks
+    return min(full_blocks, max(prompt_tokens - 1, 0) // block_size)
+
+
+def saturated(home: Rank, bound: int, prompt: int, inflight_tokens: int) -> bool:
+    """Whether an admitted session's ``home`` rank is truly saturated: the ``inflight_tokens`` of the
+    requests in flight there and this ``prompt`` need more KV than its pool, so it would queue this
+    request (or preempt) whatever it has cached. With an unknown pool: over the CHWBL ``bound``.
+
+    A rank that merely has more requests in flight than the others batches them; moving a session
+    off it recomputes the session's whole context elsewhere, crowds the other rank's pool behind
+    admission's back and leaves a dead copy behind.
+    """
+    if not home.pool_tokens:
+        return not within_bound(home, bound)
+    return inflight_tokens + prompt > home.pool_tokens
+
+
+def rendezvous_order(key: str, rank: Rank) -> int:
+    """A per-(key, rank) weight every replica computes alike: ties break the same way everywhere."""
+    return xxhash.xxh3_64_intdigest(f"{key}\x00{rank.name}".encode())

@@ -1,0 +1,108 @@
+"""Prefix affinity (the default): the rank that already holds the most of the prompt, load-bounded.
+
+Per candidate rank ``r``, with ``hit_r`` the tokens of the prompt's leading blocks the index says
+``r`` holds and ``P`` the prompt's tokens::
+
+    score_r = hit_r - (P - hit_r) - queued_prefill_r
+
+i.e. expected hit tokens minus the load it would cost: the prefill this request would need there
+plus the prefill already queued there. A rank is eligible only while its in-flight requests stay
+within ``balance_factor`` x the fleet mean (CHWBL), checked per candidate; there is no fleet-wide
+"imbalanced, stop being sticky" switch.
+
+- A session admission has accounted on a rank (``home_rank``: admitted and active) stays there
+  unless the rank is down, or truly saturated (``bounds.saturated``: its requests in flight fill
+  its pool) and another rank scores better (below) even though the session must recompute its
+  context there. Admission already keeps each rank's sessions within its pool; moving one for
+  load would recompute its whole context and crowd the other rank's pool. The load bound does not
+  apply to it.
+- Any other known session stays on its rank while that rank is eligible.
+- Otherwise (new session, or its rank is over the bound or gone) the best-scoring eligible rank
+  wins: a new session whose system prompt and tools are already held somewhere goes there.
+- Ties (e.g. no blocks known yet) go to the rank with fewer requests in flight, then to the
+  session's rendezvous-hash favourite, so every replica breaks them the same way.
+
+The order after the first (where a retry goes) follows the same logic: the best-scoring eligible
+ranks, then those over the bound, each by score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from routing.policies.bounds import (
+    DEFAULT_BALANCE_FACTOR,
+    load_bound,
+    max_hit_blocks,
+    prompt_size,
+    rendezvous_order,
+    saturated,
+    within_bound,
+)
+from routing.policies.protocol import Needs, PolicyOptions, RouteRequest
+from routing.ranks import Rank
+
+
+class PrefixAffinity:
+    name: ClassVar[str] = "prefix_affinity"
+    needs: ClassVar[Needs] = Needs(blocks=True, prefix_index=True)
+
+    def __init__(self, balance_factor: float = DEFAULT_BALANCE_FACTOR) -> None:
+        if balance_factor < 1.0:
+            raise ValueError("balance_factor must be >= 1")
+        self.balance_factor = balance_factor
+
+    @classmethod
+    def from_options(cls, options: PolicyOptions) -> PrefixAffinity:
+        return cls(balance_factor=options.balance_factor)
+
+    def order(self, request: RouteRequest, candidates: Sequence[Rank]) -> list[Rank]:
+        bound = load_bound(candidates, self.balance_factor)
+        size = request.block_size
+        full = len(request.block_hashes)
+        prompt = prompt_size(request.prompt_tokens, full, size)
+        home = None
+        first = None
+        if request.home_rank is not None:
+            home = next((r for r in candidates if r.name == request.home_rank), None)
+            if home is not None and not saturated(
+                home, bound, prompt, request.inflight_tokens.get(home.name, 0)
+            ):
+                first = home
+        elif request.session_rank is not None:
+            first = next(
+                (r for r in candidates if r.name == request.session_rank and within_bound(r, bound)), None
+            )
+        cap = max_hit_blocks(request.prompt_tokens, full, size)
+        matched = request.matched_blocks
+        queued = request.queued_prefill
+        key = request.session_key or ""
+
+        def rank_key(r: Rank) -> tuple[int, int, int]:
+            hit = min(matched.get(r.name, 0), cap) * size
+            return (hit - (prompt - hit) - queued.get(r.name, 0), -r.in_flight, rendezvous_order(key, r))
+
+        scores = {r.name: rank_key(r) for r in candidates}
+
+        # Eligible: within the bound; when no rank is, every rank (the best of all wins).
+        any_within = any(within_bound(r, bound) for r in candidates)
+
+        def eligible(r: Rank) -> bool:
+            return not any_within or within_bound(r, bound)
+
+        # sorted() is stable: equal keys keep the candidates' order, so the first is what max() picks.
+        if first is None and home is not None:
+            # Saturated: leave only for a rank that scores better than home, where a token to
+            # recompute weighs twice a token queued (it is both prefill now and cache the session
+            # loses). Ineligible ranks other than home come last.
+            return sorted(
+                [home, *(r for r in candidates if r is not home)],
+                key=lambda r: (r is home or eligible(r), scores[r.name][0], r is home),
+                reverse=True,
+            )
+        ranked = sorted(candidates, key=lambda r: (eligible(r), scores[r.name]), reverse=True)
+        if first is not None:
+            ranked.remove(first)
+            ranked.insert(0, first)
+        return ranked
