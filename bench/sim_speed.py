@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from bench.sim import SimConfig, SimRankServer  # noqa: E402
 from bench.sim.scheduler import Engine  # noqa: E402
-from bench.sim.server import SimRank  # noqa: E402
+from bench.sim.rank import SimRank  # noqa: E402
 from tokenization.encoding import encode  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "sim_speed.json"

@@ -8,7 +8,8 @@ import pytest
 
 from bench.sim import SimConfig, SimRankServer
 from bench.sim.prompts import Prompt
-from bench.sim.scheduler import Engine, SimRequest
+from bench.sim.scheduler import Engine
+from bench.sim.sequences import SimRequest
 
 VECTOR_SEED = "0"  # the PYTHONHASHSEED of shared/specs/vllm_hash_vectors.json
 
