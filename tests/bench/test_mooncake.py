@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_cmd import MOONCAKE_CONVERSATIONS, PRESETS, load_sessions, resolve
+from bench.bench_presets import MOONCAKE_CONVERSATIONS, PRESETS, load_sessions, resolve
 from bench.replay import TraceReplayConfig, bound_hit_rate, infinite_cache_bound, replay_trace
 from bench.sim import SimConfig, SimRankServer
 from bench.traces import (
