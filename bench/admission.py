@@ -224,16 +224,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     off = rows[1]
     verdict = {}
-    for on in rows[2:]:
-        gap = (under["hit_rate"] - on["hit_rate"]) * 100
-        verdict[on["run"]] = {
+    for on_row in rows[2:]:
+        gap = (under["hit_rate"] - on_row["hit_rate"]) * 100
+        verdict[on_row["run"]] = {
             "hit_rate_gap_points": gap,
             "within_5_points": gap <= 5,
-            "more_completed_per_hour_than_off": on["completed_per_hour"] > off["completed_per_hour"],
+            "more_completed_per_hour_than_off": on_row["completed_per_hour"] > off["completed_per_hour"],
         }
         print(
-            f"{on['run']}: {gap:.1f} points below under capacity; "
-            f"completed/h {on['completed_per_hour']:.0f} vs off {off['completed_per_hour']:.0f}"
+            f"{on_row['run']}: {gap:.1f} points below under capacity; "
+            f"completed/h {on_row['completed_per_hour']:.0f} vs off {off['completed_per_hour']:.0f}"
         )
     path = write_json(
         "admission.json",

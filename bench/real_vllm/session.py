@@ -177,7 +177,7 @@ class KVTap:
         self._thread.join(5.0)
 
     def _run(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.SUB)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(self.endpoint)
