@@ -84,13 +84,15 @@ def stub_rank_process(port: int | None = None, chunks: int = 3) -> tuple[Subproc
 
 
 def proxy_process(
-    backends: Sequence[str], port: int | None = None, extra: Sequence[str] = ()
+    rank_specs: Sequence[str], port: int | None = None, extra: Sequence[str] = ()
 ) -> tuple[Subprocess, str]:
+    """``prefixgate serve`` in its own process in front of ``rank_specs`` (``--backend`` values:
+    ``NAME=URL`` or ``URL``), plus ``extra`` flags; returns it (not started) and its URL."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--log-level", "warning"]
-    for backend in backends:
-        args += ["--backend", backend]
+    for spec in rank_specs:
+        args += ["--backend", spec]
     args += list(extra)
     return Subprocess(args, url + "/health"), url
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,10 +67,7 @@ def summarize(
             "working_set_peak_x_pools": max(result.working_set, default=0) / pool,
             "run_s": run_s,
             "first_errors": result.errors[:3],
-            "turns": [
-                {k: v for k, v in asdict(t).items() if k not in ("session",)} | {"session": t.session}
-                for t in result.turns
-            ],
+            "turns": [turn.as_json() for turn in result.turns],
         }
     )
     return summary

@@ -188,12 +188,12 @@ class RunningSystem:
 @contextmanager
 def system_under_test(
     spec: SystemSpec,
-    workers: Sequence[str],
+    rank_urls: Sequence[str],
     log_dir: Path,
     prefixgate_args: Sequence[str] = (),
     prefixgate_root: Path | None = None,
 ) -> Iterator[RunningSystem]:
-    """Start ``spec`` in front of ``workers``; yields its URL and PID; stops it on exit.
+    """Start ``spec`` in front of ``rank_urls``; yields its URL and PID; stops it on exit.
 
     Output goes to a log file per system under ``log_dir`` (a pipe nobody reads could fill up and
     stall the process under test). ``prefixgate_root``: run prefixgate from that source tree (a
@@ -203,22 +203,22 @@ def system_under_test(
     log = log_dir / f"{spec.name.replace(' ', '_')}.log"
     if spec.kind == "prefixgate":
         args = [*prefixgate_args, *spec.args]
-        with _prefixgate(spec.policy, workers, log, args, prefixgate_root) as running:
+        with _prefixgate(spec.policy, rank_urls, log, args, prefixgate_root) as running:
             yield running
         return
     assert spec.peer is not None
-    with PeerRouter(spec.peer, workers, log=log) as router:
+    with PeerRouter(spec.peer, rank_urls, log=log) as router:
         yield RunningSystem(router.url, router.pid)
 
 
 @contextmanager
 def _prefixgate(
-    policy: str, workers: Sequence[str], log: Path, extra: Sequence[str], root: Path | None
+    policy: str, rank_urls: Sequence[str], log: Path, extra: Sequence[str], root: Path | None
 ) -> Iterator[RunningSystem]:
     port = free_port()
     args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     args += ["--policy", policy, "--log-level", "warning"]
-    for i, url in enumerate(workers):
+    for i, url in enumerate(rank_urls):
         args += ["--backend", f"sim-{i}={url}"]
     args += list(extra)
     url = f"http://127.0.0.1:{port}"

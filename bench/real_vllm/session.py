@@ -82,7 +82,8 @@ def agent_turns(nonce: str, turns: int, *, date_drift: bool = False) -> Iterator
 class TurnResult:
     """One chat request's answer: who served it, what the rank reported, what prefixgate estimated."""
 
-    backend: str | None
+    #: The rank that answered (``x-prefixgate-backend``; None without prefixgate in front).
+    rank: str | None
     prompt_tokens: int
     cached_tokens: int
     estimated: int | None
