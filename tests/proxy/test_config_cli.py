@@ -90,8 +90,8 @@ def test_serve_without_backends_exits_with_a_clear_message():
     assert "no backends configured" in result.stderr
 
 
-def test_serve_command_proxies_to_a_rank(stub_ranks, tmp_path):
-    (rank,) = stub_ranks(1)
+def test_serve_command_proxies_to_a_rank(rank_servers, tmp_path):
+    (rank,) = rank_servers.stub(1)
     port = free_port()
     config = write(tmp_path, f"backends: [{{name: only, url: '{rank.url}'}}]\nport: {port}\n")
     proc = subprocess.Popen(

@@ -29,8 +29,8 @@ def redis_up(url: str) -> str:
     return next(line for line in metrics.splitlines() if line.startswith("prefixgate_index_redis_up"))
 
 
-def test_redis_killed_and_restarted_during_traffic(sims, gateway, redis_server):
-    ranks = sims(2)
+def test_redis_killed_and_restarted_during_traffic(rank_servers, gateway, redis_server):
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, policy="prefix_affinity", redis_url=redis_server.url)
     before = converse(proxy.url, "s-a", 3)
     redis_server.kill()
@@ -46,8 +46,8 @@ def test_redis_killed_and_restarted_during_traffic(sims, gateway, redis_server):
     assert converse(proxy.url, "s-a", 2) == [before[0]] * 2
 
 
-def test_replica_restart_keeps_sessions_on_their_rank(sims, gateway, redis_server):
-    ranks = sims(2)
+def test_replica_restart_keeps_sessions_on_their_rank(rank_servers, gateway, redis_server):
+    ranks = rank_servers.sim(2)
     backends = [(r.name, r.url) for r in ranks]
     first = gateway(backends, policy="prefix_affinity", redis_url=redis_server.url)
     sessions = {f"s-{i}": converse(first.url, f"s-{i}", 2)[-1] for i in range(4)}

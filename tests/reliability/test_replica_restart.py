@@ -19,8 +19,8 @@ TURNS = 8
 RESTART_AFTER = 3  # turns every session has done before the restart
 
 
-def test_sessions_keep_their_rank_across_a_replica_restart_under_traffic(sims, gateway, redis_server):  # type: ignore[no-untyped-def]
-    ranks = sims(2)
+def test_sessions_keep_their_rank_across_a_replica_restart_under_traffic(rank_servers, gateway, redis_server):  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(2)
     backends = [(r.name, r.url) for r in ranks]
     # a loose load bound: this test is about the restart, not about spilling a busy rank's sessions
     options = {"policy": "prefix_affinity", "redis_url": redis_server.url, "balance_factor": 100.0}

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.sim import SimConfig, SimRankServer
+from bench.sim import SimRankServer
 from bench.sim.prompts import PromptProcessor
 from proxy.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
 from routing.policy import make_policy
 from routing.ranks import Fleet, Rank
+from tests.helpers.ranks import RankServers
 from tests.routing.conftest import make_ctx
 from tokenization.block_hash import BlockHasher, kv_event_hash
 
@@ -59,17 +59,11 @@ def test_rank_with_another_hash_seed_is_mapped_onto_our_chain(shared_dir: Path) 
 
 
 @pytest.fixture(params=["0.33", "0.11"])
-def sim_rank(request: pytest.FixtureRequest) -> Iterator[SimRankServer]:
-    cfg = SimConfig(
-        name="sim-0",
-        kv_tokens=64 * 16,
-        time_scale=0,
-        kv_events=True,
-        kv_events_version=request.param,
-        hash_seed="0",
+def sim_rank(request: pytest.FixtureRequest, rank_servers: RankServers) -> SimRankServer:
+    (rank,) = rank_servers.sim(  # named sim-0
+        1, kv_tokens=64 * 16, kv_events=True, kv_events_version=request.param, hash_seed="0"
     )
-    with SimRankServer(cfg) as rank:
-        yield rank
+    return rank
 
 
 def wait_applied(sub: KVEventSubscriber, rank: SimRankServer, deadline_s: float = 5.0) -> None:

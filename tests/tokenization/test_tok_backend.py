@@ -13,6 +13,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
+from tests.helpers.ranks import RankServers
 from tokenization import chatml, encoding
 from tokenization.backend_info import block_size_of, fetch_cache_config, parse_cache_config_info
 from tokenization.backend_tokenizer import BackendTokenizeError, BackendTokenizer
@@ -142,23 +143,19 @@ async def test_block_size_from_cache_config_info(tokenize_server: tuple[str, lis
     assert block_size_of({"block_size": "x"}) is None
 
 
-async def test_against_the_simulated_rank() -> None:
-    runner = pytest.importorskip("bench.sim.runner", reason="bench/sim not available")
-    config = pytest.importorskip("bench.sim.config")
-    with runner.SimRankServer(config.SimConfig(hash_seed="0")) as rank:
-        async with httpx.AsyncClient() as client:
-            url = f"http://127.0.0.1:{rank.port}"
-            info = await fetch_cache_config(client, url)
-            cfg = TokenizerConfig(
-                kind="backend", hash_algo=info.get("prefix_caching_hash_algo", "sha256"), hash_seed="0"
-            )
-            remote = build_incremental(
-                cfg, block_size=block_size_of(info), client=client, base_url=url, model=rank.config.model
-            )
-            local = build_incremental(
-                cfg.model_copy(update={"kind": "tiktoken"}), block_size=block_size_of(info)
-            )
-            body = {"model": rank.config.model, "messages": MESSAGES, "tools": TOOLS}
-            got, want = await remote.blocks_for_chat(None, body), await local.blocks_for_chat(None, body)
-            assert list(got.tokens) == list(want.tokens)
-            assert list(got.block_hashes) == list(want.block_hashes) and got.num_blocks > 0
+async def test_against_the_simulated_rank(rank_servers: RankServers) -> None:
+    (rank,) = rank_servers.sim(1, hash_seed="0")
+    async with httpx.AsyncClient() as client:
+        url = f"http://127.0.0.1:{rank.port}"
+        info = await fetch_cache_config(client, url)
+        cfg = TokenizerConfig(
+            kind="backend", hash_algo=info.get("prefix_caching_hash_algo", "sha256"), hash_seed="0"
+        )
+        remote = build_incremental(
+            cfg, block_size=block_size_of(info), client=client, base_url=url, model=rank.config.model
+        )
+        local = build_incremental(cfg.model_copy(update={"kind": "tiktoken"}), block_size=block_size_of(info))
+        body = {"model": rank.config.model, "messages": MESSAGES, "tools": TOOLS}
+        got, want = await remote.blocks_for_chat(None, body), await local.blocks_for_chat(None, body)
+        assert list(got.tokens) == list(want.tokens)
+        assert list(got.block_hashes) == list(want.block_hashes) and got.num_blocks > 0
