@@ -36,16 +36,13 @@ def start_serve(rank_url: str, shutdown_timeout: float) -> tuple[subprocess.Pope
         stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
+
+    def healthy() -> bool:
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "prefixgate serve did not start"
-        time.sleep(0.1)
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+
+    wait_until(healthy, "prefixgate serve did not start", 20, 0.1, retry_on=(httpx.TransportError,))
+    return proc, url
 
 
 class StreamReader(threading.Thread):

@@ -17,6 +17,7 @@ from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
 from routing.policy import make_policy
 from routing.ranks import Fleet, Rank
 from tests.helpers.ranks import RankServers
+from tests.helpers.wait import wait_until
 from tests.routing.conftest import make_ctx
 from tokenization.block_hash import BlockHasher, kv_event_hash
 
@@ -68,13 +69,19 @@ def sim_rank(request: pytest.FixtureRequest, rank_servers: RankServers) -> SimRa
 
 def wait_applied(sub: KVEventSubscriber, rank: SimRankServer, deadline_s: float = 5.0) -> None:
     """Until the subscriber has applied every batch the rank published."""
-    end = time.monotonic() + deadline_s
-    while True:
+    published = -1
+
+    def applied() -> bool:
+        nonlocal published
         published = rank.call(lambda r: r.publisher._seq) - 1  # type: ignore[union-attr]
-        if sub.last_seq >= published:
-            return
-        assert time.monotonic() < end, f"subscriber stuck at {sub.last_seq}, rank at {published}"
-        time.sleep(0.005)
+        return sub.last_seq >= published
+
+    wait_until(
+        applied,
+        lambda: f"subscriber stuck at {sub.last_seq}, rank at {published}",
+        deadline_s,
+        interval=0.005,
+    )
 
 
 def test_sim_events_make_predictions_exact(sim_rank: SimRankServer) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from tests.helpers.ranks import RankServers
+from tests.helpers.wait import wait_until
 from tokenization import chatml, encoding
 from tokenization.backend_info import block_size_of, fetch_cache_config, parse_cache_config_info
 from tokenization.backend_tokenizer import BackendTokenizeError, BackendTokenizer
@@ -62,11 +62,14 @@ def tokenize_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     server = uvicorn.Server(uvicorn.Config(_app(seen), log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise TimeoutError("tokenize server did not start")
-        time.sleep(0.01)
+
+    def started() -> bool:
+        if server.started:
+            return True
+        assert thread.is_alive(), "tokenize server did not start"
+        return False
+
+    wait_until(started, "tokenize server did not start", timeout=10, interval=0.01)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}", seen
     finally:
