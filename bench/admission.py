@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
-from bench.common import Subprocess, free_port, machine, write_json  # noqa: E402
+from bench.common import Subprocess, free_port, free_port_run, machine, write_json  # noqa: E402
 from bench.replay import ReplayResult, TraceReplayConfig, TurnResult, replay_trace  # noqa: E402
 from bench.traces import TraceSession, load_claude_code  # noqa: E402
 
@@ -71,25 +71,6 @@ def _proxy(port: int, base_port: int, admission: bool, idle_ttl: float, wait: fl
     if not admission:
         args.append("--no-admission")
     return Subprocess(args, f"http://127.0.0.1:{port}/health")
-
-
-def _free_run_of_ports(n: int) -> int:
-    """A base port whose next ``n`` ports are free (the sim fleet listens on consecutive ports)."""
-    import socket
-
-    for _ in range(50):
-        base = free_port()
-        ok = True
-        for i in range(n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no run of free ports found")
 
 
 def _last_request(sessions: list[TraceSession]) -> dict[str, int]:
@@ -132,7 +113,7 @@ def run_one(
     admission: bool,
     end_sessions: bool = False,
 ) -> tuple[dict[str, Any], ReplayResult]:
-    base = _free_run_of_ports(RANKS)
+    base = free_port_run(RANKS)
     port = free_port()
     idle_ttl = args.idle_ttl * args.think_scale  # the trace's clock runs think_scale x faster
     with _sim(base, kv_tokens, args.time_scale), _proxy(port, base, admission, idle_ttl, args.wait):
@@ -224,16 +205,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     off = rows[1]
     verdict = {}
-    for on in rows[2:]:
-        gap = (under["hit_rate"] - on["hit_rate"]) * 100
-        verdict[on["run"]] = {
+    for on_row in rows[2:]:
+        gap = (under["hit_rate"] - on_row["hit_rate"]) * 100
+        verdict[on_row["run"]] = {
             "hit_rate_gap_points": gap,
             "within_5_points": gap <= 5,
-            "more_completed_per_hour_than_off": on["completed_per_hour"] > off["completed_per_hour"],
+            "more_completed_per_hour_than_off": on_row["completed_per_hour"] > off["completed_per_hour"],
         }
         print(
-            f"{on['run']}: {gap:.1f} points below under capacity; "
-            f"completed/h {on['completed_per_hour']:.0f} vs off {off['completed_per_hour']:.0f}"
+            f"{on_row['run']}: {gap:.1f} points below under capacity; "
+            f"completed/h {on_row['completed_per_hour']:.0f} vs off {off['completed_per_hour']:.0f}"
         )
     path = write_json(
         "admission.json",

@@ -38,68 +38,27 @@ runs it); without them only prefixgate's policies run.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import os
 import platform
-import random
 import shlex
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.replay import ReplayResult, TraceReplayConfig, TurnResult, bound_hit_rate, replay_trace
+from bench.bench_presets import PRESETS, load_sessions, resolve, time_scaled_prefixgate_flags
+from bench.bench_tables import markdown_table, print_table
+from bench.replay import TraceReplayConfig, TurnResult
 from bench.sim.config import DEFAULT_KV_TOKENS
-from bench.traces import (
-    CLAUDE_CODE_DIR,
-    MOONCAKE_DIR,
-    TraceSession,
-    TracesMissing,
-    load_claude_code,
-    load_mooncake,
-    reuse_breakdown,
-    trace_block_reuse,
-)
+from bench.system_run import run_system
+from bench.traces import TracesMissing, reuse_breakdown, trace_block_reuse
 
 if TYPE_CHECKING:  # psutil (the ``bench`` extra) is imported only when a benchmark runs
-    from bench.systems import FleetConfig, SystemSpec
+    from bench.systems import SystemSpec
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "bench"
-
-
-@dataclass(frozen=True, slots=True)
-class Preset:
-    trace: str = "claude-code"
-    conversations: int | None = 12
-    max_requests: int | None = 10
-    max_prompt_tokens: int = 100_000
-    scenarios: tuple[str, ...] = ("over",)
-    #: Concurrent conversations per scenario.
-    fits_concurrency: int = 4
-    over_concurrency: int = 12
-    ranks: int = 4
-    kv_tokens: int = DEFAULT_KV_TOKENS
-    sim_time_scale: float = 0.02
-    time_scale: float = 0.005
-    max_tokens: int = 8
-
-
-#: Conversations a Mooncake replay takes by default (the first ones to arrive, each whole).
-MOONCAKE_CONVERSATIONS = 300
-
-PRESETS: dict[str, Preset] = {
-    # Two ranks so a dozen short conversations already crowd the pools.
-    "small": Preset(ranks=2, conversations=10, max_requests=6, over_concurrency=10),
-    "full": Preset(
-        conversations=None,
-        max_requests=None,
-        scenarios=("fits", "over"),
-        fits_concurrency=6,
-        over_concurrency=20,
-    ),
-}
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -172,66 +131,6 @@ def available_policies() -> list[str]:
     return sorted(usable, key=lambda n: (n != "round_robin", names.index(n)))
 
 
-def resolve(args: argparse.Namespace) -> Preset:
-    preset = PRESETS[args.preset]
-    overrides: dict[str, Any] = {}
-    for field in (
-        "trace",
-        "conversations",
-        "max_requests",
-        "max_prompt_tokens",
-        "fits_concurrency",
-        "over_concurrency",
-        "ranks",
-        "kv_tokens",
-        "sim_time_scale",
-        "time_scale",
-        "max_tokens",
-    ):
-        value = getattr(args, field)
-        if value is not None:
-            overrides[field] = value
-    if overrides.get("trace", preset.trace).startswith("mooncake"):
-        # The presets' cuts are sized for Claude Code's long conversations; Mooncake's are short
-        # (1.5 requests on average) and a whole one is what carries its reuse.
-        overrides.setdefault("conversations", MOONCAKE_CONVERSATIONS)
-        overrides.setdefault("max_requests", None)
-    if args.scenarios:
-        overrides["scenarios"] = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
-    return replace(preset, **overrides)
-
-
-def load_sessions(preset: Preset, traces: Path | None, seed: int) -> tuple[list[TraceSession], int]:
-    """The conversations to replay (seeded order) and the token length of one trace block."""
-    if preset.trace == "claude-code":
-        sessions = load_claude_code(
-            traces or CLAUDE_CODE_DIR,
-            max_prompt_tokens=preset.max_prompt_tokens,
-            max_requests=preset.max_requests,
-        )
-        random.Random(seed).shuffle(sessions)
-        return sessions[: preset.conversations] if preset.conversations else sessions, 64
-    name = f"{preset.trace.removeprefix('mooncake-')}_trace.jsonl.gz"
-    path = traces if traces is not None and traces.is_file() else (traces or MOONCAKE_DIR) / name
-    sessions = load_mooncake(
-        path,
-        limit=preset.conversations or None,  # 0: the whole file, as for Claude Code
-        max_prompt_tokens=preset.max_prompt_tokens,
-        max_requests=preset.max_requests,
-    )
-    return sessions, 512
-
-
-def time_scaled_prefixgate_flags(preset: Preset) -> list[str]:
-    """prefixgate's clocks, compressed like the replay's: a session idle for 5 minutes of trace time is
-    idle after 300 x ``time_scale`` seconds here, and a new session waits for room as long as the
-    simulated ranks' compressed time would make it (else admission sees sessions that ended long ago
-    in trace time as active, and waits in real seconds for work that takes scaled ones)."""
-    ttl = max(1.0, 300.0 * preset.time_scale)
-    wait = max(0.5, 30.0 * preset.sim_time_scale)
-    return ["--session-idle-ttl", f"{ttl:g}", "--admission-wait", f"{wait:g}"]
-
-
 def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str]]:
     """The systems to run, and notes on what was left out and why."""
     from bench import peers
@@ -257,152 +156,6 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
             raise SystemExit(f"unknown or unavailable systems: {unknown}; available: {sorted(by_name)}")
         systems = list(dict.fromkeys(by_name[w] for w in wanted))
     return systems, notes
-
-
-def run_system(
-    spec: SystemSpec,
-    sessions: list[TraceSession],
-    fleet_config: FleetConfig,
-    replay_config: TraceReplayConfig,
-    out: Path,
-    on_turn: Any,
-    prefixgate_args: Sequence[str] = (),
-    prefixgate_root: Path | None = None,
-) -> dict[str, Any]:
-    """One system on a fresh fleet: replay, then read the ranks' counters and the proxy's CPU."""
-    from bench.systems import ProcessCpu, SimFleetProcess, system_under_test
-
-    started = time.perf_counter()
-    logs = out / "logs"
-    with SimFleetProcess(fleet_config, log=logs / "sim.log") as fleet:
-        with system_under_test(spec, fleet.urls, logs, prefixgate_args, prefixgate_root) as running:
-            cpu = ProcessCpu(running.pid)
-            cpu.start()
-            result = asyncio.run(replay_trace(running.url, sessions, replay_config, on_turn))
-            cpu.stop()
-        counters = fleet.metrics()
-    return summarize(result, counters, cpu.seconds, fleet_config, time.perf_counter() - started)
-
-
-def summarize(
-    result: ReplayResult, counters: dict[str, float], cpu_s: float | None, fleet: FleetConfig, run_s: float
-) -> dict[str, Any]:
-    summary = result.summary()
-    queries = counters["vllm:prefix_cache_queries"]
-    pool = fleet.ranks * fleet.kv_tokens
-    summary.update(
-        {
-            "bound": bound_hit_rate(result),
-            "completed_sessions": result.completed_sessions,
-            "rank_prefix_cache_hit_rate": counters["vllm:prefix_cache_hits"] / queries if queries else 0.0,
-            "preemptions": int(counters["vllm:num_preemptions"]),
-            "rank_counters": counters,
-            "proxy_cpu_s": cpu_s,
-            "proxy_cpu_ms_per_request": cpu_s * 1000 / len(result.turns) if cpu_s and result.turns else None,
-            "working_set_mean_x_pools": (
-                sum(result.working_set) / len(result.working_set) / pool if result.working_set else 0.0
-            ),
-            "working_set_peak_x_pools": max(result.working_set, default=0) / pool,
-            "run_s": run_s,
-            "first_errors": result.errors[:3],
-            "turns": [
-                {k: v for k, v in asdict(t).items() if k not in ("session",)} | {"session": t.session}
-                for t in result.turns
-            ],
-        }
-    )
-    return summary
-
-
-def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"scenario {scenario}: measured from the ranks' usage and /metrics")
-    for column in (
-        "system",
-        "hit rate",
-        "/ bound",
-        "prefill Mtok",
-        "/ RR",
-        "preempt",
-        "TTFT p50",
-        "TTFT p99",
-        "e2e p50",
-        "e2e p99",
-        "sessions",
-        "errors",
-        "429s",
-        "CPU ms/req",
-    ):
-        table.add_column(column, justify="left" if column == "system" else "right")
-    base = rr_baseline(results)
-    for name, r in results.items():
-        if "failed" in r:
-            table.add_row(name, *["-"] * 12, r["failed"][:40])
-            continue
-        cpu = r["proxy_cpu_ms_per_request"]
-        table.add_row(
-            name,
-            f"{r['hit_rate']:.3f}",
-            f"{r['hit_rate'] / r['bound']:.3f}" if r["bound"] else "-",
-            f"{r['prefill_tokens'] / 1e6:.2f}",
-            f"{r['prefill_tokens'] / base:.2f}" if base else "-",
-            str(r["preemptions"]),
-            f"{r['ttft_p50_ms']:.0f}ms",
-            f"{r['ttft_p99_ms']:.0f}ms",
-            f"{r['latency_p50_ms']:.0f}ms",
-            f"{r['latency_p99_ms']:.0f}ms",
-            str(r["completed_sessions"]),
-            str(r["errors"]),
-            str(r["rejections"]),
-            f"{cpu:.2f}" if cpu is not None else "-",
-        )
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    console.print(table)
-    done = [r for r in results.values() if "failed" not in r]
-    if done:
-        r = done[0]
-        console.print(
-            f"infinite-cache bound {r['bound']:.3f}; working set {r['working_set_mean_x_pools']:.2f}x "
-            f"the pools on average (peak {r['working_set_peak_x_pools']:.2f}x)"
-        )
-    for note in notes:
-        console.print(f"note: {note}")
-
-
-def rr_baseline(results: dict[str, dict[str, Any]]) -> int | None:
-    """Prefill tokens of the round-robin baseline: the plain one when it ran, else prefixgate's."""
-    for name in ("plain round_robin", "prefixgate round_robin"):
-        prefill = results.get(name, {}).get("prefill_tokens")
-        if prefill:
-            return int(prefill)
-    return None
-
-
-def markdown_table(results: dict[str, dict[str, Any]]) -> str:
-    """The scenario's results as a Markdown table (for docs/benchmarks.md)."""
-    base = rr_baseline(results)
-    lines = [
-        "| system | hit rate | / bound | prefill Mtok | prefill / RR | preemptions | TTFT p50 | TTFT p99 "
-        "| e2e p50 | e2e p99 | sessions | errors | 429s | CPU ms/req |",
-        "|---|" + "---:|" * 13,
-    ]
-    for name, r in results.items():
-        if "failed" in r:
-            lines.append(f"| {name} | failed: {r['failed'][:60]} |" + " |" * 12)
-            continue
-        cpu = r["proxy_cpu_ms_per_request"]
-        ratio = f"{r['prefill_tokens'] / base:.2f}" if base else "-"
-        lines.append(
-            f"| {name} | {r['hit_rate']:.3f} | {r['hit_rate'] / r['bound']:.3f} | "
-            f"{r['prefill_tokens'] / 1e6:.2f} | {ratio} | {r['preemptions']} | {r['ttft_p50_ms']:.0f} ms | "
-            f"{r['ttft_p99_ms']:.0f} ms | {r['latency_p50_ms']:.0f} ms | {r['latency_p99_ms']:.0f} ms | "
-            f"{r['completed_sessions']} | {r['errors']} | {r['rejections']} | "
-            + (f"{cpu:.1f}" if cpu is not None else "-")
-            + " |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def _git_head() -> str | None:
@@ -456,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         "settings": asdict(preset),
         "seed": args.seed,
         "machine": {
-            "cpus": __import__("os").cpu_count(),
+            "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
             "python": platform.python_version(),

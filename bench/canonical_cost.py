@@ -27,11 +27,11 @@ from bench.common import write_json
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
 from tokenization.encoding import encode
 
-_WORDS = (
+_SENTENCES = (
     "the request handler reads the config file and retries the upstream call with backoff while the",
     "cache keeps the session state in memory and the tests cover each branch of the parser",
 )
-_WORDS = tuple(" ".join(_WORDS).split())
+_WORDS = tuple(" ".join(_SENTENCES).split())
 
 
 def _prose(seed: int, words: int) -> str:
@@ -54,7 +54,7 @@ def build_request(n_turns: int = 100) -> dict[str, Any]:
     ]
     tools = []
     for t in range(15):
-        props = {
+        props: dict[str, dict[str, Any]] = {
             f"arg{j}": {"type": "string", "description": _prose(t * 10 + j, 25), "enum": ["a", "b"]}
             for j in range(6)
         }

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,28 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def free_port_run(count: int) -> int:
+    """A base port such that ``count`` consecutive ports are free on 127.0.0.1 right now (for
+    ``prefixgate sim --ranks N --base-port P``, whose ranks listen on P, P+1, ...)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no run of {count} free ports found")
 
 
 def wait_until_up(url: str, timeout: float = 30.0) -> None:
@@ -84,13 +107,15 @@ def stub_rank_process(port: int | None = None, chunks: int = 3) -> tuple[Subproc
 
 
 def proxy_process(
-    backends: Sequence[str], port: int | None = None, extra: Sequence[str] = ()
+    rank_specs: Sequence[str], port: int | None = None, extra: Sequence[str] = ()
 ) -> tuple[Subprocess, str]:
+    """``prefixgate serve`` in its own process in front of ``rank_specs`` (``--backend`` values:
+    ``NAME=URL`` or ``URL``), plus ``extra`` flags; returns it (not started) and its URL."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--log-level", "warning"]
-    for backend in backends:
-        args += ["--backend", backend]
+    for spec in rank_specs:
+        args += ["--backend", spec]
     args += list(extra)
     return Subprocess(args, url + "/health"), url
 

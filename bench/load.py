@@ -240,7 +240,7 @@ def print_table(results: dict[str, Any]) -> None:
 
 
 def proxy_config(rank_urls: list[str], yaml_path: str | None, pool_tokens: int | None) -> Path:
-    """A temporary prefixgate config: ``yaml_path``'s settings plus the stub ranks as backends."""
+    """A temporary prefixgate config: ``yaml_path``'s settings plus the stub ranks (its ``backends``)."""
     settings: dict[str, Any] = {}
     if yaml_path:
         settings = yaml.safe_load(Path(yaml_path).read_text()) or {}
@@ -278,12 +278,12 @@ def main() -> int:
         for rank, _ in ranks:
             stack.enter_context(rank)
         rank_urls = [url for _, url in ranks]
-        backends = [f"stub-{i}={url}" for i, url in enumerate(rank_urls)]
+        rank_specs = [f"stub-{i}={url}" for i, url in enumerate(rank_urls)]
         proxy_extra = list(args.proxy_arg)
         if args.proxy_yaml or args.pool_tokens:
             config = proxy_config(rank_urls, args.proxy_yaml, args.pool_tokens)
             stack.callback(config.unlink)
-            backends, proxy_extra = [], ["--config", str(config), *proxy_extra]
+            rank_specs, proxy_extra = [], ["--config", str(config), *proxy_extra]
             results["proxy_config"] = yaml.safe_load(config.read_text())
         results["proxy_extra_args"] = proxy_extra
 
@@ -298,7 +298,7 @@ def main() -> int:
 
         print(f"one_proxy: {args.sessions} sessions through one prefixgate for {args.seconds:.0f} s")
         with contextlib.ExitStack() as proxies:
-            one = [proxy_process(backends, extra=proxy_extra)]
+            one = [proxy_process(rank_specs, extra=proxy_extra)]
             for proc, _ in one:
                 proxies.enter_context(proc)
             results["one_proxy"], results["one_proxy_samples"] = proxied_phase(
@@ -314,7 +314,7 @@ def main() -> int:
                 f"for {args.two_seconds:.0f} s"
             )
             with contextlib.ExitStack() as proxies:
-                two = [proxy_process(backends, extra=extra) for _ in range(2)]
+                two = [proxy_process(rank_specs, extra=extra) for _ in range(2)]
                 for proc, _ in two:
                     proxies.enter_context(proc)
                 results["two_proxies"], results["two_proxies_samples"] = proxied_phase(

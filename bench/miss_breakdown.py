@@ -29,6 +29,8 @@ import json
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,9 +81,9 @@ class Breakdown:
 class LogEvents:
     """From the proxy's log: why a session's turn moved, and the turns that followed a release."""
 
-    moves: dict[tuple[str, int], str]
-    releases: set[tuple[str, int]]
-    rehomes: set[tuple[str, int]] = frozenset()  # type: ignore[assignment]
+    moves: Mapping[tuple[str, int], str]
+    releases: AbstractSet[tuple[str, int]]
+    rehomes: AbstractSet[tuple[str, int]] = frozenset()
 
 
 def read_log(path: Path) -> LogEvents:

@@ -32,11 +32,26 @@ class TurnResult:
     cached_tokens: int
     ttft_s: float
     latency_s: float
-    backend: str
+    #: The rank that answered (prefixgate's ``x-prefixgate-backend`` header; "" without prefixgate).
+    rank: str
     #: Seconds from the start of the replay to sending the request.
     sent_s: float = 0.0
     #: The infinite-cache bound's hit tokens for this request (trace replays only).
     bound_hit_tokens: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        """The turn as ``results.json`` keeps it (``backend``: the rank; ``session`` last)."""
+        return {
+            "turn": self.turn,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "ttft_s": self.ttft_s,
+            "latency_s": self.latency_s,
+            "backend": self.rank,
+            "sent_s": self.sent_s,
+            "bound_hit_tokens": self.bound_hit_tokens,
+            "session": self.session,
+        }
 
 
 @dataclass
@@ -82,7 +97,8 @@ class StreamOutcome:
     cached_tokens: int
     ttft_s: float
     latency_s: float
-    backend: str
+    #: The rank that answered (``x-prefixgate-backend``).
+    rank: str
     content: str
 
 
@@ -101,7 +117,7 @@ async def post_chat_stream(
             raise Rejected(response.status, retry_after, await response.read())
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {(await response.read())[:200]!r}")
-        backend = response.headers.get("x-prefixgate-backend", "")
+        rank = response.headers.get("x-prefixgate-backend", "")
         async for line in response.content:
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
@@ -119,7 +135,7 @@ async def post_chat_stream(
     latency = time.perf_counter() - start
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return StreamOutcome(
-        usage.get("prompt_tokens", 0), cached, ttft or latency, latency, backend, "".join(content)
+        usage.get("prompt_tokens", 0), cached, ttft or latency, latency, rank, "".join(content)
     )
 
 
@@ -178,7 +194,7 @@ async def _turn(
         out.cached_tokens,
         out.ttft_s,
         out.latency_s,
-        out.backend,
+        out.rank,
         sent_s,
     )
 
@@ -302,7 +318,7 @@ async def replay_trace(
                     out.cached_tokens,
                     out.ttft_s,
                     out.latency_s,
-                    out.backend,
+                    out.rank,
                     sent,
                     bound_hits,
                 )

@@ -93,8 +93,9 @@ def lookup_cost(repeats: int = 200) -> dict[str, Any]:
 
 def replay_policies(args: argparse.Namespace) -> dict[str, Any]:
     """Replay the selected conversations through prefixgate once per policy, each on a fresh fleet."""
-    from bench.bench_cmd import Preset, run_system, time_scaled_prefixgate_flags
+    from bench.bench_presets import Preset, time_scaled_prefixgate_flags
     from bench.replay import TraceReplayConfig, TurnResult
+    from bench.system_run import run_system
     from bench.systems import FleetConfig, prefixgate_systems
     from bench.traces import load_claude_code, trace_block_reuse
 

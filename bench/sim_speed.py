@@ -29,8 +29,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.sim import SimConfig, SimRankServer  # noqa: E402
+from bench.sim.rank import SimRank  # noqa: E402
 from bench.sim.scheduler import Engine  # noqa: E402
-from bench.sim.server import SimRank  # noqa: E402
 from tokenization.encoding import encode  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "sim_speed.json"

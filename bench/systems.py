@@ -9,7 +9,6 @@ subprocess, so its CPU time is its own) or a peer router; ``ProcessCpu`` measure
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -20,7 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.common import wait_until_up
+from bench.common import free_port_run, wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
 from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL
 from proxy.server import free_port
@@ -33,27 +32,6 @@ FLEET_COUNTERS = (
     "vllm:prompt_tokens",
     "vllm:generation_tokens",
 )
-
-
-def _free_port_run(count: int) -> int:
-    """A base port such that ``count`` consecutive ports are free on 127.0.0.1 right now."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count >= 65535:
-            continue
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError(f"no run of {count} free ports found")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +48,7 @@ class SimFleetProcess:
 
     def __init__(self, config: FleetConfig, log: Path | None = None) -> None:
         self.config = config
-        self.base_port = _free_port_run(config.ranks)
+        self.base_port = free_port_run(config.ranks)
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -188,12 +166,12 @@ class RunningSystem:
 @contextmanager
 def system_under_test(
     spec: SystemSpec,
-    workers: Sequence[str],
+    rank_urls: Sequence[str],
     log_dir: Path,
     prefixgate_args: Sequence[str] = (),
     prefixgate_root: Path | None = None,
 ) -> Iterator[RunningSystem]:
-    """Start ``spec`` in front of ``workers``; yields its URL and PID; stops it on exit.
+    """Start ``spec`` in front of ``rank_urls``; yields its URL and PID; stops it on exit.
 
     Output goes to a log file per system under ``log_dir`` (a pipe nobody reads could fill up and
     stall the process under test). ``prefixgate_root``: run prefixgate from that source tree (a
@@ -203,22 +181,22 @@ def system_under_test(
     log = log_dir / f"{spec.name.replace(' ', '_')}.log"
     if spec.kind == "prefixgate":
         args = [*prefixgate_args, *spec.args]
-        with _prefixgate(spec.policy, workers, log, args, prefixgate_root) as running:
+        with _prefixgate(spec.policy, rank_urls, log, args, prefixgate_root) as running:
             yield running
         return
     assert spec.peer is not None
-    with PeerRouter(spec.peer, workers, log=log) as router:
+    with PeerRouter(spec.peer, rank_urls, log=log) as router:
         yield RunningSystem(router.url, router.pid)
 
 
 @contextmanager
 def _prefixgate(
-    policy: str, workers: Sequence[str], log: Path, extra: Sequence[str], root: Path | None
+    policy: str, rank_urls: Sequence[str], log: Path, extra: Sequence[str], root: Path | None
 ) -> Iterator[RunningSystem]:
     port = free_port()
     args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     args += ["--policy", policy, "--log-level", "warning"]
-    for i, url in enumerate(workers):
+    for i, url in enumerate(rank_urls):
         args += ["--backend", f"sim-{i}={url}"]
     args += list(extra)
     url = f"http://127.0.0.1:{port}"

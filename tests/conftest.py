@@ -13,7 +13,9 @@ SHARED = ROOT.parent / "shared"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.helpers.redis_server import RedisServer  # noqa: E402  (needs ROOT on sys.path)
+from bench.sim import SimConfig  # noqa: E402  (needs ROOT on sys.path)
+from tests.helpers.ranks import RankServers  # noqa: E402
+from tests.helpers.redis_server import RedisServer  # noqa: E402
 
 
 @pytest.fixture
@@ -30,3 +32,24 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def sim_config() -> SimConfig:
+    """The configuration of the simulated ranks ``rank_servers.sim`` starts: no model time. A suite
+    overrides this fixture in its conftest.py; a call's keyword arguments override it in turn."""
+    return SimConfig(time_scale=0)
+
+
+@pytest.fixture
+def stub_model() -> str | None:
+    """The model ``rank_servers.stub`` ranks serve; None: ``model-<index>``. A suite may override it."""
+    return None
+
+
+@pytest.fixture
+def rank_servers(sim_config: SimConfig, stub_model: str | None) -> Iterator[RankServers]:
+    """``rank_servers.sim(n, **config)`` / ``rank_servers.stub(n, **behavior)``: ranks on free loopback
+    ports (``tests/helpers/ranks.py``), every one stopped after the test."""
+    with RankServers(sim_config, stub_model) as servers:
+        yield servers

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
 import httpx
 import pytest
 
-from bench.sim import SimConfig, start_fleet, stop_fleet
+from bench.sim import SimRankServer
 from tests.helpers.gateway import start_gateway
+from tests.helpers.ranks import RankServers
 
 SYSTEM = "You are a coding agent. Follow the repository's conventions. " * 20
 
 
 @pytest.fixture
-def fleet() -> Iterator[list[Any]]:
-    ranks = start_fleet(3, SimConfig(time_scale=0, kv_tokens=200_000, kv_events=True))
-    yield ranks
-    stop_fleet(ranks)
+def fleet(rank_servers: RankServers) -> list[SimRankServer]:
+    return rank_servers.sim(3, kv_tokens=200_000, kv_events=True)
 
 
 def converse(url: str, session: str, system: Any, turns: int, think_s: float = 0.0) -> list[httpx.Response]:
@@ -90,11 +88,10 @@ def test_canonicalization_turns_a_drifting_prompt_into_hits(fleet):
         assert cached(answer) >= previous.json()["usage"]["prompt_tokens"] - 16
 
 
-def test_kv_events_are_exact_whatever_the_ranks_hash_algorithm() -> None:
+def test_kv_events_are_exact_whatever_the_ranks_hash_algorithm(rank_servers: RankServers) -> None:
     # The ranks hash with sha256_cbor and prefixgate with its default (xxh3): the mirror re-keys each
     # stored block from its token ids, so the estimates still equal what the ranks report.
-    config = SimConfig(time_scale=0, kv_tokens=200_000, kv_events=True, hash_algo="sha256_cbor")
-    ranks = start_fleet(2, config)
+    ranks = rank_servers.sim(2, kv_tokens=200_000, kv_events=True, hash_algo="sha256_cbor")
     proxy = start_gateway(ranks, kv_events="auto")
     try:
         answers = converse(proxy.url, "cbor", SYSTEM, 3, think_s=0.2)
@@ -103,4 +100,3 @@ def test_kv_events_are_exact_whatever_the_ranks_hash_algorithm() -> None:
             assert int(answer.headers["x-prefixgate-estimated-cached-tokens"]) == cached(answer)
     finally:
         proxy.stop()
-        stop_fleet(ranks)

@@ -1,9 +1,9 @@
 """Peer routers for side-by-side benchmarks: sglang-router and vllm-router, offline, on loopback.
 
 ``install.sh`` puts both in a virtualenv outside the repository (``peers_dir()``); ``PeerRouter``
-starts one in front of given worker URLs and stops it. Both are Rust binaries behind a Python
-wrapper that rename their process, so the PID (for CPU accounting) is found from the listening port.
-See ``/work/shared/specs/peers.md`` for what was seen working here.
+starts one in front of given rank URLs (its ``--worker-urls``) and stops it. Both are Rust binaries
+behind a Python wrapper that rename their process, so the PID (for CPU accounting) is found from the
+listening port. See ``/work/shared/specs/peers.md`` for what was seen working here.
 """
 
 from __future__ import annotations
@@ -79,13 +79,17 @@ def listening_pid(port: int) -> int | None:
 
 
 class PeerRouter:
-    """A peer router process in front of ``workers``; a context manager that starts and stops it."""
+    """A peer router process in front of ``rank_urls``; a context manager that starts and stops it."""
 
     def __init__(
-        self, spec: PeerSpec, workers: Sequence[str], directory: Path | None = None, log: Path | None = None
+        self,
+        spec: PeerSpec,
+        rank_urls: Sequence[str],
+        directory: Path | None = None,
+        log: Path | None = None,
     ) -> None:
         self.spec = spec
-        self.workers = list(workers)
+        self.rank_urls = list(rank_urls)
         self.directory = directory or peers_dir()
         self.port = free_port()
         self.metrics_port = free_port()
@@ -110,7 +114,7 @@ class PeerRouter:
             "--port",
             str(self.port),
             "--worker-urls",
-            *self.workers,
+            *self.rank_urls,
             "--policy",
             self.spec.policy,
             "--prometheus-host",

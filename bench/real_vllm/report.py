@@ -70,13 +70,13 @@ def run_mode(
             result = chat(client, gw.url, messages, tools, session=nonce)
             tokens = list(tok.encode_chat(ChatPrompt(messages, tools)).tokens)
             hashes = hasher.hash_blocks(tokens)
-            backend = result.backend or "?"
-            simple = mirror.estimate(backend, hashes, len(tokens), BLOCK)
-            mirror.record(backend, hashes)
+            rank = result.rank or "?"
+            simple = mirror.estimate(rank, hashes, len(tokens), BLOCK)
+            mirror.record(rank, hashes)
             rows.append(
                 {
                     "turn": turn,
-                    "backend": backend,
+                    "backend": rank,
                     "prompt_tokens": result.prompt_tokens,
                     "cached_tokens": result.cached_tokens,
                     "estimated": result.estimated,

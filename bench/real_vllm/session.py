@@ -82,7 +82,8 @@ def agent_turns(nonce: str, turns: int, *, date_drift: bool = False) -> Iterator
 class TurnResult:
     """One chat request's answer: who served it, what the rank reported, what prefixgate estimated."""
 
-    backend: str | None
+    #: The rank that answered (``x-prefixgate-backend``; None without prefixgate in front).
+    rank: str | None
     prompt_tokens: int
     cached_tokens: int
     estimated: int | None
@@ -177,7 +178,7 @@ class KVTap:
         self._thread.join(5.0)
 
     def _run(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.SUB)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         sock.connect(self.endpoint)

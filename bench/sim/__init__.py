@@ -33,7 +33,7 @@ CLI: ``prefixgate sim --port P`` or ``prefixgate sim --ranks 4 --base-port P`` (
 """
 
 from bench.sim.config import FaultConfig, SimConfig
+from bench.sim.rank import SimRank
 from bench.sim.runner import SimRankServer, start_fleet, stop_fleet
-from bench.sim.server import SimRank
 
 __all__ = ["FaultConfig", "SimConfig", "SimRank", "SimRankServer", "start_fleet", "stop_fleet"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +21,15 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Scope
 
+from bench.sim.connection import drop_connection, wait_finished
+from bench.sim.json_io import json_response, openai_error, read_json_object
 from bench.sim.prompts import Prompt
-from bench.sim.scheduler import OUTPUT_TOKEN_TEXT, OutQueue, RequestTooLarge, SimRequest
-from bench.sim.server import SimRank, _body, _json, drop_connection, wait_finished
+from bench.sim.rank import SimRank
+from bench.sim.sequences import OUTPUT_TOKEN_TEXT, OutQueue, RequestTooLarge, SimRequest
 from tokenization.agent_apis import ConversionError, anthropic_to_chat, responses_to_chat
+from tokenization.lru import LRU
 
 #: Responses kept for ``previous_response_id`` per rank.
 STORE_CAPACITY = 4096
@@ -40,12 +43,13 @@ class _Stored:
 
 
 def anthropic_error(message: str, status: int, kind: str = "invalid_request_error") -> Response:
-    return _json({"type": "error", "error": {"type": kind, "message": message}}, status)
+    """An Anthropic-shaped error body: ``{"type": "error", "error": {type, message}}``."""
+    return json_response({"type": "error", "error": {"type": kind, "message": message}}, status)
 
 
-def openai_error(message: str, status: int, param: str | None = None) -> Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return _json({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+def responses_error(message: str, status: int, param: str | None = None) -> Response:
+    """An OpenAI Responses error: ``invalid_request_error`` below 500, ``server_error`` from 500."""
+    return openai_error(message, status, "invalid_request_error" if status < 500 else "server_error", param)
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
@@ -57,7 +61,7 @@ class AgentApis:
 
     def __init__(self, rank: SimRank) -> None:
         self.rank = rank
-        self.store: OrderedDict[str, _Stored] = OrderedDict()
+        self.store: LRU[str, _Stored] = LRU(STORE_CAPACITY)  # one entry per unit of budget
 
     # -- shared ----------------------------------------------------------------------------------
     def prompt(self, chat: dict[str, Any]) -> Prompt:
@@ -81,13 +85,11 @@ class AgentApis:
 
     async def collect(self, request: Request, reqs: list[SimRequest], out: OutQueue) -> str | None:
         """The generated text, or None when the client went away first."""
-        if not await wait_finished(request, self.rank, reqs, out):
+        if not await wait_finished(request, self.rank.engine, reqs, out):
             return None
         return "".join(OUTPUT_TOKEN_TEXT[t] for t in reqs[0].output_token_ids)
 
-    async def tokens(
-        self, scope: dict[str, Any], reqs: list[SimRequest], out: OutQueue
-    ) -> AsyncIterator[str]:
+    async def tokens(self, scope: Scope, out: OutQueue) -> AsyncIterator[str]:
         """The generated token texts as they come; drops the connection on ``die_after_chunks``."""
         limit = self.rank.faults.config.die_after_chunks
         sent = 0
@@ -113,7 +115,7 @@ class AgentApis:
 
     async def messages(self, request: Request) -> Response:
         try:
-            data = await _body(request)
+            data = await read_json_object(request)
         except ValueError as exc:
             return anthropic_error(f"invalid JSON body: {exc}", 400)
         if await self.rank.faults.before_request():
@@ -134,7 +136,7 @@ class AgentApis:
         if text is None:
             return Response(status_code=499)
         req = reqs[0]
-        return _json(
+        return json_response(
             {
                 "id": mid,
                 "type": "message",
@@ -148,11 +150,11 @@ class AgentApis:
         )
 
     async def _anthropic_stream(
-        self, scope: dict[str, Any], reqs: list[SimRequest], out: OutQueue, mid: str, model: str
+        self, scope: Scope, reqs: list[SimRequest], out: OutQueue, mid: str, model: str
     ) -> AsyncIterator[bytes]:
         req = reqs[0]
         try:
-            message = {
+            message: dict[str, Any] = {
                 "id": mid,
                 "type": "message",
                 "role": "assistant",
@@ -167,7 +169,7 @@ class AgentApis:
             yield _event(
                 "content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}
             )
-            async for text in self.tokens(scope, reqs, out):
+            async for text in self.tokens(scope, out):
                 delta = {
                     "type": "content_block_delta",
                     "index": 0,
@@ -192,12 +194,12 @@ class AgentApis:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            data = await _body(request)
+            data = await read_json_object(request)
             chat = anthropic_to_chat(data)
             count = len(self.prompt(chat).token_ids)
         except (ValueError, TypeError, ConversionError) as exc:
             return anthropic_error(str(exc), 400)
-        return _json({"input_tokens": count, "context_management": {"original_input_tokens": count}})
+        return json_response({"input_tokens": count, "context_management": {"original_input_tokens": count}})
 
     # -- OpenAI Responses ------------------------------------------------------------------------
     def responses_usage(self, req: SimRequest) -> dict[str, Any]:
@@ -213,26 +215,25 @@ class AgentApis:
 
     async def responses(self, request: Request) -> Response:
         try:
-            data = await _body(request)
+            data = await read_json_object(request)
         except ValueError as exc:
-            return openai_error(f"invalid JSON body: {exc}", 400)
+            return responses_error(f"invalid JSON body: {exc}", 400)
         if await self.rank.faults.before_request():
-            return openai_error("simulated failure (fault: error_rate)", 500)
+            return responses_error("simulated failure (fault: error_rate)", 500)
         previous_id = data.get("previous_response_id")
         previous: _Stored | None = None
         if previous_id is not None:
-            previous = self.store.get(previous_id) if isinstance(previous_id, str) else None
+            previous = self.store.get(previous_id) if isinstance(previous_id, str) else None  # now newest
             if previous is None:
-                return openai_error(
+                return responses_error(
                     f"Response with id '{previous_id}' not found.", 404, param="previous_response_id"
                 )
-            self.store.move_to_end(previous_id)
         try:
             chat = responses_to_chat(data, previous.messages if previous is not None else None)
             max_tokens = data.get("max_output_tokens") or self.rank.config.default_max_tokens
             reqs, out = self.submit(chat, max_tokens)
         except (ValueError, TypeError, ConversionError, RequestTooLarge) as exc:
-            return openai_error(str(exc), 400)
+            return responses_error(str(exc), 400)
         response = {
             "id": f"resp_{uuid.uuid4().hex}",
             "object": "response",
@@ -258,7 +259,9 @@ class AgentApis:
         text = await self.collect(request, reqs, out)
         if text is None:
             return Response(status_code=499)
-        return _json(self._finish(response, reqs[0], f"msg_{uuid.uuid4().hex}", text, chat["messages"]))
+        return json_response(
+            self._finish(response, reqs[0], f"msg_{uuid.uuid4().hex}", text, chat["messages"])
+        )
 
     def _finish(
         self,
@@ -275,16 +278,13 @@ class AgentApis:
             "usage": self.responses_usage(req),
         }
         if response["store"] is not False:
-            self.store[response["id"]] = _Stored(
-                [*messages, {"role": "assistant", "content": text}], response
-            )
-            if len(self.store) > STORE_CAPACITY:
-                self.store.popitem(last=False)
+            stored = _Stored([*messages, {"role": "assistant", "content": text}], response)
+            self.store.put(response["id"], stored)  # the least recently used one goes when full
         return response
 
     async def _responses_stream(
         self,
-        scope: dict[str, Any],
+        scope: Scope,
         reqs: list[SimRequest],
         out: OutQueue,
         response: dict[str, Any],
@@ -308,7 +308,7 @@ class AgentApis:
             part = {"type": "output_text", "text": "", "annotations": []}
             yield event("response.content_part.added", part=part, **where)
             pieces: list[str] = []
-            async for text in self.tokens(scope, reqs, out):
+            async for text in self.tokens(scope, out):
                 pieces.append(text)
                 yield event("response.output_text.delta", delta=text, logprobs=[], **where)
             if not reqs[0].finish_reason:
@@ -323,10 +323,10 @@ class AgentApis:
             self.rank.engine.abort(reqs)
 
     async def retrieve(self, response_id: str) -> Response:
-        stored = self.store.get(response_id)
+        stored = self.store.peek(response_id)
         if stored is None:
-            return openai_error(f"Response with id '{response_id}' not found.", 404)
-        return _json(stored.response)
+            return responses_error(f"Response with id '{response_id}' not found.", 404)
+        return json_response(stored.response)
 
 
 def _output_message(item_id: str, text: str, status: str) -> dict[str, Any]:

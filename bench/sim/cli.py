@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         while not stop.wait(0.5):
             pass
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         stop_fleet(servers)
     return 0

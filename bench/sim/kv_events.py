@@ -130,7 +130,7 @@ class KVEventPublisher:
         self.version = version
         self.topic = topic.encode()
         self.data_parallel_rank = data_parallel_rank
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self.endpoint = _bind(self._pub, host, port)

@@ -11,7 +11,6 @@ request would make the simulator the bottleneck. Two caches avoid it:
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from tokenization.block_hash import BlockHash, BlockHasher
 from tokenization.chatml import IM_START, render_segments
 from tokenization.encoding import encode
+from tokenization.lru import LRU
 
 
 @dataclass(slots=True)
@@ -33,24 +33,6 @@ class Prompt:
 class _Chain:
     num_tokens: int
     hashes: list[BlockHash]  # may be longer than num_tokens // block_size: read only the prefix
-
-
-class _LRU(OrderedDict):  # type: ignore[type-arg]
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity = capacity
-
-    def get_touch(self, key: Any) -> Any:
-        value = self.get(key)
-        if value is not None:
-            self.move_to_end(key)
-        return value
-
-    def put(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        if len(self) > self.capacity:
-            self.popitem(last=False)
 
 
 def split_segments(text: str) -> list[str]:
@@ -68,15 +50,16 @@ class PromptProcessor:
         self, hasher: BlockHasher, segment_cache_size: int = 16_384, chain_cache_size: int = 1024
     ) -> None:
         self.hasher = hasher
-        self._segments: _LRU = _LRU(segment_cache_size)
-        self._chains: _LRU = _LRU(chain_cache_size)
+        # Bounded by entry count: each entry costs 1 of the budget.
+        self._segments: LRU[str, list[int]] = LRU(segment_cache_size)
+        self._chains: LRU[bytes, _Chain] = LRU(chain_cache_size)
         #: Counters for tests and the benchmark: blocks hashed and segments encoded.
         self.blocks_hashed = 0
         self.segments_encoded = 0
 
     def segment_ids(self, segment: str) -> list[int]:
         """Token ids of one segment (cached; do not mutate the result)."""
-        ids = self._segments.get_touch(segment)
+        ids = self._segments.get(segment)
         if ids is None:
             ids = encode(segment)
             self.segments_encoded += 1
@@ -117,7 +100,7 @@ class PromptProcessor:
         tokens: list[int] = []
         chain: _Chain | None = None
         for k in range(len(prefix_keys), 0, -1):
-            chain = self._chains.get_touch(prefix_keys[k - 1])
+            chain = self._chains.get(prefix_keys[k - 1])
             if chain is not None:
                 break
         boundaries: list[int] = []

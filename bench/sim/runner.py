@@ -9,12 +9,14 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import uvicorn
 
 from bench.sim.config import FaultConfig, SimConfig
-from bench.sim.server import SimRank, build_app, expose_connection
+from bench.sim.connection import expose_connection
+from bench.sim.rank import SimRank
+from bench.sim.server import build_app
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,8 +132,9 @@ class SimRankServer:
         assert server is not None
         if refuse:
             for srv in server.servers:
-                # CPython's asyncio Server keeps its protocol factory: reused to listen again.
-                self._protocol_factory = srv._protocol_factory  # type: ignore[attr-defined]
+                # CPython's asyncio Server keeps its protocol factory (a private attribute the typeshed
+                # stubs do not declare, hence the cast): reused to listen again.
+                self._protocol_factory = cast(Any, srv)._protocol_factory
                 srv.close()
             server.servers = []
             for conn in list(server.server_state.connections):

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
+from bench.sim import SimConfig
 from tests.helpers.gateway import Gateways
 
 #: A rank's pool: two 700-token sessions fit its 0.8 budget (1,638 tokens), a third does not.
@@ -16,17 +16,9 @@ KV_TOKENS = 2048
 
 
 @pytest.fixture
-def fleet() -> Iterator[Callable[[int], list[SimRankServer]]]:
-    started: list[list[SimRankServer]] = []
-
-    def start(n: int) -> list[SimRankServer]:
-        ranks = start_fleet(n, SimConfig(kv_tokens=KV_TOKENS, time_scale=0))
-        started.append(ranks)
-        return ranks
-
-    yield start
-    for ranks in started:
-        stop_fleet(ranks)
+def sim_config() -> SimConfig:
+    """``rank_servers.sim(n)``: simulated ranks with instant timing and ``KV_TOKENS`` pools."""
+    return SimConfig(kv_tokens=KV_TOKENS, time_scale=0)
 
 
 @pytest.fixture

@@ -13,10 +13,14 @@ BOB = {"authorization": "Bearer key-bob"}
 ADMIN = {"authorization": "Bearer admin-token"}
 
 
-def test_a_client_key_cannot_read_or_end_another_clients_session(fleet, gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_client_key_cannot_read_or_end_another_clients_session(
+    rank_servers, gateway, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     keys = tmp_path / "keys.yaml"
     keys.write_text("- {key: key-alice, label: alice}\n- {key: key-bob, label: bob}\n")
-    proxy = gateway(fleet(1), api_keys_file=str(keys), admin_token="admin-token", session_idle_ttl=60)
+    proxy = gateway(
+        rank_servers.sim(1), api_keys_file=str(keys), admin_token="admin-token", session_idle_ttl=60
+    )
     assert chat(proxy.url, "alice-1", 100, ALICE).status_code == 200
     assert chat(proxy.url, "bob-1", 100, BOB).status_code == 200
 

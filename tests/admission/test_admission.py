@@ -18,8 +18,8 @@ def sessions_of(url: str, **params: str) -> list[dict]:
     return answer.json()["data"]
 
 
-def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(2)
+def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, admission_wait=0.2, session_idle_ttl=60)
     for n in range(4):
         assert chat(proxy.url, f"s{n}", 700).status_code == 200
@@ -56,8 +56,8 @@ def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(fleet, gat
     )
 
 
-def test_queued_session_is_admitted_when_one_idles_out(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_queued_session_is_admitted_when_one_idles_out(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     proxy = gateway(ranks, admission_wait=15, session_idle_ttl=2.0)
     assert chat(proxy.url, "a", 700).status_code == 200
     assert chat(proxy.url, "b", 700).status_code == 200
@@ -69,8 +69,8 @@ def test_queued_session_is_admitted_when_one_idles_out(fleet, gateway) -> None: 
     assert set(rows) == {"c"}  # a and b idled out: only c counts now
 
 
-def test_queue_is_first_come_first_served(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_queue_is_first_come_first_served(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     proxy = gateway(ranks, admission_wait=15, session_idle_ttl=60)
     for key in ("a", "b"):
         assert chat(proxy.url, key, 700).status_code == 200
@@ -85,8 +85,8 @@ def test_queue_is_first_come_first_served(fleet, gateway) -> None:  # type: igno
     assert second.result().status_code == 200
 
 
-def test_a_sessions_own_turns_are_never_refused(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_a_sessions_own_turns_are_never_refused(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     proxy = gateway(ranks, admission_wait=0.1, session_idle_ttl=60)
     assert chat(proxy.url, "a", 700).status_code == 200
     assert chat(proxy.url, "b", 700).status_code == 200
@@ -107,8 +107,8 @@ def test_a_sessions_own_turns_are_never_refused(fleet, gateway) -> None:  # type
     assert chat(proxy.url, "tiny", 10).status_code == 429
 
 
-def test_client_key_session_cap_and_visibility(fleet, gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_client_key_session_cap_and_visibility(rank_servers, gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     keys = tmp_path / "keys.yaml"
     keys.write_text("- {key: key-alice, label: alice, max_sessions: 1}\n- {key: key-bob, label: bob}\n")
     proxy = gateway(ranks, api_keys_file=str(keys), admission_wait=0.1, session_idle_ttl=60)
@@ -128,16 +128,16 @@ def test_client_key_session_cap_and_visibility(fleet, gateway, tmp_path: Path) -
     assert metric(proxy.url, "prefixgate_admission_rejected_total", bob, reason="client_sessions") == 1
 
 
-def test_no_admission_admits_past_the_budget(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_no_admission_admits_past_the_budget(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     proxy = gateway(ranks, no_admission=True, admission_wait=0.1, session_idle_ttl=60)
     for key in ("a", "b", "c"):
         assert chat(proxy.url, key, 700).status_code == 200
     assert len(sessions_of(proxy.url, active="1")) == 3
 
 
-def test_two_replicas_share_sessions_through_redis(fleet, gateway, redis_server) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_two_replicas_share_sessions_through_redis(rank_servers, gateway, redis_server) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     options = {"redis_url": redis_server.url, "admission_wait": 0.2, "session_idle_ttl": 60}
     one = gateway(ranks, **options)
     two = gateway(ranks, **options)
@@ -155,8 +155,8 @@ def test_two_replicas_share_sessions_through_redis(fleet, gateway, redis_server)
     assert chat(one.url, "c", 700).status_code == 200
 
 
-def test_hit_rate_gauges_follow_what_the_ranks_report(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_hit_rate_gauges_follow_what_the_ranks_report(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     proxy = gateway(ranks, session_idle_ttl=60)
     for tokens in (300, 400, 500):  # each turn extends the previous prompt: later turns hit
         assert chat(proxy.url, "a", tokens).status_code == 200
@@ -173,8 +173,8 @@ def test_hit_rate_gauges_follow_what_the_ranks_report(fleet, gateway) -> None:  
     assert metric(proxy.url, "prefixgate_fleet_hit_rate") == hits / sent
 
 
-def test_admin_list_sorts_and_paginates(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(2)
+def test_admin_list_sorts_and_paginates(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, session_idle_ttl=60)
     for n, tokens in enumerate((50, 300, 120, 200)):
         assert chat(proxy.url, f"s{n}", tokens).status_code == 200
@@ -190,8 +190,8 @@ def test_admin_list_sorts_and_paginates(fleet, gateway) -> None:  # type: ignore
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "sort"
 
 
-def test_a_client_that_leaves_the_queue_frees_its_place(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_a_client_that_leaves_the_queue_frees_its_place(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     proxy = gateway(ranks, admission_wait=30, session_idle_ttl=60)
     for key in ("a", "b"):
         assert chat(proxy.url, key, 700).status_code == 200

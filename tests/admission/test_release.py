@@ -202,8 +202,8 @@ async def test_without_a_head_every_session_counts_in_full() -> None:
 # -- end to end: a real proxy in front of one simulated rank with a 2,048-token pool ---------------
 
 
-def test_shared_system_prompt_counts_once_on_a_real_rank(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_shared_system_prompt_counts_once_on_a_real_rank(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     proxy = gateway(ranks, admission_wait=0.2, session_idle_ttl=60)
     system = {"role": "system", "content": "Follow the house rules. " * 120}  # ~600 tokens, shared
 
@@ -229,8 +229,8 @@ def test_shared_system_prompt_counts_once_on_a_real_rank(fleet, gateway) -> None
     assert ask("d").status_code == 429  # the rest still has to fit
 
 
-def test_finished_sessions_make_room_before_the_idle_ttl(fleet, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = fleet(1)
+def test_finished_sessions_make_room_before_the_idle_ttl(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
     # the queue gives up after 1 s, long before the 5 s TTL: only a release can admit c
     proxy = gateway(ranks, admission_wait=1.0, session_idle_ttl=5.0)
     for session in ("a", "b"):

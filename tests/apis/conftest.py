@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
-from bench.sim import SimConfig, start_fleet, stop_fleet
+from bench.sim import SimConfig
 from tests.helpers.gateway import Gateways
 
 
 @pytest.fixture
-def fleet() -> Iterator[Callable[..., list[Any]]]:
-    """``fleet(n)``: ``n`` simulated ranks with instant timing; stopped after the test."""
-    started: list[Any] = []
-
-    def start(n: int = 2, **config: Any) -> list[Any]:
-        config.setdefault("kv_tokens", 200_000)
-        ranks = start_fleet(n, SimConfig(time_scale=0, **config))
-        started.extend(ranks)
-        return ranks
-
-    yield start
-    stop_fleet(started)
+def sim_config() -> SimConfig:
+    """``rank_servers.sim(n)``: simulated ranks with instant timing and 200,000-token pools."""
+    return SimConfig(time_scale=0, kv_tokens=200_000)
 
 
 @pytest.fixture

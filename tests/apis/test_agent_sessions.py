@@ -106,9 +106,9 @@ def chat_session_like_claude_code(url: str, session: str) -> list[tuple[int, int
     return chat_session(url, session, head, "toolu", json.dumps({"command": "pytest"}))
 
 
-def test_claude_code_session_hits_like_chat(fleet, gateway):
-    messages_rate = hit_rate(claude_code_session(gateway(fleet(2)).url, "cc-1"))
-    chat_rate = hit_rate(chat_session_like_claude_code(gateway(fleet(2)).url, "chat-1"))
+def test_claude_code_session_hits_like_chat(rank_servers, gateway):
+    messages_rate = hit_rate(claude_code_session(gateway(rank_servers.sim(2)).url, "cc-1"))
+    chat_rate = hit_rate(chat_session_like_claude_code(gateway(rank_servers.sim(2)).url, "chat-1"))
     assert messages_rate > 0.75
     assert abs(messages_rate - chat_rate) < 0.02, (messages_rate, chat_rate)
 
@@ -172,16 +172,16 @@ def chat_session_like_codex(url: str, session: str) -> list[tuple[int, int]]:
     return chat_session(url, session, lambda _turn: head, "call", '{"command":"pytest"}')
 
 
-def test_codex_session_hits_like_chat(fleet, gateway):
-    responses_rate = hit_rate(codex_session(gateway(fleet(2)).url, "codex-1"))
-    chat_rate = hit_rate(chat_session_like_codex(gateway(fleet(2)).url, "chat-2"))
+def test_codex_session_hits_like_chat(rank_servers, gateway):
+    responses_rate = hit_rate(codex_session(gateway(rank_servers.sim(2)).url, "codex-1"))
+    chat_rate = hit_rate(chat_session_like_codex(gateway(rank_servers.sim(2)).url, "chat-2"))
     assert responses_rate > 0.75
     assert abs(responses_rate - chat_rate) < 0.02, (responses_rate, chat_rate)
 
 
-def test_predictions_are_exact_for_both_apis(fleet, gateway):
+def test_predictions_are_exact_for_both_apis(rank_servers, gateway):
     """The proxy's conversion and the rank's agree token for token: estimated == reported hits."""
-    proxy = gateway(fleet(2))
+    proxy = gateway(rank_servers.sim(2))
     with httpx.Client(timeout=30) as client:
         for _ in range(2):
             body = {

@@ -41,8 +41,8 @@ def openai_client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key="test", max_retries=0, timeout=30)
 
 
-def test_messages_create_and_stream_with_tools_and_system_blocks(fleet, gateway):
-    proxy = gateway(fleet(2))
+def test_messages_create_and_stream_with_tools_and_system_blocks(rank_servers, gateway):
+    proxy = gateway(rank_servers.sim(2))
     client = anthropic_client(proxy.url)
     session = {"x-claude-code-session-id": "cc-sdk-1"}
     first_user = {"role": "user", "content": [{"type": "text", "text": "Fix the failing test. " * 40}]}
@@ -95,8 +95,8 @@ def test_messages_create_and_stream_with_tools_and_system_blocks(fleet, gateway)
     assert count.input_tokens == prompt
 
 
-def test_messages_errors_have_anthropic_shape(fleet, gateway):
-    proxy = gateway(fleet(1))
+def test_messages_errors_have_anthropic_shape(rank_servers, gateway):
+    proxy = gateway(rank_servers.sim(1))
     client = anthropic_client(proxy.url)
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model="sim", max_tokens=4, messages="not a list")  # type: ignore[arg-type]
@@ -111,8 +111,8 @@ def test_messages_errors_have_anthropic_shape(fleet, gateway):
     assert caught.value.body["error"]["type"] == "invalid_request_error"
 
 
-def test_messages_stream_broken_mid_way_ends_with_an_anthropic_error_event(fleet, gateway):
-    ranks = fleet(1)
+def test_messages_stream_broken_mid_way_ends_with_an_anthropic_error_event(rank_servers, gateway):
+    ranks = rank_servers.sim(1)
     proxy = gateway(ranks, retries=0)
     ranks[0].set_faults(die_after_chunks=4)
     client = anthropic_client(proxy.url)
@@ -125,8 +125,8 @@ def test_messages_stream_broken_mid_way_ends_with_an_anthropic_error_event(fleet
     assert "broke mid-stream" in str(caught.value)
 
 
-def test_responses_create_stream_previous_response_and_retrieve(fleet, gateway):
-    ranks = fleet(3)
+def test_responses_create_stream_previous_response_and_retrieve(rank_servers, gateway):
+    ranks = rank_servers.sim(3)
     proxy = gateway(ranks)
     client = openai_client(proxy.url)
     tools = [
@@ -181,8 +181,8 @@ def test_responses_create_stream_previous_response_and_retrieve(fleet, gateway):
     assert fetched.parse().id == r2.id and fetched.parse().output_text == r2.output_text
 
 
-def test_responses_rank_gone_is_a_clear_error_never_another_rank(fleet, gateway):
-    ranks = fleet(2)
+def test_responses_rank_gone_is_a_clear_error_never_another_rank(rank_servers, gateway):
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, retries=2)
     client = openai_client(proxy.url)
     r1 = client.responses.with_raw_response.create(model="sim", input="hello " * 50, max_output_tokens=4)
@@ -207,9 +207,9 @@ def test_responses_rank_gone_is_a_clear_error_never_another_rank(fleet, gateway)
     assert missing.value.body["code"] == "response_not_found"
 
 
-def test_unknown_response_ids_are_found_by_asking_the_ranks(fleet, gateway):
+def test_unknown_response_ids_are_found_by_asking_the_ranks(rank_servers, gateway):
     """A response stored before this prefixgate process started (no Redis) is still found."""
-    ranks = fleet(3)
+    ranks = rank_servers.sim(3)
     created = httpx.post(
         ranks[2].url + "/v1/responses", json={"model": "sim", "input": "hi", "max_output_tokens": 2}
     )

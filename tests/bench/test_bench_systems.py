@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from bench.bench_cmd import configure_parser, rr_baseline, select_systems
+from bench.bench_cmd import configure_parser, select_systems
+from bench.bench_tables import rr_baseline
 from bench.systems import PLAIN_ROUND_ROBIN
 
 

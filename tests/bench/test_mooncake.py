@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_cmd import MOONCAKE_CONVERSATIONS, PRESETS, load_sessions, resolve
+from bench.bench_presets import MOONCAKE_CONVERSATIONS, PRESETS, load_sessions, resolve
 from bench.replay import TraceReplayConfig, bound_hit_rate, infinite_cache_bound, replay_trace
-from bench.sim import SimConfig, SimRankServer
 from bench.traces import (
     BlockText,
     ChatBuilder,
@@ -133,13 +132,13 @@ def test_requests_sharing_ids_share_exactly_those_tokens_and_the_bound_equals_th
     assert bound.hit_rate == pytest.approx(trace_block_reuse(sessions), abs=0.03)
 
 
-def test_replay_on_one_unlimited_rank_reaches_the_bound_and_each_turn_hits(tmp_path):
+def test_replay_on_one_unlimited_rank_reaches_the_bound_and_each_turn_hits(tmp_path, rank_servers):
     sessions = load_mooncake(_write(tmp_path / "t.jsonl"))
     config = TraceReplayConfig(
         model="prefixgate-sim", concurrency=3, time_scale=0.0005, max_tokens=2, block_tokens=64
     )
-    with SimRankServer(SimConfig(kv_tokens=1_000_000, time_scale=0)) as rank:
-        result = asyncio.run(asyncio.wait_for(replay_trace(rank.url, sessions, config), 60))
+    (rank,) = rank_servers.sim(1, kv_tokens=1_000_000)
+    result = asyncio.run(asyncio.wait_for(replay_trace(rank.url, sessions, config), 60))
     assert result.errors == [] and result.completed_sessions == 5
     for turn in result.turns:
         assert turn.cached_tokens == turn.bound_hit_tokens, turn

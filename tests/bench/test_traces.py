@@ -105,7 +105,7 @@ def test_claude_code_loader_shares_the_head_across_traces_and_keeps_subagents(tm
 
 
 def test_filters_on_the_largest_request_and_truncates(tmp_path, monkeypatch):
-    monkeypatch.setattr("bench.traces.INDEX_CACHE", tmp_path / "index.json")
+    monkeypatch.setattr("bench.traces.claude_code.INDEX_CACHE", tmp_path / "index.json")
     _write_trace(tmp_path / "trace_0001.json.gz", "a", [_request(0, [1, 2]), _request(1, [1, 2, 3, 4])])
     _write_trace(tmp_path / "trace_0002.json.gz", "b", [_request(0, [1, 2, 3])])
     assert [s.key for s in load_claude_code(tmp_path, max_prompt_tokens=3 * 64)] == ["b"]

@@ -9,9 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
+from bench.sim import SimConfig, SimRankServer
 from proxy.server import ServerThread
 from tests.helpers.gateway import gateway_app
+from tests.helpers.ranks import RankServers
 
 SYSTEM = "You are a coding agent. Use the tools to read and edit files. " * 20
 
@@ -32,27 +33,28 @@ class Deployment:
 
 
 @pytest.fixture
-def deployment() -> Iterator[Callable[..., Deployment]]:
+def sim_config() -> SimConfig:
+    """The deployments' simulated ranks: instant timing, 65,536-token pools."""
+    return SimConfig(time_scale=0, kv_tokens=65_536)
+
+
+@pytest.fixture
+def deployment(rank_servers: RankServers) -> Iterator[Callable[..., Deployment]]:
     """``deployment(ranks=2, **prefixgate options)``: sim ranks (time_scale 0) and prefixgate before them."""
     started: list[Deployment] = []
 
     def start(ranks: int = 2, api_keys: list[str] | None = None, **options: Any) -> Deployment:
-        fleet = start_fleet(ranks, SimConfig(time_scale=0, kv_tokens=65_536))
+        fleet = rank_servers.sim(ranks)
         options.setdefault("health_interval", 0.5)
-        try:
-            app = gateway_app(fleet, api_keys, **options)
-            server = ServerThread(app).start()
-        except BaseException:
-            stop_fleet(fleet)
-            raise
+        app = gateway_app(fleet, api_keys, **options)
+        server = ServerThread(app).start()
         dep = Deployment(fleet, server, app)
         started.append(dep)
         return dep
 
     yield start
     for dep in started:
-        dep.server.stop()
-        stop_fleet(dep.ranks)
+        dep.server.stop()  # the ranks stop after, with rank_servers
 
 
 def converse(

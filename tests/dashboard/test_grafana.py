@@ -12,7 +12,6 @@ import httpx
 import pytest
 import yaml
 
-from bench.sim import SimConfig, SimRankServer
 from proxy.ops.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,9 +54,9 @@ def test_board_uses_only_prefixgate_metrics_that_exist():
         assert needed in used, needed
 
 
-def test_board_uses_only_vllm_metrics_a_rank_exports():
-    with SimRankServer(SimConfig(time_scale=0)) as rank:
-        text = httpx.get(rank.url + "/metrics", timeout=10.0, trust_env=False).text
+def test_board_uses_only_vllm_metrics_a_rank_exports(rank_servers):
+    (rank,) = rank_servers.sim(1)
+    text = httpx.get(rank.url + "/metrics", timeout=10.0, trust_env=False).text
     series = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
     used = {name for expr in exprs() for name in re.findall(r"\bvllm:\w+", expr)}
     assert used

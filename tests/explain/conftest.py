@@ -11,10 +11,11 @@ import httpx
 import pytest
 
 from bench.real_vllm.session import path_tool
-from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
+from bench.sim import SimConfig, SimRankServer
 from proxy.gateway import Gateway
 from proxy.server import ServerThread
 from tests.helpers.gateway import gateway_app
+from tests.helpers.ranks import RankServers
 
 SIM = replace(SimConfig(), time_scale=0.001, kv_tokens=65_536)
 
@@ -48,14 +49,17 @@ class Prefixgate:
 
 
 @pytest.fixture
-def prefixgate() -> Iterator[Callable[..., Prefixgate]]:
+def sim_config() -> SimConfig:
+    return SIM
+
+
+@pytest.fixture
+def prefixgate(rank_servers: RankServers) -> Iterator[Callable[..., Prefixgate]]:
     """``prefixgate(ranks=2, **options)``: a fresh fleet of simulated ranks with prefixgate in front."""
-    fleets: list[list[SimRankServer]] = []
     servers: list[ServerThread] = []
 
     def start(ranks: int = 2, **options: Any) -> Prefixgate:
-        fleet = start_fleet(ranks, SIM)
-        fleets.append(fleet)
+        fleet = rank_servers.sim(ranks)
         options.setdefault("health_interval", 0.2)
         options.setdefault("log_level", "warning")
         app = gateway_app(fleet, **options)
@@ -65,9 +69,7 @@ def prefixgate() -> Iterator[Callable[..., Prefixgate]]:
 
     yield start
     for server in servers:
-        server.stop()
-    for fleet in fleets:
-        stop_fleet(fleet)
+        server.stop()  # the ranks stop after, with rank_servers
 
 
 def tool(name: str, description: str) -> dict[str, Any]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import redis
 
 from proxy.server import free_port
+from tests.helpers.wait import wait_until
 
 
 def redis_binary() -> str:
@@ -51,18 +51,17 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port, socket_timeout=0.5)
-        deadline = time.monotonic() + 10
         try:
-            while True:
-                try:
-                    client.ping()
-                    return self
-                except redis.RedisError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("redis-server did not start") from None
-                    time.sleep(0.02)
+            wait_until(
+                client.ping,
+                "redis-server did not start",
+                timeout=10,
+                interval=0.02,
+                retry_on=(redis.RedisError,),
+            )
         finally:
             client.close()
+        return self
 
     def stop(self) -> None:
         """Kill the server (SIGKILL: no shutdown save); a later ``start`` comes back empty."""

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def wait_until(
-    predicate: Callable[[], object],
-    what: str = "condition not reached before the deadline",
+    predicate: Callable[[], T],
+    what: str | Callable[[], str] = "condition not reached before the deadline",
     timeout: float = 10.0,
     interval: float = 0.05,
-) -> None:
-    """Poll ``predicate`` every ``interval`` s until true; fail with ``what`` after ``timeout`` s."""
+    retry_on: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Poll ``predicate`` every ``interval`` s until it returns something true, and return that.
+
+    Fails with ``what`` (a message, or a function giving it at that moment) after ``timeout`` s.
+    An exception of ``retry_on`` raised by ``predicate`` counts as "not yet" (a server still
+    starting refuses connections); any other propagates at once, so an ``assert`` inside
+    ``predicate`` (the process under test died) fails the wait straight away.
+    """
     deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
+    while True:
+        with contextlib.suppress(*retry_on):
+            value = predicate()
+            if value:
+                return value
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(interval)

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from proxy.cli import build_parser
 from proxy.config import OPTIONS, ConfigError, load_settings
 from proxy.server import free_port
+from tests.helpers.wait import wait_until
 
 
 def write(tmp_path, text: str):
@@ -90,8 +90,8 @@ def test_serve_without_backends_exits_with_a_clear_message():
     assert "no backends configured" in result.stderr
 
 
-def test_serve_command_proxies_to_a_rank(stub_ranks, tmp_path):
-    (rank,) = stub_ranks(1)
+def test_serve_command_proxies_to_a_rank(rank_servers, tmp_path):
+    (rank,) = rank_servers.stub(1)
     port = free_port()
     config = write(tmp_path, f"backends: [{{name: only, url: '{rank.url}'}}]\nport: {port}\n")
     proc = subprocess.Popen(
@@ -100,18 +100,18 @@ def test_serve_command_proxies_to_a_rank(stub_ranks, tmp_path):
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def answer() -> httpx.Response | None:
             try:
-                response = httpx.post(
+                return httpx.post(
                     f"http://127.0.0.1:{port}/v1/chat/completions",
                     json={"model": "model-0", "messages": [{"role": "user", "content": "hi"}]},
                 )
-                break
             except httpx.TransportError:
                 assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                assert time.monotonic() < deadline, "prefixgate serve did not start"
-                time.sleep(0.1)
+                return None
+
+        response = wait_until(answer, "prefixgate serve did not start", timeout=30, interval=0.1)
         assert response.status_code == 200
         assert response.headers["x-prefixgate-backend"] == "only"
     finally:

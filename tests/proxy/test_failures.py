@@ -25,8 +25,8 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict:
     ("content", "fragment"),
     [(b"{not json", "not valid JSON"), (b"[1, 2]", "must be a JSON object"), (b"", "empty")],
 )
-def test_invalid_bodies_get_400(stub_ranks, proxy, content, fragment):
-    (rank,) = stub_ranks(1)
+def test_invalid_bodies_get_400(rank_servers, proxy, content, fragment):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     response = httpx.post(server.url + "/v1/chat/completions", content=content)
     error = assert_openai_error(response, 400)
@@ -34,8 +34,8 @@ def test_invalid_bodies_get_400(stub_ranks, proxy, content, fragment):
     assert rank.behavior.received == []
 
 
-def test_wrong_field_types_get_400(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_wrong_field_types_get_400(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     for body, param in (
         ({"model": "m", "messages": "hi"}, "messages"),
@@ -48,15 +48,15 @@ def test_wrong_field_types_get_400(stub_ranks, proxy):
         assert error["param"] == (param or "prompt")
 
 
-def test_unknown_path_and_method(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_unknown_path_and_method(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     assert_openai_error(httpx.get(server.url + "/v1/nothing"), 404)
     assert_openai_error(httpx.get(server.url + "/v1/chat/completions"), 405)
 
 
-def test_huge_body_gets_413(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_huge_body_gets_413(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank], max_body_bytes=10_000)
     big = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 20_000 + b'"}]}'
     error = assert_openai_error(httpx.post(server.url + "/v1/chat/completions", content=big), 413)
@@ -70,8 +70,8 @@ def test_huge_body_gets_413(stub_ranks, proxy):
     assert rank.behavior.received == []
 
 
-def test_default_body_limit_is_32_mib(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_default_body_limit_is_32_mib(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     declared = str(32 * 1024 * 1024 + 1)
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
@@ -83,16 +83,16 @@ def test_default_body_limit_is_32_mib(stub_ranks, proxy):
     assert reply.startswith("HTTP/1.1 413")
 
 
-def test_no_healthy_backend_gets_503(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_no_healthy_backend_gets_503(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     rank.stop()
     server = proxy([rank])
     error = assert_openai_error(httpx.post(server.url + "/v1/chat/completions", json=CHAT), 503)
     assert error["code"] == "no_healthy_backend"
 
 
-def test_refused_connection_is_retried_on_another_rank(stub_ranks, proxy):
-    down, up = stub_ranks(2)
+def test_refused_connection_is_retried_on_another_rank(rank_servers, proxy):
+    down, up = rank_servers.stub(2)
     server = proxy([down, up], health_interval=60)  # only the passive check can notice
     down.stop()
     for _ in range(4):
@@ -102,8 +102,8 @@ def test_refused_connection_is_retried_on_another_rank(stub_ranks, proxy):
     assert len(up.behavior.received) == 4
 
 
-def test_5xx_is_retried_then_502(stub_ranks, proxy):
-    failing, healthy = stub_ranks(2)
+def test_5xx_is_retried_then_502(rank_servers, proxy):
+    failing, healthy = rank_servers.stub(2)
     failing.behavior.status = 500
     server = proxy([failing, healthy])
     for _ in range(3):
@@ -115,8 +115,8 @@ def test_5xx_is_retried_then_502(stub_ranks, proxy):
     assert "HTTP" in error["message"]
 
 
-def test_upstream_4xx_passes_through(stub_ranks, proxy):
-    (rank,) = stub_ranks(1, status=422)
+def test_upstream_4xx_passes_through(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1, status=422)
     server = proxy([rank])
     response = httpx.post(server.url + "/v1/chat/completions", json=CHAT)
     assert response.status_code == 422
@@ -124,8 +124,8 @@ def test_upstream_4xx_passes_through(stub_ranks, proxy):
     assert response.headers["x-prefixgate-backend"] == rank.name
 
 
-def test_hung_rank_times_out_and_is_retried(stub_ranks, proxy):
-    hung, healthy = stub_ranks(2)
+def test_hung_rank_times_out_and_is_retried(rank_servers, proxy):
+    hung, healthy = rank_servers.stub(2)
     hung.behavior.hang = True
     server = proxy([hung, healthy], read_timeout=0.5)
     for _ in range(2):
@@ -134,8 +134,8 @@ def test_hung_rank_times_out_and_is_retried(stub_ranks, proxy):
         assert response.headers["x-prefixgate-backend"] == healthy.name
 
 
-def test_rank_dying_mid_stream_ends_with_an_sse_error(stub_ranks, proxy):
-    (rank,) = stub_ranks(1, chunks=5, die_after=2)
+def test_rank_dying_mid_stream_ends_with_an_sse_error(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1, chunks=5, die_after=2)
     server = proxy([rank])
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0, timeout=10)
     received = []
@@ -151,8 +151,8 @@ def test_rank_dying_mid_stream_ends_with_an_sse_error(stub_ranks, proxy):
     assert 'prefixgate_stream_errors_total{backend="stub-0"} 1.0' in metrics
 
 
-def test_client_disconnect_mid_stream_cancels_the_upstream(stub_ranks, proxy):
-    (rank,) = stub_ranks(1, chunks=200, chunk_delay=0.05)
+def test_client_disconnect_mid_stream_cancels_the_upstream(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1, chunks=200, chunk_delay=0.05)
     server = proxy([rank])
     with httpx.stream(
         "POST", server.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=10
@@ -165,8 +165,8 @@ def test_client_disconnect_mid_stream_cancels_the_upstream(stub_ranks, proxy):
     assert health["backends"][0]["in_flight"] == 0
 
 
-def test_client_disconnect_while_waiting_for_first_byte(stub_ranks, proxy):
-    (rank,) = stub_ranks(1, hang=True)
+def test_client_disconnect_while_waiting_for_first_byte(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1, hang=True)
     server = proxy([rank])
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/chat/completions", json=CHAT, timeout=0.5)
@@ -175,8 +175,8 @@ def test_client_disconnect_while_waiting_for_first_byte(stub_ranks, proxy):
     assert 'prefixgate_client_disconnects_total{endpoint="/v1/chat/completions"} 1.0' in metrics
 
 
-def test_unhealthy_rank_gets_no_traffic_until_it_recovers(stub_ranks, proxy):
-    flaky, steady = stub_ranks(2)
+def test_unhealthy_rank_gets_no_traffic_until_it_recovers(rank_servers, proxy):
+    flaky, steady = rank_servers.stub(2)
     server = proxy([flaky, steady], health_interval=0.1)
     flaky.behavior.healthy = False
     wait_until(lambda: not httpx.get(server.url + "/health").json()["backends"][0]["healthy"])
@@ -191,8 +191,8 @@ def test_unhealthy_rank_gets_no_traffic_until_it_recovers(stub_ranks, proxy):
     assert len(flaky.behavior.received) > before
 
 
-def test_stopped_rank_returns_to_service_after_restart(stub_ranks, proxy):
-    rank, other = stub_ranks(2)
+def test_stopped_rank_returns_to_service_after_restart(rank_servers, proxy):
+    rank, other = rank_servers.stub(2)
     server = proxy([rank, other], health_interval=0.1)
     rank.stop()
     wait_until(lambda: not httpx.get(server.url + "/health").json()["backends"][0]["healthy"])

@@ -29,8 +29,8 @@ def client_for(server, api_key: str = "sk-test") -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0, timeout=20)
 
 
-def test_chat_non_streaming_relays_the_rank_answer(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_chat_non_streaming_relays_the_rank_answer(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     raw = client_for(server).chat.completions.with_raw_response.create(model="model-0", messages=MESSAGES)
     completion = raw.parse()
@@ -40,8 +40,8 @@ def test_chat_non_streaming_relays_the_rank_answer(stub_ranks, proxy):
     assert rank.behavior.received[0]["body"]["messages"] == MESSAGES
 
 
-def test_request_bytes_and_authorization_reach_the_rank_unchanged(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_request_bytes_and_authorization_reach_the_rank_unchanged(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     body = (
         b'{"model":"model-0",  "messages":[{"role":"user","content":"x"}],"tools":'
@@ -59,8 +59,8 @@ def test_request_bytes_and_authorization_reach_the_rank_unchanged(stub_ranks, pr
     assert received["body"]["tools"] == TOOLS
 
 
-def test_tools_in_the_request(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_tools_in_the_request(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     completion = client_for(server).chat.completions.create(
         model="model-0", messages=MESSAGES, tools=TOOLS, tool_choice="auto"
@@ -70,16 +70,16 @@ def test_tools_in_the_request(stub_ranks, proxy):
     assert rank.behavior.received[0]["body"]["tool_choice"] == "auto"
 
 
-def test_n_greater_than_one(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_n_greater_than_one(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     completion = client_for(server).chat.completions.create(model="model-0", messages=MESSAGES, n=3)
     assert [c.index for c in completion.choices] == [0, 1, 2]
 
 
-def test_stream_is_relayed_chunk_by_chunk(stub_ranks, proxy):
+def test_stream_is_relayed_chunk_by_chunk(rank_servers, proxy):
     gate = threading.Event()
-    (rank,) = stub_ranks(1, chunks=5, gate=gate)
+    (rank,) = rank_servers.stub(1, chunks=5, gate=gate)
     server = proxy([rank])
     stream = client_for(server).chat.completions.create(
         model="model-0", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
@@ -96,8 +96,8 @@ def test_stream_is_relayed_chunk_by_chunk(stub_ranks, proxy):
     assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == 5
 
 
-def test_stream_response_headers(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_stream_response_headers(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     with httpx.stream(
         "POST",
@@ -112,8 +112,8 @@ def test_stream_response_headers(stub_ranks, proxy):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_completions_endpoint(stub_ranks, proxy, stream):
-    (rank,) = stub_ranks(1)
+def test_completions_endpoint(rank_servers, proxy, stream):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     client = client_for(server)
     if stream:
@@ -127,15 +127,15 @@ def test_completions_endpoint(stub_ranks, proxy, stream):
     assert rank.behavior.received[0]["path"] == "/v1/completions"
 
 
-def test_models_is_the_union_of_the_ranks(stub_ranks, proxy):
-    ranks = stub_ranks(2)
+def test_models_is_the_union_of_the_ranks(rank_servers, proxy):
+    ranks = rank_servers.stub(2)
     server = proxy(ranks)
     models = sorted(m.id for m in client_for(server).models.list())
     assert models == ["model-0", "model-1"]
 
 
-def test_tokenize_and_detokenize_are_forwarded(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_tokenize_and_detokenize_are_forwarded(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     tokens = httpx.post(server.url + "/tokenize", json={"model": "model-0", "prompt": "hi"}).json()
     assert tokens["tokens"] == [ord("h"), ord("i")]
@@ -144,8 +144,8 @@ def test_tokenize_and_detokenize_are_forwarded(stub_ranks, proxy):
     assert text.headers["x-prefixgate-backend"] == rank.name
 
 
-def test_health_and_metrics(stub_ranks, proxy):
-    (rank,) = stub_ranks(1)
+def test_health_and_metrics(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
     server = proxy([rank])
     client_for(server).chat.completions.create(model="model-0", messages=MESSAGES)
     health = httpx.get(server.url + "/health").json()

@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from typing import Any
 
 import uvicorn
 
 from proxy.server import free_port, uvicorn_config
+from tests.helpers.wait import wait_until
 
 CONNECTIONS = 48
 #: Iterations allowed between the first and the last answer: accept, parse and answer take a few
@@ -83,10 +83,14 @@ def serve_like_prefixgate(app: Any, port: int) -> tuple[uvicorn.Server, threadin
     server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
+
+    def started() -> bool:
+        if server.started:
+            return True
+        assert thread.is_alive(), "the server did not start"
+        return False
+
+    wait_until(started, "the server did not start", timeout=20, interval=0.01)
     return server, thread
 
 

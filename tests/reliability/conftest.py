@@ -1,4 +1,5 @@
-"""Real servers on loopback for the reliability tests: simulated ranks, stub ranks, prefixgate.
+"""Real servers on loopback for the reliability tests: simulated and stub ranks (``rank_servers``,
+tests/conftest.py) with this suite's defaults, prefixgate.
 
 Every test runs under a hard deadline: if it hangs, faulthandler dumps every thread's stack and
 ends the run, so a hang is a failure with a traceback, never a stuck CI job.
@@ -8,16 +9,14 @@ from __future__ import annotations
 
 import faulthandler
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-from bench.sim import SimConfig, SimRankServer
-from bench.stub_rank import StubBehavior, create_stub_app
-from proxy.server import ServerThread
+from bench.sim import SimConfig
 from tests.helpers.gateway import Gateways
 
 #: Seconds one test may take, servers included, before the run is aborted with stack dumps.
@@ -33,43 +32,15 @@ def deadline() -> Iterator[None]:
 
 
 @pytest.fixture
-def sims() -> Iterator[Callable[..., list[SimRankServer]]]:
-    """Start ``n`` fast simulated ranks: ``sims(2)``; all are stopped after the test."""
-    started: list[SimRankServer] = []
-
-    def start(n: int = 2, **config: Any) -> list[SimRankServer]:
-        config.setdefault("time_scale", 0.001)
-        ranks = []
-        for _ in range(n):
-            rank = SimRankServer(SimConfig(name=f"sim-{len(started)}", **config)).start()
-            started.append(rank)
-            ranks.append(rank)
-        return ranks
-
-    yield start
-    for rank in started:
-        rank.clear_faults()  # releases hung requests so the servers stop promptly
-        rank.stop()
+def sim_config() -> SimConfig:
+    """Fast simulated ranks (model time x 0.001): ``rank_servers.sim(2)``."""
+    return SimConfig(time_scale=0.001)
 
 
 @pytest.fixture
-def stubs() -> Iterator[Callable[..., list[tuple[str, StubBehavior, ServerThread]]]]:
-    """Start ``n`` stub ranks (they record what they receive): ``stubs(1)`` -> [(name, behavior, server)]."""
-    started: list[ServerThread] = []
-
-    def start(n: int = 1, **behavior: Any) -> list[tuple[str, StubBehavior, ServerThread]]:
-        out = []
-        for _ in range(n):
-            b = StubBehavior(**behavior)
-            name = f"stub-{len(started)}"
-            server = ServerThread(create_stub_app(b, name=name, model=SIM_MODEL)).start()
-            started.append(server)
-            out.append((name, b, server))
-        return out
-
-    yield start
-    for server in started:
-        server.stop()
+def stub_model() -> str:
+    """Stub ranks (``rank_servers.stub(1)``) serve the simulated ranks' model."""
+    return SIM_MODEL
 
 
 @pytest.fixture

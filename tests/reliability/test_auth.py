@@ -30,18 +30,20 @@ def keys_file(tmp_path):
     return str(path)
 
 
-def test_without_keys_everything_stays_open_and_the_client_auth_is_forwarded(stubs, gateway):
-    ((name, rank, server),) = stubs(1)
-    proxy = gateway([(name, server.url)])
+def test_without_keys_everything_stays_open_and_the_client_auth_is_forwarded(rank_servers, gateway):
+    (stub,) = rank_servers.stub(1)
+    rank = stub.behavior
+    proxy = gateway([stub])
     response = httpx.post(proxy.url + "/v1/chat/completions", json=chat(), headers=auth("sk-client"))
     assert response.status_code == 200
     assert rank.received[-1]["headers"]["authorization"] == "Bearer sk-client"
     assert httpx.get(proxy.url + "/metrics").status_code == 200
 
 
-def test_keys_file_gates_requests_with_401_openai_errors(stubs, gateway, keys_file):
-    ((name, rank, server),) = stubs(1)
-    proxy = gateway([(name, server.url)], api_keys_file=keys_file)
+def test_keys_file_gates_requests_with_401_openai_errors(rank_servers, gateway, keys_file):
+    (stub,) = rank_servers.stub(1)
+    rank = stub.behavior
+    proxy = gateway([stub], api_keys_file=keys_file)
     url = proxy.url + "/v1/chat/completions"
     for headers in (
         {},
@@ -63,9 +65,9 @@ def test_keys_file_gates_requests_with_401_openai_errors(stubs, gateway, keys_fi
     assert all("authorization" not in r["headers"] for r in rank.received)
 
 
-def test_metrics_and_logs_carry_the_label_never_the_key(stubs, gateway, keys_file, caplog):
-    ((name, _, server),) = stubs(1)
-    proxy = gateway([(name, server.url)], api_keys_file=keys_file)
+def test_metrics_and_logs_carry_the_label_never_the_key(rank_servers, gateway, keys_file, caplog):
+    (stub,) = rank_servers.stub(1)
+    proxy = gateway([stub], api_keys_file=keys_file)
     with caplog.at_level(logging.DEBUG):
         httpx.post(proxy.url + "/v1/chat/completions", json=chat(), headers=auth("sk-alice-0123456789"))
         httpx.post(proxy.url + "/v1/chat/completions", json=chat(), headers=auth("sk-wrong"))
@@ -102,9 +104,9 @@ def test_label_and_session_cap_reach_the_request_state(keys_file):
     assert seen["headers"] == {b"x-other": b"1"}  # the client's key is gone before the pipeline
 
 
-def test_admin_token_guards_metrics_and_admin_paths_only(stubs, gateway, keys_file):
-    ((name, _, server),) = stubs(1)
-    proxy = gateway([(name, server.url)], api_keys_file=keys_file, admin_token="admin-secret")
+def test_admin_token_guards_metrics_and_admin_paths_only(rank_servers, gateway, keys_file):
+    (stub,) = rank_servers.stub(1)
+    proxy = gateway([stub], api_keys_file=keys_file, admin_token="admin-secret")
     alice = auth("sk-alice-0123456789")
     assert_openai_error(httpx.get(proxy.url + "/metrics"), 401)
     assert_openai_error(httpx.get(proxy.url + "/metrics", headers=alice), 401)  # client keys are not admin
@@ -119,19 +121,20 @@ def test_admin_token_guards_metrics_and_admin_paths_only(stubs, gateway, keys_fi
     assert httpx.get(proxy.url + "/admin/sessions", headers=auth("admin-secret")).status_code != 401
 
 
-def test_admin_token_without_client_keys(stubs, gateway):
-    ((name, _, server),) = stubs(1)
-    proxy = gateway([(name, server.url)], admin_token="admin-secret")
+def test_admin_token_without_client_keys(rank_servers, gateway):
+    (stub,) = rank_servers.stub(1)
+    proxy = gateway([stub], admin_token="admin-secret")
     assert httpx.post(proxy.url + "/v1/chat/completions", json=chat()).status_code == 200
     assert_openai_error(httpx.get(proxy.url + "/metrics"), 401)
     assert_openai_error(httpx.get(proxy.url + "/admin/x", headers=auth("nope")), 401)
     assert httpx.get(proxy.url + "/metrics", headers=auth("admin-secret")).status_code == 200
 
 
-def test_upstream_key_replaces_the_clients_unless_forwarding_is_asked(stubs, gateway):
-    ((name, rank, server),) = stubs(1)
-    plain = gateway([(name, server.url)], upstream_api_key="rank-secret")
-    forwarding = gateway([(name, server.url)], upstream_api_key="rank-secret", forward_client_auth=True)
+def test_upstream_key_replaces_the_clients_unless_forwarding_is_asked(rank_servers, gateway):
+    (stub,) = rank_servers.stub(1)
+    rank = stub.behavior
+    plain = gateway([stub], upstream_api_key="rank-secret")
+    forwarding = gateway([stub], upstream_api_key="rank-secret", forward_client_auth=True)
     httpx.post(plain.url + "/v1/chat/completions", json=chat(), headers=auth("sk-client"))
     assert rank.received[-1]["headers"]["authorization"] == "Bearer rank-secret"
     httpx.post(plain.url + "/v1/chat/completions", json=chat())
@@ -142,9 +145,10 @@ def test_upstream_key_replaces_the_clients_unless_forwarding_is_asked(stubs, gat
     assert rank.received[-1]["headers"]["authorization"] == "Bearer rank-secret"
 
 
-def test_repeatable_api_key_flag_and_forward_client_auth(stubs, gateway):
-    ((name, rank, server),) = stubs(1)
-    proxy = gateway([(name, server.url)], api_keys=["k-one", "k-two"], forward_client_auth=True)
+def test_repeatable_api_key_flag_and_forward_client_auth(rank_servers, gateway):
+    (stub,) = rank_servers.stub(1)
+    rank = stub.behavior
+    proxy = gateway([stub], api_keys=["k-one", "k-two"], forward_client_auth=True)
     assert_openai_error(httpx.post(proxy.url + "/v1/completions", json={"prompt": "x"}), 401)
     response = httpx.post(
         proxy.url + "/v1/completions", json={"model": "m", "prompt": "x"}, headers=auth("k-two")
@@ -153,10 +157,10 @@ def test_repeatable_api_key_flag_and_forward_client_auth(stubs, gateway):
     assert rank.received[-1]["headers"]["authorization"] == "Bearer k-two"
 
 
-def test_bodies_are_logged_only_with_log_bodies(stubs, gateway, caplog):
-    ((name, _, server),) = stubs(1)
-    quiet = gateway([(name, server.url)], log_level="debug")
-    loud = gateway([(name, server.url)], log_bodies=True)
+def test_bodies_are_logged_only_with_log_bodies(rank_servers, gateway, caplog):
+    (stub,) = rank_servers.stub(1)
+    quiet = gateway([stub], log_level="debug")
+    loud = gateway([stub], log_bodies=True)
     secret_prompt = "the launch code is 0451"
     with caplog.at_level(logging.DEBUG):
         for stream in (False, True):

@@ -56,12 +56,12 @@ class Relay:
 
 
 @pytest.fixture
-def relayed(sims, gateway) -> Iterator[Callable[[], tuple[str, Relay]]]:  # type: ignore[no-untyped-def]
+def relayed(rank_servers, gateway) -> Iterator[Callable[[], tuple[str, Relay]]]:  # type: ignore[no-untyped-def]
     """``relayed()``: prefixgate -> relay -> one simulated rank; returns (prefixgate url, relay)."""
     threads: list[ServerThread] = []
 
     def start() -> tuple[str, Relay]:
-        (rank,) = sims(1, time_scale=0)
+        (rank,) = rank_servers.sim(1, time_scale=0)
         relay = Relay(rank.url)
         thread = ServerThread(relay.app()).start()
         threads.append(thread)

@@ -49,8 +49,8 @@ def serves_normally(url: str, n: int = 2) -> None:
     assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200
 
 
-def test_refused_connections_are_retried_on_another_rank(sims, gateway):
-    ranks = sims(2)
+def test_refused_connections_are_retried_on_another_rank(rank_servers, gateway):
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, retries=1)
     ranks[0].set_faults(refuse_connections=True)
     for i in range(6):
@@ -64,8 +64,8 @@ def test_refused_connections_are_retried_on_another_rank(sims, gateway):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_rank_dropping_the_connection_before_any_byte_is_retried(sims, gateway, stream):
-    ranks = sims(2)
+def test_rank_dropping_the_connection_before_any_byte_is_retried(rank_servers, gateway, stream):
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, retries=1)
     ranks[0].set_faults(die_after_chunks=0)
     for i in range(4):
@@ -77,8 +77,8 @@ def test_rank_dropping_the_connection_before_any_byte_is_retried(sims, gateway, 
     serves_normally(proxy.url)
 
 
-def test_every_rank_dropping_before_any_byte_gets_a_502(sims, gateway):
-    ranks = sims(2)
+def test_every_rank_dropping_before_any_byte_gets_a_502(rank_servers, gateway):
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, retries=1)
     for rank in ranks:
         rank.set_faults(die_after_chunks=0)
@@ -89,8 +89,8 @@ def test_every_rank_dropping_before_any_byte_gets_a_502(sims, gateway):
     serves_normally(proxy.url)
 
 
-def test_rank_dying_mid_stream_ends_the_stream_with_an_error_event(sims, gateway):
-    ranks = sims(2)
+def test_rank_dying_mid_stream_ends_the_stream_with_an_error_event(rank_servers, gateway):
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, retries=1)
     for rank in ranks:
         rank.set_faults(die_after_chunks=3)
@@ -102,8 +102,8 @@ def test_rank_dying_mid_stream_ends_the_stream_with_an_error_event(sims, gateway
     serves_normally(proxy.url)
 
 
-def test_hung_rank_is_abandoned_after_the_read_timeout(sims, gateway):
-    ranks = sims(2)
+def test_hung_rank_is_abandoned_after_the_read_timeout(rank_servers, gateway):
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, retries=1, read_timeout=0.5)
     ranks[0].set_faults(hang=True)
     started = time.monotonic()
@@ -120,10 +120,10 @@ def test_hung_rank_is_abandoned_after_the_read_timeout(sims, gateway):
     serves_normally(proxy.url)
 
 
-def test_malformed_sse_is_never_relayed(sims, gateway):
+def test_malformed_sse_is_never_relayed(rank_servers, gateway):
     """A bad event in the first chunk is retried (502 when every rank sends one); a later one ends the
     stream with an error event. Either way the client never receives the undecodable event."""
-    ranks = sims(2)
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, retries=1)
     for rank in ranks:
         rank.set_faults(malformed_sse=True)
@@ -142,10 +142,10 @@ def test_malformed_sse_is_never_relayed(sims, gateway):
     serves_normally(proxy.url)
 
 
-def test_faults_toggled_under_concurrent_traffic_lose_no_request(sims, gateway):
+def test_faults_toggled_under_concurrent_traffic_lose_no_request(rank_servers, gateway):
     """Streams and plain requests while one rank cycles through every fault: each one gets a whole
     answer, a 502/error event with an OpenAI error body, never a hang or a 500."""
-    ranks = sims(2)
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, retries=1, read_timeout=0.5)
     faults = [
         {"refuse_connections": True},

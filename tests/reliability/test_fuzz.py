@@ -107,21 +107,21 @@ headers = st.dictionaries(
 @pytest.fixture(scope="module")
 def fuzz_target():
     """One stub rank and one prefixgate for the whole module (hypothesis runs many examples)."""
-    from bench.stub_rank import StubBehavior, create_stub_app
-    from proxy.server import ServerThread
     from tests.helpers.gateway import start_gateway
+    from tests.helpers.ranks import RankServers
 
-    rank = ServerThread(
-        create_stub_app(StubBehavior(record=False, chunks=2), name="stub", model=SIM_MODEL)
-    ).start()
-    proxy = start_gateway(
-        [("stub", rank.url)], retries=0, max_body_bytes=256 * 1024, max_json_depth=32, health_interval=5.0
-    )
-    client = httpx.Client(base_url=proxy.url, timeout=15)
-    yield client
-    client.close()
-    proxy.stop()
-    rank.stop()
+    with RankServers(stub_model=SIM_MODEL) as ranks:  # module scope: not the per-test fixture
+        proxy = start_gateway(
+            ranks.stub(1, record=False, chunks=2),
+            retries=0,
+            max_body_bytes=256 * 1024,
+            max_json_depth=32,
+            health_interval=5.0,
+        )
+        client = httpx.Client(base_url=proxy.url, timeout=15)
+        yield client
+        client.close()
+        proxy.stop()
     write_report()
 
 

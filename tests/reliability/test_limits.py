@@ -26,11 +26,10 @@ def depth_of(value: object) -> int:
     return 0
 
 
-def test_bounds_answer_clear_errors_and_spare_the_rank(stubs, gateway):
-    ((name, rank, server),) = stubs(1)
-    proxy = gateway(
-        [(name, server.url)], max_messages=3, max_tools=2, max_json_depth=8, max_header_bytes=2048
-    )
+def test_bounds_answer_clear_errors_and_spare_the_rank(rank_servers, gateway):
+    (stub,) = rank_servers.stub(1)
+    rank = stub.behavior
+    proxy = gateway([stub], max_messages=3, max_tools=2, max_json_depth=8, max_header_bytes=2048)
     url = proxy.url + "/v1/chat/completions"
     message = {"role": "user", "content": "hi"}
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -51,9 +50,9 @@ def test_bounds_answer_clear_errors_and_spare_the_rank(stubs, gateway):
     assert_openai_error(httpx.get(proxy.url + "/v1/models", headers={"x-big": "a" * 2100}), 413)
 
 
-def test_orjson_depth_limit_is_a_400_not_a_crash(stubs, gateway):
-    ((name, _, server),) = stubs(1)
-    proxy = gateway([(name, server.url)], max_json_depth=5000)
+def test_orjson_depth_limit_is_a_400_not_a_crash(rank_servers, gateway):
+    (stub,) = rank_servers.stub(1)
+    proxy = gateway([stub], max_json_depth=5000)
     body = b'{"model": "m", "messages": ' + b"[" * 3000 + b"]" * 3000 + b"}"
     assert_openai_error(httpx.post(proxy.url + "/v1/chat/completions", content=body), 400)
 

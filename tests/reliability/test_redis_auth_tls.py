@@ -61,9 +61,9 @@ def logged_while_serving(  # type: ignore[no-untyped-def]
     return "\n".join(r.getMessage() for r in caplog.records)
 
 
-def test_password_in_the_url_reaches_index_sessions_and_response_map(sims, gateway, redis_server):  # type: ignore[no-untyped-def]
+def test_password_in_the_url_reaches_index_sessions_and_response_map(rank_servers, gateway, redis_server):  # type: ignore[no-untyped-def]
     authed = protect(redis_server)
-    ranks = sims(2)
+    ranks = rank_servers.sim(2)
     url = f"redis://:{QUOTED}@127.0.0.1:{redis_server.port}/0"
     proxy = gateway(ranks, policy="prefix_affinity", redis_url=url)
     for turn in range(2):
@@ -125,17 +125,21 @@ def test_password_in_the_url_reaches_index_sessions_and_response_map(sims, gatew
     [(":not-this-one@", "refused the credentials"), ("", "requires a password: use redis://:PASSWORD@")],
 )
 def test_a_wrong_or_missing_password_is_named_and_requests_still_succeed(  # type: ignore[no-untyped-def]
-    sims, gateway, redis_server, caplog, credentials, finding
+    rank_servers, gateway, redis_server, caplog, credentials, finding
 ):
     protect(redis_server)
     url = f"redis://{credentials}127.0.0.1:{redis_server.port}/0"
-    logged = logged_while_serving(caplog, gateway, sims(1), url, "turn", "the index still claims Redis is up")
+    logged = logged_while_serving(
+        caplog, gateway, rank_servers.sim(1), url, "turn", "the index still claims Redis is up"
+    )
     assert finding in logged, logged
     assert "not-this-one" not in logged  # the password itself is never logged
 
 
-def test_rediss_url_is_accepted_and_a_plain_server_is_reported_clearly(sims, gateway, redis_server, caplog):  # type: ignore[no-untyped-def]
+def test_rediss_url_is_accepted_and_a_plain_server_is_reported_clearly(  # type: ignore[no-untyped-def]
+    rank_servers, gateway, redis_server, caplog
+):
     url = f"rediss://127.0.0.1:{redis_server.port}/0"
     down = "the index claims a TLS Redis behind a plain server"
-    logged = logged_while_serving(caplog, gateway, sims(1), url, "tls", down)
+    logged = logged_while_serving(caplog, gateway, rank_servers.sim(1), url, "tls", down)
     assert "speaks plain Redis, not TLS" in logged, logged

@@ -6,6 +6,7 @@ import time
 
 import httpx
 
+from tests.helpers.wait import wait_until
 from tests.reliability.conftest import chat, sse_events
 
 
@@ -29,8 +30,8 @@ def redis_up(url: str) -> str:
     return next(line for line in metrics.splitlines() if line.startswith("prefixgate_index_redis_up"))
 
 
-def test_redis_killed_and_restarted_during_traffic(sims, gateway, redis_server):
-    ranks = sims(2)
+def test_redis_killed_and_restarted_during_traffic(rank_servers, gateway, redis_server):
+    ranks = rank_servers.sim(2)
     proxy = gateway(ranks, policy="prefix_affinity", redis_url=redis_server.url)
     before = converse(proxy.url, "s-a", 3)
     redis_server.kill()
@@ -38,16 +39,19 @@ def test_redis_killed_and_restarted_during_traffic(sims, gateway, redis_server):
     assert redis_up(proxy.url).endswith(" 0.0")
     assert during[:3] == [before[0]] * 3  # the local mirror keeps the session on its rank
     redis_server.start()
-    deadline = time.monotonic() + 20
-    while not redis_up(proxy.url).endswith(" 1.0"):
+
+    def reconnected() -> bool:
+        if redis_up(proxy.url).endswith(" 1.0"):
+            return True
         converse(proxy.url, "s-c", 1)
-        assert time.monotonic() < deadline, "prefixgate did not reconnect to Redis"
-        time.sleep(0.2)
+        return False
+
+    wait_until(reconnected, "prefixgate did not reconnect to Redis", timeout=20, interval=0.2)
     assert converse(proxy.url, "s-a", 2) == [before[0]] * 2
 
 
-def test_replica_restart_keeps_sessions_on_their_rank(sims, gateway, redis_server):
-    ranks = sims(2)
+def test_replica_restart_keeps_sessions_on_their_rank(rank_servers, gateway, redis_server):
+    ranks = rank_servers.sim(2)
     backends = [(r.name, r.url) for r in ranks]
     first = gateway(backends, policy="prefix_affinity", redis_url=redis_server.url)
     sessions = {f"s-{i}": converse(first.url, f"s-{i}", 2)[-1] for i in range(4)}

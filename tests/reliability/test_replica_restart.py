@@ -12,6 +12,7 @@ import time
 
 import httpx
 
+from tests.helpers.wait import wait_until
 from tests.reliability.conftest import chat
 
 SESSIONS = 4
@@ -19,8 +20,8 @@ TURNS = 8
 RESTART_AFTER = 3  # turns every session has done before the restart
 
 
-def test_sessions_keep_their_rank_across_a_replica_restart_under_traffic(sims, gateway, redis_server):  # type: ignore[no-untyped-def]
-    ranks = sims(2)
+def test_sessions_keep_their_rank_across_a_replica_restart_under_traffic(rank_servers, gateway, redis_server):  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(2)
     backends = [(r.name, r.url) for r in ranks]
     # a loose load bound: this test is about the restart, not about spilling a busy rank's sessions
     options = {"policy": "prefix_affinity", "redis_url": redis_server.url, "balance_factor": 100.0}
@@ -58,10 +59,12 @@ def test_sessions_keep_their_rank_across_a_replica_restart_under_traffic(sims, g
     threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in used]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 20
-    while min(len(v) for v in used.values()) < RESTART_AFTER and not errors:
-        assert time.monotonic() < deadline, "sessions did not get going"
-        time.sleep(0.02)
+    wait_until(
+        lambda: min(len(v) for v in used.values()) >= RESTART_AFTER or errors,
+        "sessions did not get going",
+        timeout=20,
+        interval=0.02,
+    )
     replicas[0].stop()  # with turns in flight on both replicas
     fresh = gateway(backends, **options)
     with lock:

@@ -9,13 +9,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
 
-from bench.stub_rank import StubBehavior
-from proxy.server import ServerThread, free_port
+from proxy.server import free_port
+from tests.helpers.ranks import RankServers
 from tests.helpers.wait import wait_until
 from tests.reliability.conftest import chat, sse_events
 
@@ -36,16 +36,13 @@ def start_serve(rank_url: str, shutdown_timeout: float) -> tuple[subprocess.Pope
         stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while True:
+
+    def healthy() -> bool:
         assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "prefixgate serve did not start"
-        time.sleep(0.1)
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+
+    wait_until(healthy, "prefixgate serve did not start", 20, 0.1, retry_on=(httpx.TransportError,))
+    return proc, url
 
 
 class StreamReader(threading.Thread):
@@ -83,11 +80,11 @@ def refuses_connections(url: str) -> bool:
 
 @contextmanager
 def streaming_through_serve(
-    stubs: Callable[..., list[tuple[str, StubBehavior, ServerThread]]], chunks: int, shutdown_timeout: float
+    rank_servers: RankServers, chunks: int, shutdown_timeout: float
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, StreamReader]]:
     """``prefixgate serve`` before a stub rank streaming ``chunks`` chunks 0.25 s apart, with one stream
     in flight (its first bytes received); the process is killed on the way out."""
-    ((_, _, rank),) = stubs(1, chunks=chunks, chunk_delay=0.25)
+    (rank,) = rank_servers.stub(1, chunks=chunks, chunk_delay=0.25)
     proc, url = start_serve(rank.url, shutdown_timeout)
     try:
         reader = StreamReader(url, max_tokens=chunks)
@@ -99,9 +96,9 @@ def streaming_through_serve(
         proc.wait(5)
 
 
-def test_sigterm_finishes_the_in_flight_stream_and_refuses_new_ones(stubs):
+def test_sigterm_finishes_the_in_flight_stream_and_refuses_new_ones(rank_servers):
     # a 2 s stream
-    with streaming_through_serve(stubs, chunks=8, shutdown_timeout=20) as (proc, url, reader):
+    with streaming_through_serve(rank_servers, chunks=8, shutdown_timeout=20) as (proc, url, reader):
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: refuses_connections(url), "still accepting connections after SIGTERM", timeout=5)
         assert reader.is_alive(), "the stream ended before the shutdown let it finish"
@@ -113,9 +110,9 @@ def test_sigterm_finishes_the_in_flight_stream_and_refuses_new_ones(stubs):
         assert proc.wait(15) in (0, -signal.SIGTERM)
 
 
-def test_sigterm_cuts_streams_that_outlive_the_deadline(stubs):
+def test_sigterm_cuts_streams_that_outlive_the_deadline(rank_servers):
     # a 10 s stream
-    with streaming_through_serve(stubs, chunks=40, shutdown_timeout=0.5) as (proc, _, reader):
+    with streaming_through_serve(rank_servers, chunks=40, shutdown_timeout=0.5) as (proc, _, reader):
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)

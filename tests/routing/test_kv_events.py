@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.sim import SimConfig, SimRankServer
+from bench.sim import SimRankServer
 from bench.sim.prompts import PromptProcessor
 from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
 from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
+from tests.helpers.ranks import RankServers
+from tests.helpers.wait import wait_until
 from tests.routing.conftest import make_ctx, observe, pick
 from tokenization.block_hash import BlockHasher, kv_event_hash
 
@@ -59,28 +60,28 @@ def test_rank_with_another_hash_seed_is_mapped_onto_our_chain(shared_dir: Path) 
 
 
 @pytest.fixture(params=["0.33", "0.11"])
-def sim_rank(request: pytest.FixtureRequest) -> Iterator[SimRankServer]:
-    cfg = SimConfig(
-        name="sim-0",
-        kv_tokens=64 * 16,
-        time_scale=0,
-        kv_events=True,
-        kv_events_version=request.param,
-        hash_seed="0",
+def sim_rank(request: pytest.FixtureRequest, rank_servers: RankServers) -> SimRankServer:
+    (rank,) = rank_servers.sim(  # named sim-0
+        1, kv_tokens=64 * 16, kv_events=True, kv_events_version=request.param, hash_seed="0"
     )
-    with SimRankServer(cfg) as rank:
-        yield rank
+    return rank
 
 
 def wait_applied(sub: KVEventSubscriber, rank: SimRankServer, deadline_s: float = 5.0) -> None:
     """Until the subscriber has applied every batch the rank published."""
-    end = time.monotonic() + deadline_s
-    while True:
+    published = -1
+
+    def applied() -> bool:
+        nonlocal published
         published = rank.call(lambda r: r.publisher._seq) - 1  # type: ignore[union-attr]
-        if sub.last_seq >= published:
-            return
-        assert time.monotonic() < end, f"subscriber stuck at {sub.last_seq}, rank at {published}"
-        time.sleep(0.005)
+        return sub.last_seq >= published
+
+    wait_until(
+        applied,
+        lambda: f"subscriber stuck at {sub.last_seq}, rank at {published}",
+        deadline_s,
+        interval=0.005,
+    )
 
 
 def test_sim_events_make_predictions_exact(sim_rank: SimRankServer) -> None:

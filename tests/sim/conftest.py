@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from bench.sim import SimConfig, SimRankServer
 from bench.sim.prompts import Prompt
-from bench.sim.scheduler import Engine, SimRequest
+from bench.sim.scheduler import Engine
+from bench.sim.sequences import SimRequest
+from tests.helpers.ranks import RankServers
 
 VECTOR_SEED = "0"  # the PYTHONHASHSEED of shared/specs/vllm_hash_vectors.json
 
@@ -46,6 +46,6 @@ def run_one(
 
 
 @pytest.fixture
-def sim() -> Iterator[SimRankServer]:
-    with SimRankServer(SimConfig(num_blocks=512, time_scale=0, hash_seed=VECTOR_SEED)) as server:
-        yield server
+def sim(rank_servers: RankServers) -> SimRankServer:
+    (server,) = rank_servers.sim(1, num_blocks=512, hash_seed=VECTOR_SEED)
+    return server

@@ -6,7 +6,8 @@ import httpx
 import orjson
 import pytest
 
-from bench.sim import FaultConfig, SimConfig, SimRankServer
+from bench.sim import FaultConfig, SimRankServer
+from tests.helpers.ranks import RankServers
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
@@ -62,15 +63,14 @@ def test_refuse_connections_then_listen_again(sim: SimRankServer) -> None:
     assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 200
 
 
-def test_malformed_sse_and_startup_latency() -> None:
-    cfg = SimConfig(num_blocks=64, time_scale=0, faults=FaultConfig(malformed_sse=True, latency_s=0.01))
-    with SimRankServer(cfg) as s:
-        r = httpx.post(f"{s.url}/v1/chat/completions", json={**BODY, "stream": True}, timeout=5)
-        bad = 0
-        for event in r.text.split("\n\n"):
-            if event.startswith("data: ") and event != "data: [DONE]":
-                try:
-                    orjson.loads(event[6:])
-                except orjson.JSONDecodeError:
-                    bad += 1
-        assert bad == 1
+def test_malformed_sse_and_startup_latency(rank_servers: RankServers) -> None:
+    (s,) = rank_servers.sim(1, num_blocks=64, faults=FaultConfig(malformed_sse=True, latency_s=0.01))
+    r = httpx.post(f"{s.url}/v1/chat/completions", json={**BODY, "stream": True}, timeout=5)
+    bad = 0
+    for event in r.text.split("\n\n"):
+        if event.startswith("data: ") and event != "data: [DONE]":
+            try:
+                orjson.loads(event[6:])
+            except orjson.JSONDecodeError:
+                bad += 1
+    assert bad == 1

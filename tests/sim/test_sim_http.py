@@ -8,6 +8,7 @@ import httpx
 import orjson
 
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
+from tests.helpers.ranks import RankServers
 from tokenization.chatml import render
 from tokenization.encoding import encode
 
@@ -149,15 +150,15 @@ def test_info_endpoints_and_reset(sim: SimRankServer) -> None:
     assert state["num_blocks"] == 512 and state["counters"]["requests_finished"] == 2
 
 
-def test_prompt_tokens_details_off_and_forced_usage() -> None:
-    cfg = SimConfig(num_blocks=64, time_scale=0, enable_prompt_tokens_details=False, force_include_usage=True)
-    with SimRankServer(cfg) as s:
-        r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "hello", "stream": True}, timeout=10)
-        usage = sse(r.text)[-2]["usage"]  # type: ignore[index]
-        assert usage["prompt_tokens_details"] is None and usage["completion_tokens"] == 16
+def test_prompt_tokens_details_off_and_forced_usage(rank_servers: RankServers) -> None:
+    (s,) = rank_servers.sim(1, num_blocks=64, enable_prompt_tokens_details=False, force_include_usage=True)
+    r = httpx.post(f"{s.url}/v1/completions", json={"prompt": "hello", "stream": True}, timeout=10)
+    usage = sse(r.text)[-2]["usage"]  # type: ignore[index]
+    assert usage["prompt_tokens_details"] is None and usage["completion_tokens"] == 16
 
 
 def test_fleet_names_and_ports() -> None:
+    # bench.sim's own fleet starter (prefixgate demo, the benchmarks): the unit under test here
     fleet = start_fleet(2, SimConfig(num_blocks=64, time_scale=0))
     try:
         assert [s.name for s in fleet] == ["sim-0", "sim-1"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
+from tests.helpers.ranks import RankServers
+from tests.helpers.wait import wait_until
 from tokenization import chatml, encoding
 from tokenization.backend_info import block_size_of, fetch_cache_config, parse_cache_config_info
 from tokenization.backend_tokenizer import BackendTokenizeError, BackendTokenizer
@@ -61,11 +62,14 @@ def tokenize_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     server = uvicorn.Server(uvicorn.Config(_app(seen), log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise TimeoutError("tokenize server did not start")
-        time.sleep(0.01)
+
+    def started() -> bool:
+        if server.started:
+            return True
+        assert thread.is_alive(), "tokenize server did not start"
+        return False
+
+    wait_until(started, "tokenize server did not start", timeout=10, interval=0.01)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}", seen
     finally:
@@ -142,23 +146,19 @@ async def test_block_size_from_cache_config_info(tokenize_server: tuple[str, lis
     assert block_size_of({"block_size": "x"}) is None
 
 
-async def test_against_the_simulated_rank() -> None:
-    runner = pytest.importorskip("bench.sim.runner", reason="bench/sim not available")
-    config = pytest.importorskip("bench.sim.config")
-    with runner.SimRankServer(config.SimConfig(hash_seed="0")) as rank:
-        async with httpx.AsyncClient() as client:
-            url = f"http://127.0.0.1:{rank.port}"
-            info = await fetch_cache_config(client, url)
-            cfg = TokenizerConfig(
-                kind="backend", hash_algo=info.get("prefix_caching_hash_algo", "sha256"), hash_seed="0"
-            )
-            remote = build_incremental(
-                cfg, block_size=block_size_of(info), client=client, base_url=url, model=rank.config.model
-            )
-            local = build_incremental(
-                cfg.model_copy(update={"kind": "tiktoken"}), block_size=block_size_of(info)
-            )
-            body = {"model": rank.config.model, "messages": MESSAGES, "tools": TOOLS}
-            got, want = await remote.blocks_for_chat(None, body), await local.blocks_for_chat(None, body)
-            assert list(got.tokens) == list(want.tokens)
-            assert list(got.block_hashes) == list(want.block_hashes) and got.num_blocks > 0
+async def test_against_the_simulated_rank(rank_servers: RankServers) -> None:
+    (rank,) = rank_servers.sim(1, hash_seed="0")
+    async with httpx.AsyncClient() as client:
+        url = f"http://127.0.0.1:{rank.port}"
+        info = await fetch_cache_config(client, url)
+        cfg = TokenizerConfig(
+            kind="backend", hash_algo=info.get("prefix_caching_hash_algo", "sha256"), hash_seed="0"
+        )
+        remote = build_incremental(
+            cfg, block_size=block_size_of(info), client=client, base_url=url, model=rank.config.model
+        )
+        local = build_incremental(cfg.model_copy(update={"kind": "tiktoken"}), block_size=block_size_of(info))
+        body = {"model": rank.config.model, "messages": MESSAGES, "tools": TOOLS}
+        got, want = await remote.blocks_for_chat(None, body), await local.blocks_for_chat(None, body)
+        assert list(got.tokens) == list(want.tokens)
+        assert list(got.block_hashes) == list(want.block_hashes) and got.num_blocks > 0

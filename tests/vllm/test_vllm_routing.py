@@ -39,12 +39,12 @@ def _check_estimates(
     mirror = SimpleMirror()
     prev_tokens = 0
     for i, (messages, tools, r) in enumerate(turns):
-        assert r.backend is not None and r.estimated is not None, r
+        assert r.rank is not None and r.estimated is not None, r
         tokens = list(tok.encode_chat(ChatPrompt(messages, tools)).tokens)
         hashes = hasher.hash_blocks(tokens)
         assert r.prompt_tokens == len(tokens)
-        ours = mirror.estimate(r.backend, hashes, len(tokens), hasher.block_size)
-        mirror.record(r.backend, hashes)
+        ours = mirror.estimate(r.rank, hashes, len(tokens), hasher.block_size)
+        mirror.record(r.rank, hashes)
         assert r.cached_tokens == ours, (i, r, ours)
         assert r.estimated == r.cached_tokens, (i, r)
         # Each turn extends the last: the previous prompt's full blocks hit, nothing more.
@@ -80,7 +80,7 @@ def test_sessions_stay_on_one_rank_and_hit_there(
             served[s].append(chat(client, gw.url, messages, tools, session=s))
         time.sleep(THINK_S)
     for s, results in served.items():
-        assert len({r.backend for r in results}) == 1, (s, results)
+        assert len({r.rank for r in results}) == 1, (s, results)
         assert all(r.cached_tokens > 0 for r in results[1:]), (s, results)
         assert all(r.estimated == r.cached_tokens for r in results), (s, results)
 

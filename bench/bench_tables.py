@@ -1,0 +1,102 @@
+"""The tables of a ``prefixgate bench`` scenario: on the terminal (rich) and in Markdown (the docs).
+
+Both read the per-system summaries of ``bench.system_run.summarize`` (a ``failed`` key for a system
+that did not finish); ``/ RR`` is prefill against the round-robin baseline (``rr_baseline``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[str]) -> None:
+    """One row per system, then the bound and working set, then ``notes``."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"scenario {scenario}: measured from the ranks' usage and /metrics")
+    for column in (
+        "system",
+        "hit rate",
+        "/ bound",
+        "prefill Mtok",
+        "/ RR",
+        "preempt",
+        "TTFT p50",
+        "TTFT p99",
+        "e2e p50",
+        "e2e p99",
+        "sessions",
+        "errors",
+        "429s",
+        "CPU ms/req",
+    ):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    base = rr_baseline(results)
+    for name, r in results.items():
+        if "failed" in r:
+            table.add_row(name, *["-"] * 12, r["failed"][:40])
+            continue
+        cpu = r["proxy_cpu_ms_per_request"]
+        table.add_row(
+            name,
+            f"{r['hit_rate']:.3f}",
+            f"{r['hit_rate'] / r['bound']:.3f}" if r["bound"] else "-",
+            f"{r['prefill_tokens'] / 1e6:.2f}",
+            f"{r['prefill_tokens'] / base:.2f}" if base else "-",
+            str(r["preemptions"]),
+            f"{r['ttft_p50_ms']:.0f}ms",
+            f"{r['ttft_p99_ms']:.0f}ms",
+            f"{r['latency_p50_ms']:.0f}ms",
+            f"{r['latency_p99_ms']:.0f}ms",
+            str(r["completed_sessions"]),
+            str(r["errors"]),
+            str(r["rejections"]),
+            f"{cpu:.2f}" if cpu is not None else "-",
+        )
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    console.print(table)
+    done = [r for r in results.values() if "failed" not in r]
+    if done:
+        r = done[0]
+        console.print(
+            f"infinite-cache bound {r['bound']:.3f}; working set {r['working_set_mean_x_pools']:.2f}x "
+            f"the pools on average (peak {r['working_set_peak_x_pools']:.2f}x)"
+        )
+    for note in notes:
+        console.print(f"note: {note}")
+
+
+def rr_baseline(results: dict[str, dict[str, Any]]) -> int | None:
+    """Prefill tokens of the round-robin baseline: the plain one when it ran, else prefixgate's."""
+    for name in ("plain round_robin", "prefixgate round_robin"):
+        prefill = results.get(name, {}).get("prefill_tokens")
+        if prefill:
+            return int(prefill)
+    return None
+
+
+def markdown_table(results: dict[str, dict[str, Any]]) -> str:
+    """The scenario's results as a Markdown table (for docs/benchmarks.md)."""
+    base = rr_baseline(results)
+    lines = [
+        "| system | hit rate | / bound | prefill Mtok | prefill / RR | preemptions | TTFT p50 | TTFT p99 "
+        "| e2e p50 | e2e p99 | sessions | errors | 429s | CPU ms/req |",
+        "|---|" + "---:|" * 13,
+    ]
+    for name, r in results.items():
+        if "failed" in r:
+            lines.append(f"| {name} | failed: {r['failed'][:60]} |" + " |" * 12)
+            continue
+        cpu = r["proxy_cpu_ms_per_request"]
+        ratio = f"{r['prefill_tokens'] / base:.2f}" if base else "-"
+        lines.append(
+            f"| {name} | {r['hit_rate']:.3f} | {r['hit_rate'] / r['bound']:.3f} | "
+            f"{r['prefill_tokens'] / 1e6:.2f} | {ratio} | {r['preemptions']} | {r['ttft_p50_ms']:.0f} ms | "
+            f"{r['ttft_p99_ms']:.0f} ms | {r['latency_p50_ms']:.0f} ms | {r['latency_p99_ms']:.0f} ms | "
+            f"{r['completed_sessions']} | {r['errors']} | {r['rejections']} | "
+            + (f"{cpu:.1f}" if cpu is not None else "-")
+            + " |"
+        )
+    return "\n".join(lines) + "\n"

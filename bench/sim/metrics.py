@@ -1,0 +1,73 @@
+"""``/metrics`` of a simulated rank: vLLM's metric names and labels, read from the engine at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from bench.sim.rank import SimRank
+
+
+class RankMetrics(Collector):
+    """The counters and gauges vLLM exports (``model_name``/``engine`` labels), for one rank."""
+
+    def __init__(self, rank: SimRank) -> None:
+        self.rank = rank
+
+    def collect(self) -> Iterator[Metric]:
+        rank = self.rank
+        cfg = rank.config
+        labels = ["model_name", "engine"]
+        values = [cfg.model, "0"]
+        c = rank.counters
+        engine = rank.engine
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            m = CounterMetricFamily(name, doc, labels=labels)
+            m.add_metric(values, value)
+            return m
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            m = GaugeMetricFamily(name, doc, labels=labels)
+            m.add_metric(values, value)
+            return m
+
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            c.prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            c.prefix_cache_hits,
+        )
+        yield gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", rank.pool.usage()
+        )
+        yield gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", len(engine.running)
+        )
+        yield gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", len(engine.waiting)
+        )
+        yield counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.num_preemptions
+        )
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens)
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=[
+                "block_size",
+                "cache_dtype",
+                "enable_prefix_caching",
+                "num_gpu_blocks",
+                "prefix_caching_hash_algo",
+            ],
+        )
+        info.add_metric([str(cfg.block_size), "auto", "True", str(cfg.total_blocks), cfg.hash_algo], 1.0)
+        yield info
