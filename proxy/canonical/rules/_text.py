@@ -108,14 +108,6 @@ def protected_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def in_spans(pos: int, spans: list[tuple[int, int]]) -> bool:
-    """Whether character offset ``pos`` falls inside one of the sorted, disjoint ``spans``."""
-    if not spans:
-        return False
-    i = bisect_right(spans, (pos, float("inf"))) - 1
-    return i >= 0 and spans[i][0] <= pos < spans[i][1]
-
-
 def overlaps(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
     """Whether ``[start, end)`` intersects one of the sorted, disjoint ``spans``."""
     if not spans:

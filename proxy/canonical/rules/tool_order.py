@@ -10,11 +10,8 @@ name, the same for every session. Names compare by code point: no locale.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 NAME = "tool_order"
-
-Mode = Literal["session", "sort"]
 
 
 def sorted_positions(names: Sequence[str]) -> list[int]:
