@@ -61,6 +61,8 @@ class RuleSettings(BaseModel):
     hashable; ``model_dump`` gives the nested dicts; ``of(rule)`` / ``get(name)`` one rule's settings.
     """
 
+    # The values are held as extras, one per rule name; what may be there is decided by the strict
+    # section model in ``_by_registry`` (extra="forbid"), so unknown names never get this far.
     model_config = ConfigDict(extra="allow", frozen=True)
 
     _rules: tuple[Rule, ...] = PrivateAttr(default=())

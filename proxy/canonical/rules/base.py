@@ -1,7 +1,7 @@
 """The rule interface: what a canonicalization rule declares, and one step signature per kind.
 
-A rule is a module of ``proxy/canonical/rules`` that defines ``RULE``, one of the three kinds below,
-with:
+A rule is a module of ``proxy/canonical/rules`` that defines ``RULE``, an instance of one of the three
+kinds below (the class is the kind), with:
 
 - ``name``: its key in the ``canonical.rules`` configuration section and its label in the rewrite
   metrics;
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -154,7 +154,6 @@ S = TypeVar("S", bound=RuleConfig)
 class TextRule(Generic[S]):
     """A rule over the texts of the leading system messages."""
 
-    kind: ClassVar[str] = "system_text"
     name: str
     settings: type[S]
     build: Callable[[S], TextStep | None]
@@ -164,7 +163,6 @@ class TextRule(Generic[S]):
 class ToolsRule(Generic[S]):
     """A rule over the tool list that depends on nothing else (its outcome is cached)."""
 
-    kind: ClassVar[str] = "tools"
     name: str
     settings: type[S]
     build: Callable[[S], ToolsStep | None]
@@ -174,7 +172,6 @@ class ToolsRule(Generic[S]):
 class SessionToolsRule(Generic[S]):
     """A rule over the tool list that reads or writes the session's state (runs on every request)."""
 
-    kind: ClassVar[str] = "session_tools"
     name: str
     settings: type[S]
     build: Callable[[S], SessionToolsStep | None]
