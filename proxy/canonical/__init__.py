@@ -8,6 +8,9 @@ Public API::
 
 ``SessionCanonState`` is the per-session state protocol (``InMemorySessionCanonState`` here, a Redis
 one with the session store); ``split_parts`` names the parts of a request for the break explainer.
+
+The rules live in ``proxy.canonical.rules``, one module each, listed in order of application by its
+registry (``RULE_ORDER``); ``proxy.canonical.rules.base`` is the rule interface.
 """
 
 from __future__ import annotations

@@ -11,120 +11,90 @@ label are deep-merged over the base rules::
         "qwen3-*": {rules: {env_block: {enabled: true}}}
       clients:
         legacy-bot: {enabled: false}
+
+The ``rules`` section is derived from the rule registry (``proxy.canonical.rules.REGISTRY``): one key
+per registered rule, its settings model validating the value.
 """
 
 from __future__ import annotations
 
-import re
 from fnmatch import fnmatchcase
-from typing import Any, Literal
+from typing import Any, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    create_model,
+    model_validator,
+)
 
-from proxy.canonical.rules import RULE_ORDER
-from proxy.canonical.rules.attribution import DEFAULT_HEADERS
-from proxy.canonical.rules.env_block import BLOCK_NAMES
-from proxy.canonical.rules.volatile_date import DEFAULT_PATTERNS
+from proxy.canonical.rules import REGISTRY
+from proxy.canonical.rules.base import Rule, RuleConfig, SessionToolsRule, StrictModel, TextRule, ToolsRule
+from proxy.canonical.rules.volatile_date import DatePattern
 
+__all__ = ["CanonicalConfig", "CanonicalOverride", "DatePattern", "RuleSettings"]
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+S = TypeVar("S", bound=RuleConfig)
 
-
-class ToolOrderSettings(_Strict):
-    """Rule 1: ``session`` = first-seen order per session; ``sort`` = by name, shared by all sessions."""
-
-    enabled: bool = True
-    mode: Literal["session", "sort"] = "session"
-    # Without session state ``session`` mode cannot remember anything: sort, or keep the client's order.
-    sessionless: Literal["sort", "keep"] = "sort"
-    max_names: int = Field(default=1024, ge=1)
-
-
-class SchemaKeyOrderSettings(_Strict):
-    """Rule 2: canonical key order of tool envelopes and schema keywords."""
-
-    enabled: bool = True
+# The strict model of the section for one registry state: one field per rule, named after the rule
+# (one entry per set of registered rules: the built-in set, plus the ones tests register).
+_SECTION_MODELS: dict[tuple[Rule, ...], type[BaseModel]] = {}
 
 
-class DedupeToolsSettings(_Strict):
-    """Rule 3: drop exact duplicates; same name with another definition: keep all or keep the first."""
-
-    enabled: bool = True
-    on_name_conflict: Literal["keep_all", "keep_first"] = "keep_all"
-
-
-class AttributionLineSettings(_Strict):
-    """Rule 4: header names whose ``name: k=v; ...`` lines are removed from system text."""
-
-    enabled: bool = True
-    headers: tuple[str, ...] = DEFAULT_HEADERS
+def _section_model(rules: tuple[Rule, ...]) -> type[BaseModel]:
+    model = _SECTION_MODELS.get(rules)
+    if model is None:
+        fields: dict[str, Any] = {r.name: (r.settings, Field(default_factory=r.settings)) for r in rules}
+        model = create_model("RuleSettings", __base__=StrictModel, **fields)
+        _SECTION_MODELS[rules] = model
+    return model
 
 
-class DatePattern(_Strict):
-    """A named regex for a volatile date/time; its ``time`` group is what ``day`` mode removes.
+class RuleSettings(BaseModel):
+    """The ``canonical.rules`` section: one settings object per registered rule, named after the rule.
 
-    ``hints``: literal substrings (case-insensitive), one of which must occur for the regex to run;
-    empty = always run.
+    Derived from ``REGISTRY`` when validated: every registered rule is there (its defaults when not
+    given), an unknown rule name or an unknown key in a rule's settings is rejected. Frozen and
+    hashable; ``model_dump`` gives the nested dicts; ``of(rule)`` / ``get(name)`` one rule's settings.
     """
 
-    name: str
-    regex: str
-    hints: tuple[str, ...] = ()
+    # The values are held as extras, one per rule name; what may be there is decided by the strict
+    # section model in ``_by_registry`` (extra="forbid"), so unknown names never get this far.
+    model_config = ConfigDict(extra="allow", frozen=True)
 
-    @field_validator("regex")
+    _rules: tuple[Rule, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _compiles(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid regex: {exc}") from exc
+    def _by_registry(cls, data: Any, handler: ModelWrapValidatorHandler[RuleSettings]) -> RuleSettings:
+        if isinstance(data, RuleSettings):
+            return data
+        rules = REGISTRY.rules
+        section = _section_model(rules).model_validate(data)
+        out = handler({r.name: getattr(section, r.name) for r in rules})
+        out._rules = rules
+        return out
+
+    def __hash__(self) -> int:
+        return hash(tuple((self.__pydantic_extra__ or {}).items()))
+
+    def items(self) -> tuple[tuple[Rule, RuleConfig], ...]:
+        """``(rule, its settings)`` in order of application."""
+        extra = self.__pydantic_extra__ or {}
+        return tuple((rule, extra[rule.name]) for rule in self._rules)
+
+    def get(self, name: str) -> RuleConfig:
+        """The settings of the rule named ``name``."""
+        value = (self.__pydantic_extra__ or {})[name]
+        assert isinstance(value, RuleConfig)
         return value
 
-
-def _default_date_patterns() -> tuple[DatePattern, ...]:
-    return tuple(DatePattern(name=n, regex=r, hints=h) for n, (r, h) in DEFAULT_PATTERNS.items())
-
-
-class VolatileDateSettings(_Strict):
-    """Rule 5: ``day`` coarsens to the date, ``move`` moves the line to a user message."""
-
-    enabled: bool = True
-    mode: Literal["day", "move"] = "day"
-    patterns: tuple[DatePattern, ...] = Field(default_factory=_default_date_patterns)
-    # ``move`` mode: how many (message, line) attachments a session remembers.
-    max_anchors: int = Field(default=8, ge=1)
-
-
-class WhitespaceSettings(_Strict):
-    """Rule 6: CRLF, trailing blanks, NFC and the final newline of system text."""
-
-    enabled: bool = True
-    # "keep": agents send their final newline consistently; forcing one would rewrite every request.
-    final_newline: Literal["one", "strip", "keep"] = "keep"
-    nfc: bool = True
-
-
-class EnvBlockSettings(_Strict):
-    """Rule 7 (opt-in): recognised environment blocks moved to a user message after the system."""
-
-    enabled: bool = False
-    blocks: tuple[Literal["env_tag", "cline_system_information"], ...] = BLOCK_NAMES  # type: ignore[assignment]
-
-
-class RuleSettings(_Strict):
-    """One settings object per rule; field names are the rule names used in metrics."""
-
-    tool_order: ToolOrderSettings = ToolOrderSettings()
-    schema_key_order: SchemaKeyOrderSettings = SchemaKeyOrderSettings()
-    dedupe_tools: DedupeToolsSettings = DedupeToolsSettings()
-    attribution_line: AttributionLineSettings = AttributionLineSettings()
-    volatile_date: VolatileDateSettings = VolatileDateSettings()
-    whitespace: WhitespaceSettings = WhitespaceSettings()
-    env_block: EnvBlockSettings = EnvBlockSettings()
-
-
-assert set(RuleSettings.model_fields) == set(RULE_ORDER), "every rule needs its settings"
+    def of(self, rule: TextRule[S] | ToolsRule[S] | SessionToolsRule[S]) -> S:
+        """The settings of ``rule``, typed."""
+        return cast(S, self.get(rule.name))
 
 
 def _deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +107,7 @@ def _deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class CanonicalOverride(_Strict):
+class CanonicalOverride(StrictModel):
     """A partial configuration: ``enabled`` and/or a per-rule patch of settings."""
 
     enabled: bool | None = None
@@ -145,18 +115,19 @@ class CanonicalOverride(_Strict):
 
     @model_validator(mode="after")
     def _patch_is_valid(self) -> CanonicalOverride:
-        unknown = sorted(set(self.rules) - set(RULE_ORDER))
+        known = REGISTRY.names()
+        unknown = sorted(set(self.rules) - set(known))
         if unknown:
-            raise ValueError(f"unknown rules {unknown}; known: {list(RULE_ORDER)}")
+            raise ValueError(f"unknown rules {unknown}; known: {list(known)}")
         RuleSettings.model_validate(_deep_merge(RuleSettings().model_dump(), self.rules))
         return self
 
 
-class CanonicalConfig(_Strict):
+class CanonicalConfig(StrictModel):
     """The canonicalizer's configuration (the ``canonical`` section of prefixgate's config)."""
 
     enabled: bool = True
-    rules: RuleSettings = RuleSettings()
+    rules: RuleSettings = Field(default_factory=RuleSettings)
     models: dict[str, CanonicalOverride] = Field(default_factory=dict)
     clients: dict[str, CanonicalOverride] = Field(default_factory=dict)
     # Entries per cache (canonical system texts, canonical tool lists), per resolved rule set.

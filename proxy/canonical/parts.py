@@ -14,7 +14,7 @@ from typing import Any, Literal
 import orjson
 import xxhash
 
-from proxy.canonical.engine import is_system_message
+from proxy.canonical.messages import is_system_message
 
 PartKind = Literal["system", "tool", "message"]
 

@@ -3,10 +3,10 @@
 Two things are remembered per session, both plain lists of JSON scalars:
 
 - the first-seen tool order (``tool_order`` rule, ``session`` mode): a list of function names;
-- in ``volatile_date`` ``move`` mode, where moved date lines were attached: a list of
-  ``[message_index, line]`` pairs, indices into the *canonical* message list. Re-attaching a line to
-  the same message every turn keeps the history byte-stable; a new date goes to the newest user
-  message and the old attachment stays where it was.
+- where text pinned to a user message was attached (``Destination.NEWEST_USER``: the moved date
+  lines of ``volatile_date`` ``move`` mode): a list of ``[message_index, line]`` pairs, indices into
+  the *canonical* message list. Re-attaching a line to the same message every turn keeps the history
+  byte-stable; a new date goes to the newest user message and the old attachment stays where it was.
 
 Getters return None when nothing is stored. Setters are only called when the value changes, so a
 store can write through without batching.

@@ -1,10 +1,23 @@
-"""The canonicalization rules, one module per rule; each is a small pure function over text or tools.
+"""The canonicalization rules, one module per rule, and the registry that lists them in order.
 
-Order of application (``RULE_ORDER``): the system-text rules, per text, then the tool rules.
-``whitespace`` runs last among the text rules so that what the others cut out leaves no ragged edges.
+Each rule module defines ``RULE`` (see ``proxy.canonical.rules.base``: name, settings model, kind and
+step). ``BUILTIN_RULES`` below is the order of application (``RULE_ORDER``): the system-text rules, per
+text, then the tool rules. ``whitespace`` runs last among the text rules so that what the others cut
+out leaves no ragged edges.
+
+Adding a rule: write ``proxy/canonical/rules/<module>.py`` with its ``RULE``, import the module here
+and put ``<module>.RULE`` in ``BUILTIN_RULES`` at its place. The ``canonical.rules`` configuration
+section (``RuleSettings``) then validates its settings under its name, per model and per client too,
+and its rewrites are counted under that name. ``REGISTRY.register`` adds a rule at run time (tests,
+extensions).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from pydantic import BaseModel
 
 from proxy.canonical.rules import (
     attribution,
@@ -15,9 +28,65 @@ from proxy.canonical.rules import (
     volatile_date,
     whitespace,
 )
+from proxy.canonical.rules.base import Rule
 
-TEXT_RULES: tuple[str, ...] = (attribution.NAME, volatile_date.NAME, env_block.NAME, whitespace.NAME)
-TOOL_RULES: tuple[str, ...] = (schema_keys.NAME, dedupe_tools.NAME, tool_order.NAME)
-RULE_ORDER: tuple[str, ...] = TEXT_RULES + TOOL_RULES
+BUILTIN_RULES: tuple[Rule, ...] = (
+    attribution.RULE,
+    volatile_date.RULE,
+    env_block.RULE,
+    whitespace.RULE,
+    schema_keys.RULE,
+    dedupe_tools.RULE,
+    tool_order.RULE,
+)
 
-__all__ = ["RULE_ORDER", "TEXT_RULES", "TOOL_RULES"]
+
+class Registry:
+    """The registered rules, in order of application. Names are unique; order is by registration."""
+
+    def __init__(self, rules: Iterable[Rule] = ()) -> None:
+        self._rules: tuple[Rule, ...] = ()
+        for rule in rules:
+            self.register(rule)
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        """The rules, in order of application."""
+        return self._rules
+
+    def names(self) -> tuple[str, ...]:
+        """The rule names, in order of application."""
+        return tuple(rule.name for rule in self._rules)
+
+    def register(self, rule: Rule, *, before: str | None = None) -> None:
+        """Add ``rule`` last, or just before the rule named ``before``."""
+        name = rule.name
+        if not name.isidentifier() or name.startswith("_") or hasattr(BaseModel, name):
+            raise ValueError(f"rule name {name!r} cannot be a configuration key")
+        if name in self.names():
+            raise ValueError(f"a rule named {name!r} is already registered")
+        at = len(self._rules) if before is None else self.names().index(before)
+        self._rules = (*self._rules[:at], rule, *self._rules[at:])
+
+    def unregister(self, name: str) -> None:
+        """Remove the rule named ``name`` (configurations validated before keep it)."""
+        if name not in self.names():
+            raise KeyError(name)
+        self._rules = tuple(rule for rule in self._rules if rule.name != name)
+
+    @contextmanager
+    def registered(self, rule: Rule, *, before: str | None = None) -> Iterator[Rule]:
+        """``rule`` registered for the duration of a ``with`` block."""
+        self.register(rule, before=before)
+        try:
+            yield rule
+        finally:
+            self.unregister(rule.name)
+
+
+REGISTRY = Registry(BUILTIN_RULES)
+register = REGISTRY.register
+
+RULE_ORDER: tuple[str, ...] = tuple(rule.name for rule in BUILTIN_RULES)
+
+__all__ = ["BUILTIN_RULES", "REGISTRY", "RULE_ORDER", "Registry", "register"]

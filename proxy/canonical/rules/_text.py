@@ -5,11 +5,17 @@ Rule 6 (whitespace) and the regex rules (5, 7) share one notion of "protected": 
 end of the text), a unified-diff hunk (from ``diff --git``, ``@@ `` or a ``--- ``/``+++ `` header pair,
 while lines start with a diff marker), and an apply_patch envelope (``*** Begin Patch`` to
 ``*** End Patch``). Being generous here only means a rule edits less.
+
+``extract_blocks`` takes recognised blocks out of a text while respecting those regions: the helper
+for rules that move an exactly recognised section out of the system prompt (``env_block``).
 """
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
+from collections.abc import Sequence
+from typing import NamedTuple
 
 _DIFF_LINE_STARTS = (" ", "+", "-", "@", "\\")
 _DIFF_HEADER_STARTS = (
@@ -108,14 +114,6 @@ def protected_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def in_spans(pos: int, spans: list[tuple[int, int]]) -> bool:
-    """Whether character offset ``pos`` falls inside one of the sorted, disjoint ``spans``."""
-    if not spans:
-        return False
-    i = bisect_right(spans, (pos, float("inf"))) - 1
-    return i >= 0 and spans[i][0] <= pos < spans[i][1]
-
-
 def overlaps(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
     """Whether ``[start, end)`` intersects one of the sorted, disjoint ``spans``."""
     if not spans:
@@ -124,3 +122,40 @@ def overlaps(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
     if i >= 0 and spans[i][1] > start:
         return True
     return i + 1 < len(spans) and spans[i + 1][0] < end
+
+
+class Recogniser(NamedTuple):
+    """An exactly recognised block: substrings that must all occur (a cheap gate), and a pattern whose
+    ``block`` group is the text to take out (the whole match is removed)."""
+
+    needles: tuple[str, ...]
+    pattern: re.Pattern[str]
+
+
+def extract_blocks(text: str, recognisers: Sequence[Recogniser]) -> tuple[str, tuple[str, ...]]:
+    """``text`` without the recognised blocks outside protected regions, and the blocks (outer
+    whitespace stripped), in text order. Where two matches overlap, the earlier one wins."""
+    found: list[tuple[int, int, str]] = []
+    spans: list[tuple[int, int]] | None = None
+    for needles, pattern in recognisers:
+        if not all(n in text for n in needles):
+            continue
+        for m in pattern.finditer(text):
+            if spans is None:
+                spans = protected_spans(text)
+            if not overlaps(m.start(), m.end(), spans):
+                found.append((m.start(), m.end(), m.group("block").strip("\r\n\t ")))
+    if not found:
+        return text, ()
+    found.sort()
+    pieces: list[str] = []
+    blocks: list[str] = []
+    pos = 0
+    for start, end, block in found:
+        if start < pos:  # overlapping recognisers: the first one wins
+            continue
+        pieces.append(text[pos:start])
+        blocks.append(block)
+        pos = end
+    pieces.append(text[pos:])
+    return "".join(pieces), tuple(blocks)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from proxy.canonical.rules.base import RuleConfig, TextEdit, TextRule, TextStep
+
 NAME = "attribution_line"
 
 DEFAULT_HEADERS: tuple[str, ...] = ("x-anthropic-billing-header",)
@@ -41,3 +43,23 @@ def strip_attribution(text: str, pattern: re.Pattern[str] | None, headers: Seque
         if not n:
             return text, total
         total += n
+
+
+class AttributionLineSettings(RuleConfig):
+    """Rule 4: header names whose ``name: k=v; ...`` lines are removed from system text."""
+
+    headers: tuple[str, ...] = DEFAULT_HEADERS
+
+
+def _build(settings: AttributionLineSettings) -> TextStep:
+    headers = settings.headers
+    pattern = compile_headers(headers)
+
+    def run(text: str) -> TextEdit:
+        out, n = strip_attribution(text, pattern, headers)
+        return TextEdit(out, n)
+
+    return TextStep(run)
+
+
+RULE = TextRule(NAME, AttributionLineSettings, _build)

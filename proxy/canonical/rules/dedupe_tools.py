@@ -9,7 +9,11 @@ definition is a conflict: ``keep_all`` passes both through, ``keep_first`` drops
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
+
+from proxy.canonical.rules.base import RuleConfig, ToolList, ToolsEdit, ToolsRule, ToolsStep
+from proxy.canonical.rules.schema_keys import canonical_keys
 
 NAME = "dedupe_tools"
 
@@ -41,3 +45,24 @@ def drop_duplicate_tools(
             seen_names.add(name)
         keep.append(i)
     return keep, len(tools) - len(keep)
+
+
+class DedupeToolsSettings(RuleConfig):
+    """Rule 3: drop exact duplicates; same name with another definition: keep all or keep the first."""
+
+    on_name_conflict: OnNameConflict = "keep_all"
+
+
+def _build(settings: DedupeToolsSettings) -> ToolsStep:
+    on_name_conflict = settings.on_name_conflict
+
+    def step(view: ToolList) -> ToolsEdit:
+        keys = view.keys if view.keys is not None else canonical_keys(view.tools)
+        keep, dropped = drop_duplicate_tools(view.tools, keys, view.names, on_name_conflict)
+        view = replace(view, keys=keys)
+        return ToolsEdit(view.select(keep), dropped) if dropped else ToolsEdit(view)
+
+    return step
+
+
+RULE = ToolsRule(NAME, DedupeToolsSettings, _build)

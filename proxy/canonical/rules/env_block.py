@@ -2,8 +2,9 @@
 
 cwd, platform, OS and git state make the system prompt (and, on templates that render tools inside
 the system turn, the tool block) unique per session. Moving the recognised block to a user message
-right after the system messages lets every session of an agent share system + tools. It changes what
-the model reads where, so it is off by default and only exact, known shapes are recognised:
+right after the system messages (``Destination.AFTER_SYSTEM``) lets every session of an agent share
+system + tools. It changes what the model reads where, so it is off by default and only exact, known
+shapes are recognised:
 
 - ``env_tag``: an ``<env>...</env>`` element (opencode, Claude Code), with the introducing line just
   before it when that line ends in ``:``, and a directly following ``<project>...</project>`` tree
@@ -16,14 +17,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal, get_args
 
-from proxy.canonical.rules._text import overlaps, protected_spans
+from proxy.canonical.rules._text import Recogniser, extract_blocks
+from proxy.canonical.rules.base import Destination, Moved, RuleConfig, TextEdit, TextRule, TextStep
 
 NAME = "env_block"
 
-# name -> (substrings that must all occur, pattern with a ``block`` group: the text to move).
-RECOGNISERS: dict[str, tuple[tuple[str, ...], re.Pattern[str]]] = {
-    "env_tag": (
+BlockName = Literal["env_tag", "cline_system_information"]
+
+RECOGNISERS: dict[str, Recogniser] = {
+    "env_tag": Recogniser(
         ("<env>", "</env>"),
         re.compile(
             r"^(?P<block>(?:[^\n<]*:[ \t]*\r?\n)?<env>[ \t]*\r?\n(?:.*?\n)??</env>[ \t]*"
@@ -31,7 +35,7 @@ RECOGNISERS: dict[str, tuple[tuple[str, ...], re.Pattern[str]]] = {
             re.MULTILINE | re.DOTALL,
         ),
     ),
-    "cline_system_information": (
+    "cline_system_information": Recogniser(
         ("SYSTEM INFORMATION",),
         re.compile(
             r"^(?:====[ \t]*\r?\n[ \t]*\r?\n)?"
@@ -42,33 +46,32 @@ RECOGNISERS: dict[str, tuple[tuple[str, ...], re.Pattern[str]]] = {
     ),
 }
 
-BLOCK_NAMES: tuple[str, ...] = tuple(RECOGNISERS)
+BLOCK_NAMES: tuple[BlockName, ...] = get_args(BlockName)
+assert tuple(RECOGNISERS) == BLOCK_NAMES, "one recogniser per block name"
 
 
 def extract_env_blocks(text: str, names: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     """``text`` without the recognised blocks, and the blocks (outer whitespace stripped), in text order."""
-    found: list[tuple[int, int, str]] = []
-    spans: list[tuple[int, int]] | None = None
-    for name in names:
-        needles, pattern = RECOGNISERS[name]
-        if not all(n in text for n in needles):
-            continue
-        for m in pattern.finditer(text):
-            if spans is None:
-                spans = protected_spans(text)
-            if not overlaps(m.start(), m.end(), spans):
-                found.append((m.start(), m.end(), m.group("block").strip("\r\n\t ")))
-    if not found:
-        return text, ()
-    found.sort()
-    pieces: list[str] = []
-    blocks: list[str] = []
-    pos = 0
-    for start, end, block in found:
-        if start < pos:  # overlapping recognisers: the first one wins
-            continue
-        pieces.append(text[pos:start])
-        blocks.append(block)
-        pos = end
-    pieces.append(text[pos:])
-    return "".join(pieces), tuple(blocks)
+    return extract_blocks(text, [RECOGNISERS[name] for name in names])
+
+
+class EnvBlockSettings(RuleConfig):
+    """Rule 7 (opt-in): recognised environment blocks moved to a user message after the system."""
+
+    enabled: bool = False
+    blocks: tuple[BlockName, ...] = BLOCK_NAMES
+
+
+def _build(settings: EnvBlockSettings) -> TextStep | None:
+    if not settings.blocks:
+        return None
+    recognisers = [RECOGNISERS[name] for name in settings.blocks]
+
+    def run(text: str) -> TextEdit:
+        out, blocks = extract_blocks(text, recognisers)
+        return TextEdit(out, len(blocks), tuple(Moved(b, Destination.AFTER_SYSTEM) for b in blocks))
+
+    return TextStep(run)
+
+
+RULE = TextRule(NAME, EnvBlockSettings, _build)

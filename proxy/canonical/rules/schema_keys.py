@@ -10,8 +10,13 @@ would change what the model is shown.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
+
+import orjson
+
+from proxy.canonical.rules.base import RuleConfig, ToolList, ToolsEdit, ToolsRule, ToolsStep
 
 NAME = "schema_key_order"
 
@@ -103,3 +108,28 @@ def canonical_tool(tool: Any) -> Any:
             value = fn
         out[key] = value
     return out
+
+
+def canonical_keys(tools: Sequence[Any]) -> tuple[bytes, ...]:
+    """The canonical serialization of each tool: equal bytes, same definition."""
+    return tuple(orjson.dumps(canonical_tool(t)) for t in tools)
+
+
+class SchemaKeyOrderSettings(RuleConfig):
+    """Rule 2: canonical key order of tool envelopes and schema keywords."""
+
+
+def _step(view: ToolList) -> ToolsEdit:
+    canon = tuple(canonical_tool(t) for t in view.tools)
+    keys = tuple(orjson.dumps(c) for c in canon)
+    n = sum(1 for key, raw in zip(keys, view.tools, strict=True) if key != orjson.dumps(raw))
+    if not n:
+        return ToolsEdit(replace(view, keys=keys))
+    return ToolsEdit(ToolList(canon, view.names, keys), n)
+
+
+def _build(settings: SchemaKeyOrderSettings) -> ToolsStep:
+    return _step
+
+
+RULE = ToolsRule(NAME, SchemaKeyOrderSettings, _build)

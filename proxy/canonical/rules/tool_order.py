@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-NAME = "tool_order"
+from pydantic import Field
 
-Mode = Literal["session", "sort"]
+from proxy.canonical.rules.base import RuleConfig, SessionToolsRule, SessionToolsStep, ToolList, ToolsEdit
+from proxy.canonical.state import SessionCanonState
+
+NAME = "tool_order"
 
 
 def sorted_positions(names: Sequence[str]) -> list[int]:
@@ -42,3 +45,37 @@ def session_positions(
     if not added:
         return positions, None
     return positions, [*(prior or ()), *added]
+
+
+class ToolOrderSettings(RuleConfig):
+    """Rule 1: ``session`` = first-seen order per session; ``sort`` = by name, shared by all sessions."""
+
+    mode: Literal["session", "sort"] = "session"
+    # Without session state ``session`` mode cannot remember anything: sort, or keep the client's order.
+    sessionless: Literal["sort", "keep"] = "sort"
+    max_names: int = Field(default=1024, ge=1)
+
+
+def _build(settings: ToolOrderSettings) -> SessionToolsStep:
+    mode, sessionless, max_names = settings.mode, settings.sessionless, settings.max_names
+
+    def step(view: ToolList, session: SessionCanonState | None) -> ToolsEdit:
+        names = view.all_named()
+        if names is None or len(names) < 2:  # a tool without a function name: order left alone
+            return ToolsEdit(view)
+        effective = mode if mode == "sort" or session is not None else sessionless
+        if effective == "sort":
+            positions = sorted_positions(names)
+        elif effective == "session" and session is not None:
+            positions, stored = session_positions(names, session.get_tool_order(), max_names)
+            if stored is not None:
+                session.set_tool_order(stored)
+        else:
+            return ToolsEdit(view)
+        moved = sum(1 for i, p in enumerate(positions) if i != p)
+        return ToolsEdit(view.select(positions), moved) if moved else ToolsEdit(view)
+
+    return step
+
+
+RULE = SessionToolsRule(NAME, ToolOrderSettings, _build)

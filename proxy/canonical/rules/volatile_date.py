@@ -5,8 +5,9 @@ and with them the cache of everything after. Two modes:
 
 - ``day``: drop the time of day (the ``time`` group of a pattern), keeping the date. The prompt then
   changes at most once a day and is shared by all sessions of that day.
-- ``move``: take the whole line out of the system prompt; the engine appends it to a user message
-  (see ``proxy.canonical.engine``), so the system prompt never changes.
+- ``move``: take the whole line out of the system prompt, to the newest user message
+  (``Destination.NEWEST_USER``: pinned there across turns), so the system prompt never changes. A
+  request with no user message gets ``day`` mode instead.
 
 Patterns are regexes with an optional ``date`` and ``time`` group, plus literal hints that gate them;
 only matches outside fenced code and diff hunks count. The defaults cover the agents of
@@ -20,8 +21,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from proxy.canonical.rules._text import overlaps, protected_spans
+from proxy.canonical.rules.base import (
+    Destination,
+    Moved,
+    RuleConfig,
+    StrictModel,
+    TextEdit,
+    TextRule,
+    TextStep,
+)
 
 NAME = "volatile_date"
 
@@ -138,3 +151,57 @@ def extract_date_lines(text: str, patterns: Sequence[CompiledPattern]) -> tuple[
         if line.strip()
     )
     return _cut(text, merged), lines
+
+
+class DatePattern(StrictModel):
+    """A named regex for a volatile date/time; its ``time`` group is what ``day`` mode removes.
+
+    ``hints``: literal substrings (case-insensitive), one of which must occur for the regex to run;
+    empty = always run.
+    """
+
+    name: str
+    regex: str
+    hints: tuple[str, ...] = ()
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regex: {exc}") from exc
+        return value
+
+
+def _default_date_patterns() -> tuple[DatePattern, ...]:
+    return tuple(DatePattern(name=n, regex=r, hints=h) for n, (r, h) in DEFAULT_PATTERNS.items())
+
+
+class VolatileDateSettings(RuleConfig):
+    """Rule 5: ``day`` coarsens to the date, ``move`` moves the line to a user message."""
+
+    mode: Literal["day", "move"] = "day"
+    patterns: tuple[DatePattern, ...] = Field(default_factory=_default_date_patterns)
+    # ``move`` mode: how many (message, line) attachments a session remembers.
+    max_anchors: int = Field(default=8, ge=1)
+
+
+def _build(settings: VolatileDateSettings) -> TextStep | None:
+    patterns = compile_patterns([(p.regex, p.hints) for p in settings.patterns])
+
+    def day(text: str) -> TextEdit:
+        out, n = coarsen_dates(text, patterns)
+        return TextEdit(out, n)
+
+    if settings.mode == "day":
+        return TextStep(day) if patterns else None
+
+    def move(text: str) -> TextEdit:
+        out, lines = extract_date_lines(text, patterns)
+        return TextEdit(out, len(lines), tuple(Moved(line, Destination.NEWEST_USER) for line in lines))
+
+    return TextStep(move, user_anchors=settings.max_anchors, without_user=TextStep(day))
+
+
+RULE = TextRule(NAME, VolatileDateSettings, _build)

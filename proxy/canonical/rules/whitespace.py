@@ -12,6 +12,7 @@ import unicodedata
 from typing import Literal
 
 from proxy.canonical.rules._text import protected_line_mask
+from proxy.canonical.rules.base import RuleConfig, TextEdit, TextRule, TextStep
 
 NAME = "whitespace"
 
@@ -60,3 +61,24 @@ def normalize_whitespace(
         body = result.rstrip("\n")
         result = body + "\n" if final_newline == "one" and body else body
     return result, int(result != text)
+
+
+class WhitespaceSettings(RuleConfig):
+    """Rule 6: CRLF, trailing blanks, NFC and the final newline of system text."""
+
+    # "keep": agents send their final newline consistently; forcing one would rewrite every request.
+    final_newline: FinalNewline = "keep"
+    nfc: bool = True
+
+
+def _build(settings: WhitespaceSettings) -> TextStep:
+    final_newline, nfc = settings.final_newline, settings.nfc
+
+    def run(text: str) -> TextEdit:
+        out, n = normalize_whitespace(text, final_newline=final_newline, nfc=nfc)
+        return TextEdit(out, n)
+
+    return TextStep(run)
+
+
+RULE = TextRule(NAME, WhitespaceSettings, _build)
