@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\ncanonicalization cost (bench/canonical_cost.py):")
         canonical_cost_main(["--runs", str(args.cost_runs)])
         cost = json.loads((OUT_DIR / "canonical_cost.json").read_text())
-    options = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    options = {k: v for k, v in vars(args).items() if k != "handler" and not k.startswith("_")}
     report = {
         "args": options,
         "machine": machine(),

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print("\nhit rate = cached tokens / prompt tokens as the ranks reported them (usage.cached_tokens);")
     print("bound = the same workload on one rank with an unlimited KV pool.")
-    options = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    options = {k: v for k, v in vars(args).items() if k != "handler" and not k.startswith("_")}
     turns = {policy: r.pop("turns") for policy, r in results.items()}
     path = write_json("demo.json", {"args": options, "results": results})
     print(f"wrote {path}")

@@ -18,7 +18,7 @@ comparison between phases is what matters.
     python -m bench.load [--sessions 1000] [--seconds 45] [--direct-seconds 15] [--two-seconds 30]
         [--proxy-yaml FILE] [--pool-tokens N] [--proxy-arg=--FLAG ...]
 
-``--proxy-yaml`` merges a YAML file (e.g. ``tokenization: {session_cache_mb: 16}``) into a generated
+``--proxy-yaml`` merges a YAML file (e.g. ``session_memory_mb: 16``) into a generated
 ``--config`` whose backends are the stub ranks (with ``pool_tokens`` when ``--pool-tokens`` is
 given, bounding each rank's prefix-index mirror); ``--proxy-arg`` adds a ``prefixgate serve`` flag.
 Both apply to every proxied phase, so small bounds show whether RSS levels off.

@@ -115,14 +115,14 @@ def repeat_100k(repeats: int) -> list[tuple[bytes, str | None]]:
 
 
 def new_sessions(count: int) -> list[tuple[bytes, str | None]]:
-    out = []
+    out: list[tuple[bytes, str | None]] = []
     for s in agent_sessions(sessions=count, turns=1, seed=7):
         out.append((orjson.dumps(s.request(0, "stub-model")), s.key))
     return out
 
 
 def small(count: int) -> list[tuple[bytes, str | None]]:
-    out = []
+    out: list[tuple[bytes, str | None]] = []
     for i in range(count):
         messages = [
             {"role": "system", "content": SMALL_SYSTEM},

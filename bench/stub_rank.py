@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +155,7 @@ async def _stream(
     model: str,
     include_usage: bool,
     prompt_tokens: int,
-):
+) -> AsyncIterator[bytes]:
     obj = "chat.completion.chunk" if chat else "text_completion"
     sent = 0
     try:

@@ -95,6 +95,7 @@ class Settings(BaseModel):
     session_idle_ttl: float = Field(default=300.0, gt=0)
     admission_wait: float = Field(default=30.0, ge=0)
     max_sessions_per_rank: int = Field(default=0, ge=0)
+    session_memory_mb: float = Field(default=512.0, gt=0)
     # Sections owned by later pipeline stages; validated by their own models.
     tokenization: dict[str, Any] = Field(default_factory=dict)
     canonical: dict[str, Any] = Field(default_factory=dict)
@@ -192,6 +193,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("admission_wait", float, "seconds a new session waits for a rank with room before a 429 (FIFO)"),
     Option("max_sessions_per_rank", int, "most active sessions on one rank (0: no limit)"),
+    Option(
+        "session_memory_mb",
+        float,
+        "memory for what this process keeps per session between turns (previous turn's tokens and "
+        "block hashes, the explainer's previous body, turn log), least recently used session out first",
+    ),
     Option(
         "api_keys_file",
         str,

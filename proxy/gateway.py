@@ -55,7 +55,7 @@ class Gateway:
         self.metrics = Metrics()
         self.state: StateBackend = open_state(settings)
         #: What this process keeps per session between its turns, for every stage.
-        self.locals = SessionLocals()
+        self.locals = SessionLocals(budget_bytes=int(settings.session_memory_mb * 1024 * 1024))
         self.sessions = SessionTable(self.state.sessions(), settings.session_idle_ttl)
         self.explainer = Explainer(self.locals, self.metrics, on_break=self.sessions.add_break)
         self.dashboard = Dashboard(self.locals)

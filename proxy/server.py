@@ -49,7 +49,6 @@ class ServerThread:
         self.host = host
         self.port = port or free_port(host)
         self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port, log_level))
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, name=f"uvicorn-{self.port}", daemon=True)
         self._error: BaseException | None = None
 

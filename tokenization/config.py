@@ -54,7 +54,12 @@ class TokenizerConfig(BaseModel):
     cache_salt_style: ExtraKeysStyle = Field(
         default=ExtraKeysStyle.TAGGED, description="tagged: vLLM >= 0.12 style; plain: vLLM 0.11"
     )
-    session_cache_mb: float = Field(default=256.0, ge=0, description="memory budget of the per-session cache")
+    session_cache_mb: float = Field(
+        default=256.0,
+        ge=0,
+        description="memory budget of the standalone per-session cache "
+        "(prefixgate serve keeps sessions under session_memory_mb)",
+    )
     shared_cache_mb: float = Field(
         default=32.0,
         ge=0,

@@ -19,7 +19,6 @@ from typing import Any
 
 from tokenizers import Tokenizer as HfCoreTokenizer
 
-from tokenization.agent_apis import BILLING_HEADER_PREFIX
 from tokenization.base import (
     ChatPrompt,
     Encoded,
@@ -29,6 +28,7 @@ from tokenization.base import (
     common_prefix_len,
     whole_prompt,
 )
+from tokenization.chat_conversion import BILLING_HEADER_PREFIX
 from tokenization.hf_template import load_chat_template, render_chat, select_template
 
 CHARS_PER_TOKEN = 4
@@ -190,6 +190,15 @@ class HfTokenizer:
             self._special,
             prompt.chat_template_kwargs,
         )
+
+    def token_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (a special token such as ``<|im_start|>``), or None."""
+        found = self._tok.token_to_id(token)
+        return found if isinstance(found, int) else None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids``."""
+        return str(self._tok.decode(ids, skip_special_tokens))
 
     def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text`` (from scratch)."""

@@ -37,6 +37,8 @@ from tokenization.lru import LRU
 
 _T = TypeVar("_T")
 
+#: Token ids fit vLLM's (and the token array's) 32 bits; a larger one is not a token.
+_TOKEN_ID_LIMIT = 1 << 32
 # Per cached block hash: the bytes object header (33) + list slot (8) on top of the digest.
 _HASH_OVERHEAD = 41
 # A shared-cache entry's key and tuple, on top of its hashes.
@@ -55,6 +57,9 @@ class PromptBlocks:
     reused_tokens: int = 0  # leading tokens taken from the session's previous turn without re-encoding
     reused_blocks: int = 0  # leading block hashes taken from the previous turn
     shared_blocks: int = 0  # leading block hashes taken from the cross-session cache (not hashed here)
+    #: Leading tokens of the segment sessions of one agent share (system prompt + tools), as the
+    #: tokenizer marks it (``Encoded.shared_tokens``): the prompt's *head*.
+    shared_tokens: int = 0
     #: What the next turn of this session starts from (``IncrementalTokenizer.chat_blocks``), and
     #: about how many bytes it holds.
     memo: PromptMemo | None = None
@@ -70,6 +75,16 @@ class PromptBlocks:
         if i >= 0 and self.parts[i][1] <= token_index < self.parts[i][2]:
             return self.parts[i][0]
         return None
+
+    def head(self) -> tuple[str | None, int]:
+        """The head in full blocks: (its key, its tokens), or (None, 0) without one. The key is the
+        hex of the head's last block hash, which (chained) names the whole head and its salt: the one
+        identity of an agent's system + tools, the same for every session of that agent."""
+        full = min(self.shared_tokens // self.block_size, len(self.block_hashes))
+        if full == 0:
+            return None, 0
+        last = self.block_hashes[full - 1]
+        return (last.hex() if isinstance(last, bytes) else str(last)), full * self.block_size
 
     def kv_event_hashes(self) -> list[int]:
         """The uint64 form vLLM publishes in KV events."""
@@ -158,7 +173,7 @@ class IncrementalTokenizer:
         if isinstance(prompt, str):
             model = body.get("model")
             plan = await self.tokenizer.plan_text(prompt, base, model if isinstance(model, str) else None)
-        elif isinstance(prompt, list) and all(type(t) is int and t >= 0 for t in prompt):
+        elif isinstance(prompt, list) and all(type(t) is int and 0 <= t < _TOKEN_ID_LIMIT for t in prompt):
             plan = token_ids_plan(prompt, base)
         else:
             raise UnsupportedRequest("'prompt' must be a string or a list of token ids")
@@ -188,6 +203,7 @@ class IncrementalTokenizer:
             reused_tokens=encoded.reused,
             reused_blocks=keep if shared is None else 0,
             shared_blocks=0 if shared is None else keep,
+            shared_tokens=encoded.shared_tokens,
             memo=PromptMemo(kind, encoded, salt, hashes),
             memo_bytes=encoded.nbytes + len(hashes) * self._hash_bytes + 200,
         )

@@ -1,6 +1,6 @@
 """The simulated rank's Anthropic Messages and OpenAI Responses endpoints.
 
-Each request is converted to chat messages by ``tokenization.agent_apis`` (the functions prefixgate
+Each request is converted to chat messages by ``tokenization.chat_conversion`` (the functions prefixgate
 uses too) and runs through the same engine as ``/v1/chat/completions``, so the prefix cache sees
 exactly the tokens a chat request with those messages would give. Answers and SSE events have the
 shapes vLLM gives them: Anthropic ``message_start`` ... ``message_stop`` with
@@ -28,7 +28,7 @@ from bench.sim.json_io import json_response, openai_error, read_json_object
 from bench.sim.prompts import Prompt
 from bench.sim.rank import SimRank
 from bench.sim.sequences import OUTPUT_TOKEN_TEXT, OutQueue, RequestTooLarge, SimRequest
-from tokenization.agent_apis import ConversionError, anthropic_to_chat, responses_to_chat
+from tokenization.chat_conversion import ConversionError, anthropic_to_chat, responses_to_chat
 from tokenization.lru import LRU
 
 #: Responses kept for ``previous_response_id`` per rank.

@@ -146,6 +146,11 @@ class KVEventPublisher:
         self._thread = threading.Thread(target=self._run, name=f"kv-events-{self.endpoint}", daemon=True)
         self._thread.start()
 
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next batch sent will carry (batches sent so far)."""
+        return self._seq
+
     def publish(self, ts: float, events: list[PoolEvent]) -> None:
         """Queue one batch (no-op when ``events`` is empty)."""
         if events:

@@ -5,9 +5,6 @@ from __future__ import annotations
 from proxy.admission.config import BYTES_PER_TOKEN
 from proxy.context import RequestContext
 
-#: Labels of a prompt's first part when it is the system+tools segment sessions of one agent share.
-HEAD_PARTS = frozenset({"system+tools", "system", "tools"})
-
 
 def prompt_tokens(ctx: RequestContext) -> int:
     """The prompt's tokens; estimated from the body without a count (policies that need no blocks)."""
@@ -17,18 +14,10 @@ def prompt_tokens(ctx: RequestContext) -> int:
 
 
 def head(ctx: RequestContext) -> tuple[str | None, int]:
-    """The prompt's leading system+tools segment in full blocks: (key, tokens), or (None, 0).
-
-    Sessions of one agent share it, and a rank caches its blocks once whatever its sessions."""
+    """The prompt's head (``PromptBlocks.head``: the system+tools segment sessions of one agent
+    share, which a rank caches once whatever its sessions), or (None, 0)."""
     blocks = ctx.prompt_blocks
-    if blocks is None or not blocks.parts or blocks.parts[0][0] not in HEAD_PARTS:
-        return None, 0
-    full = min(blocks.parts[0][2] // blocks.block_size, len(blocks.block_hashes))
-    if full == 0:
-        return None, 0
-    last = blocks.block_hashes[full - 1]
-    # chained hashes: the last block's hash names the whole head (and its salt)
-    return (last.hex() if isinstance(last, bytes) else str(last)), full * blocks.block_size
+    return blocks.head() if blocks is not None else (None, 0)
 
 
 def context_blocks(ctx: RequestContext, tokens: int, block_size: int) -> int:

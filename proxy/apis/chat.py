@@ -21,7 +21,7 @@ PATH = "/v1/chat/completions"
 
 class ChatApi:
     name = "chat"
-    endpoints = (Endpoint("POST", PATH, "complete", PATH),)
+    endpoints: tuple[Endpoint, ...] = (Endpoint("POST", PATH, "complete", PATH),)
     prompt_kind: Literal["chat", "text"] = "chat"
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:

@@ -20,7 +20,7 @@ PATH = "/v1/completions"
 
 class CompletionsApi:
     name = "completions"
-    endpoints = (Endpoint("POST", PATH, "complete", PATH),)
+    endpoints: tuple[Endpoint, ...] = (Endpoint("POST", PATH, "complete", PATH),)
     prompt_kind: Literal["chat", "text"] = "text"
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:

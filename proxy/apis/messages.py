@@ -2,7 +2,7 @@
 
 The rank serves this API itself (vLLM's ``/v1/messages``); prefixgate forwards the client's request
 at the same path and relays the answer in Anthropic's SSE events. For tokenization the request is
-converted into the chat body vLLM renders (``tokenization.agent_apis``, shared with the simulator).
+converted into the chat body vLLM renders (``tokenization.chat_conversion``, shared with the simulator).
 
 
 Canonicalization sees ``system`` (a string, or text blocks whose ``cache_control`` markers ride
@@ -32,7 +32,7 @@ from proxy.apis.base import (
 from proxy.errors import ProxyError, bad_request
 from proxy.ops.limits import Bounds, check_bounds
 from proxy.stages.usage import Usage
-from tokenization.agent_apis import ConversionError, anthropic_to_chat, anthropic_tools_to_chat
+from tokenization.chat_conversion import ConversionError, anthropic_to_chat, anthropic_tools_to_chat
 
 PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -57,7 +57,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 class MessagesApi:
     name = "messages"
-    endpoints = (
+    endpoints: tuple[Endpoint, ...] = (
         Endpoint("POST", PATH, "complete", PATH),
         Endpoint("POST", COUNT_TOKENS_PATH, "count", COUNT_TOKENS_PATH),
     )

@@ -31,7 +31,7 @@ from proxy.apis.base import (
 from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
 from proxy.ops.limits import Bounds, check_bounds, too_many
 from proxy.stages.usage import Usage
-from tokenization.agent_apis import ConversionError, responses_to_chat, responses_tools_to_chat
+from tokenization.chat_conversion import ConversionError, responses_to_chat, responses_tools_to_chat
 
 PATH = "/v1/responses"
 _TEXT_ROLES = frozenset({"user", "system", "developer"})
@@ -39,7 +39,7 @@ _TEXT_ROLES = frozenset({"user", "system", "developer"})
 
 class ResponsesApi:
     name = "responses"
-    endpoints = (
+    endpoints: tuple[Endpoint, ...] = (
         Endpoint("POST", PATH, "complete", PATH),
         Endpoint("GET", PATH + "/{response_id}", "retrieve", PATH),
     )

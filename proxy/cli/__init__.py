@@ -29,14 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=help_text, description=help_text)
         module.configure_parser(command)
-        command.set_defaults(_run=module.run)
+        command.set_defaults(handler=module.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args._run(args) or 0)
+        return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         return 130
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any, cast
 
 from proxy.config import OPTIONS, ConfigError, load_settings
 
@@ -88,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn_config(app, settings.host, settings.port, settings.log_level, settings.event_loop)
     # SIGTERM: uvicorn stops listening, lets in-flight requests (streams too) finish up to this
     # deadline, then cancels them and runs the app's shutdown
-    config.timeout_graceful_shutdown = settings.shutdown_timeout  # type: ignore[assignment]
+    # (uvicorn annotates it int; it is a number of seconds handed to asyncio.wait_for, so a float works)
+    config.timeout_graceful_shutdown = cast(Any, settings.shutdown_timeout)
     server = uvicorn.Server(config)
     server.run()
     return 0

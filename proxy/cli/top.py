@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import httpx
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
@@ -23,6 +23,28 @@ from rich.text import Text
 
 SPARKS = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 24
+
+
+RANK_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("rank", "left"),
+    ("health", "left"),
+    ("pool occupied (| budget)", "left"),
+    ("working set", "right"),
+    ("pool", "right"),
+    ("sessions", "right"),
+    ("in flight", "right"),
+    ("hit rate", "right"),
+)
+
+SESSION_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("session", "left"),
+    ("rank", "left"),
+    ("turns", "right"),
+    ("context", "right"),
+    ("hit rate", "right"),
+    ("last break", "left"),
+    ("idle", "right"),
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -113,17 +135,8 @@ def render_frame(overview: dict[str, Any], sessions: dict[str, Any], url: str = 
     head.append("▏")
 
     ranks = Table(title="ranks", title_justify="left", expand=True, box=None, pad_edge=False)
-    for column, justify in (
-        ("rank", "left"),
-        ("health", "left"),
-        ("pool occupied (| budget)", "left"),
-        ("working set", "right"),
-        ("pool", "right"),
-        ("sessions", "right"),
-        ("in flight", "right"),
-        ("hit rate", "right"),
-    ):
-        ranks.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for column, justify in RANK_COLUMNS:
+        ranks.add_column(column, justify=justify)
     for rank in overview["ranks"]:
         health = Text("up", style="green") if rank["healthy"] else Text("DOWN", style="bold red")
         ranks.add_row(
@@ -159,16 +172,8 @@ def render_frame(overview: dict[str, Any], sessions: dict[str, Any], url: str = 
         box=None,
         pad_edge=False,
     )
-    for column, justify in (
-        ("session", "left"),
-        ("rank", "left"),
-        ("turns", "right"),
-        ("context", "right"),
-        ("hit rate", "right"),
-        ("last break", "left"),
-        ("idle", "right"),
-    ):
-        table.add_column(column, justify=justify, overflow="ellipsis", no_wrap=True)  # type: ignore[arg-type]
+    for column, justify in SESSION_COLUMNS:
+        table.add_column(column, justify=justify, overflow="ellipsis", no_wrap=True)
     for row in sessions["data"]:
         last = row.get("last_break")
         table.add_row(

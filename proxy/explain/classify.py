@@ -81,7 +81,9 @@ def classify(
 ) -> dict[str, Any]:
     old, new = found
     kinds = {p.kind for p in (old, new) if p is not None}
-    name = (new or old).name  # type: ignore[union-attr]
+    part = new if new is not None else old
+    assert part is not None  # first_differing_part never returns (None, None)
+    name = part.name
     if "system" in kinds:
         old_text = _system_text(old)
         new_text = _system_text(new)
@@ -140,8 +142,9 @@ def _history(
     lost: int | None,
     name: str,
 ) -> dict[str, Any]:
-    index = (old or new).index  # type: ignore[union-attr]
-    role = (old or new).role  # type: ignore[union-attr]
+    part = old if old is not None else new
+    assert part is not None  # first_differing_part never returns (None, None)
+    index, role = part.index, part.role
     old_messages = prev.body.get("messages")
     new_messages = turn.body.get("messages")
     n_old = len(old_messages) if isinstance(old_messages, list) else 0

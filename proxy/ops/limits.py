@@ -89,10 +89,10 @@ def check_bounds(body: dict[str, Any], bounds: Bounds = DEFAULT_BOUNDS, *, messa
     ``messages`` list) or tools, or nests too deep."""
     max_messages, max_tools, max_depth = bounds.max_messages, bounds.max_tools, bounds.max_json_depth
     if messages:
-        messages = body.get("messages")
-        if isinstance(messages, list) and len(messages) > max_messages:
+        listed = body.get("messages")
+        if isinstance(listed, list) and len(listed) > max_messages:
             raise too_many(
-                "messages", len(messages), max_messages, "max_messages", "messages", "too_many_messages"
+                "messages", len(listed), max_messages, "max_messages", "messages", "too_many_messages"
             )
     tools = body.get("tools")
     if isinstance(tools, list) and len(tools) > max_tools:

@@ -121,7 +121,8 @@ class RedisSessionStore:
             return self.local.get(key) is not None
         return True
 
-    def _load(self, keys: list[bytes]) -> list[Session]:
+    def _load(self, keys: Any) -> list[Session]:
+        """The records of ``keys`` (a Redis reply: a list of bytes)."""
         if not keys:
             return []
         raws = self.redis.mget([self._key(k.decode()) for k in keys])

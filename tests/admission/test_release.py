@@ -51,7 +51,7 @@ def ctx_for(key: str, tokens: int, head: bytes | None = None, head_tokens: int =
         hashes = [b"h%d" % i for i in range(head_tokens // BLOCK - 1)] + [head]
         hashes += [f"{key}{i}".encode() for i in range((tokens - head_tokens) // BLOCK)]
         parts = (("system+tools", 0, head_tokens), ("message[1]", head_tokens, tokens))
-        ctx.prompt_blocks = PromptBlocks(tokens, BLOCK, hashes, parts, array("I"))
+        ctx.prompt_blocks = PromptBlocks(tokens, BLOCK, hashes, parts, array("I"), shared_tokens=head_tokens)
         ctx.block_hashes = hashes
     return ctx
 

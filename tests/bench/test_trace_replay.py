@@ -53,6 +53,6 @@ def test_bench_command_stops_with_a_clear_message_without_traces(tmp_path, capsy
     from proxy.cli import build_parser
 
     args = build_parser().parse_args(["bench", "--traces", str(tmp_path / "absent"), "--out", str(tmp_path)])
-    assert args._run(args) == 2
+    assert args.handler(args) == 2
     assert "not on this machine" in capsys.readouterr().err
     assert not (tmp_path / "results.json").exists()

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
-from proxy.canonical.rules._text import protected_line_mask
+from proxy.canonical.rules.text import protected_line_mask
 from tokenization.chatml import render_segments
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "agents"

@@ -19,7 +19,6 @@ from proxy.canonical import (
     RuleSettings,
 )
 from proxy.canonical.rules import REGISTRY, Registry
-from proxy.canonical.rules._text import Recogniser, extract_blocks
 from proxy.canonical.rules.base import (
     Destination,
     Moved,
@@ -32,6 +31,7 @@ from proxy.canonical.rules.base import (
     ToolsRule,
     ToolsStep,
 )
+from proxy.canonical.rules.text import Recogniser, extract_blocks
 
 
 # --- the toy rules --------------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.canonical.rules._text import protected_line_mask, protected_spans
 from proxy.canonical.rules.attribution import DEFAULT_HEADERS, compile_headers, strip_attribution
 from proxy.canonical.rules.env_block import extract_env_blocks
+from proxy.canonical.rules.text import protected_line_mask, protected_spans
 from proxy.canonical.rules.volatile_date import (
     DEFAULT_PATTERNS,
     coarsen_dates,

@@ -69,4 +69,4 @@ def test_top_once_exit_codes(deployment, capsys):
     assert top_cmd.run(parser.parse_args(["--url", dep.url, "--once", "--admin-token", ""])) == 1
     assert "HTTP 401 (pass --admin-token)" in capsys.readouterr().out
     args = build_parser().parse_args(["top", "--url", dep.url, "--once"])
-    assert args._run is top_cmd.run and args.interval == 2.0
+    assert args.handler is top_cmd.run and args.interval == 2.0

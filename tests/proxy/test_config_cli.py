@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from proxy.cli import build_parser
+from proxy.cli import serve as serve_cmd
 from proxy.config import OPTIONS, ConfigError, load_settings
 from proxy.server import free_port
 from tests.helpers.wait import wait_until
@@ -70,8 +71,8 @@ def test_invalid_configuration_is_explained(tmp_path, text, fragment):
 
 
 def test_help_documents_every_option():
-    parser = build_parser()
-    serve = parser._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    serve = argparse.ArgumentParser(prog="prefixgate serve")
+    serve_cmd.configure_parser(serve)
     text = serve.format_help()
     for option in OPTIONS:
         assert option.flag in text and option.env in text

@@ -73,7 +73,7 @@ def wait_applied(sub: KVEventSubscriber, rank: SimRankServer, deadline_s: float 
 
     def applied() -> bool:
         nonlocal published
-        published = rank.call(lambda r: r.publisher._seq) - 1  # type: ignore[union-attr]
+        published = rank.call(lambda r: r.publisher.next_seq) - 1  # type: ignore[union-attr]
         return sub.last_seq >= published
 
     wait_until(

@@ -58,7 +58,7 @@ def test_ids_and_parts(tok: HfTokenizer) -> None:
     prompt = ChatPrompt(MESSAGES, TOOLS)
     enc = tok.encode_chat(prompt)
     assert list(enc.tokens) == tok.encode_text(tok.render(prompt))
-    im_start = tok._tok.token_to_id("<|im_start|>")
+    im_start = tok.token_id("<|im_start|>")
     assert enc.tokens.count(im_start) == 5  # the special token is one id, never split into bytes
     labels = [p[0] for p in enc.parts]
     assert labels == ["message[0]", "message[1]", "message[2]", "message[3]"]

@@ -91,7 +91,7 @@ def test_token_ids_equal_vllm_tokenize(
     assert response.status_code == 200, response.text
     expected = response.json()["tokens"]
     ours = list(tok.encode_chat(ChatPrompt(messages, tools)).tokens)
-    assert ours == expected, (tok.render(ChatPrompt(messages, tools)), tok._tok.decode(expected, False))
+    assert ours == expected, (tok.render(ChatPrompt(messages, tools)), tok.decode(expected, False))
 
 
 def test_incremental_turns_equal_vllm_tokenize(

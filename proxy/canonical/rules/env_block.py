@@ -19,8 +19,8 @@ import re
 from collections.abc import Sequence
 from typing import Literal, get_args
 
-from proxy.canonical.rules._text import Recogniser, extract_blocks
 from proxy.canonical.rules.base import Destination, Moved, RuleConfig, TextEdit, TextRule, TextStep
+from proxy.canonical.rules.text import Recogniser, extract_blocks
 
 NAME = "env_block"
 

@@ -25,7 +25,6 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from proxy.canonical.rules._text import overlaps, protected_spans
 from proxy.canonical.rules.base import (
     Destination,
     Moved,
@@ -35,6 +34,7 @@ from proxy.canonical.rules.base import (
     TextRule,
     TextStep,
 )
+from proxy.canonical.rules.text import overlaps, protected_spans
 
 NAME = "volatile_date"
 

@@ -11,8 +11,8 @@ import re
 import unicodedata
 from typing import Literal
 
-from proxy.canonical.rules._text import protected_line_mask
 from proxy.canonical.rules.base import RuleConfig, TextEdit, TextRule, TextStep
+from proxy.canonical.rules.text import protected_line_mask
 
 NAME = "whitespace"
 

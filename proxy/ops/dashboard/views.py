@@ -53,7 +53,7 @@ def overview(gateway: Gateway, recorder: Recorder, since: float | None = None) -
     total = recorder.total
     now = recorder.clock()
     states = admission.count(now) if admission is not None else {}
-    ranks = []
+    ranks: list[dict[str, Any]] = []
     for rank in gateway.fleet:
         state = states.get(rank.name)
         hits = recorder.per_rank.get(rank.name)
