@@ -79,7 +79,9 @@ class Pipeline:
             self.identify(ctx)
             self.canonicalize(ctx)
             await self.blocks(ctx)
-            ctx.admitted = await until_disconnected(request.receive, self.admission.admit(ctx))
+            ctx.admitted = await self.admission.admit(
+                ctx, lambda wait: until_disconnected(request.receive, wait)
+            )
             ctx.plan = await self.route(ctx)
             self.observers.placed(ctx, ctx.plan.ranks[0])
             translation = api.translation()

@@ -12,6 +12,7 @@ it. Two refinements keep the count close to what the rank's prefix cache really 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
 from proxy.state.sessions import Session
 from routing.ranks import Fleet
+
+log = logging.getLogger("prefixgate.admission")
 
 
 @dataclass(slots=True)
@@ -122,3 +125,22 @@ def count(
                 rank_state.reserved_tokens += reservation.tokens
                 rank_state.reserved_sessions += 1
     return states
+
+
+def log_over_pool(states: dict[str, RankState], over: set[str]) -> None:
+    """Say when a rank's active working set goes past its pool and when it is back within it;
+    ``over`` holds the ranks past it at the last count (updated)."""
+    for state in states.values():
+        if state.over_pool and state.name not in over:
+            over.add(state.name)
+            log.warning(
+                "rank %s: active working set %d tokens exceeds its pool of %s tokens "
+                "(%d sessions): no new sessions go there until it shrinks",
+                state.name,
+                state.working_set_tokens,
+                state.pool_tokens,
+                state.sessions,
+            )
+        elif not state.over_pool and state.name in over:
+            over.discard(state.name)
+            log.info("rank %s: working set back within its pool", state.name)

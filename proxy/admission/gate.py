@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from proxy.admission.accounting import RankState, Reservation, count
+from proxy.admission.accounting import RankState, Reservation, count, log_over_pool
 from proxy.admission.config import TYPICAL_GAP_QUANTILE, AdmissionConfig
 from proxy.admission.growth import PeakEstimator
 from proxy.admission.queue import WaitQueue
@@ -43,6 +44,9 @@ from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate.admission")
+
+#: Wraps a wait so that something outside admission can cancel it (the client going away).
+Guard = Callable[[Awaitable[frozenset[str]]], Awaitable[frozenset[str]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +87,11 @@ class Admission(Observer):
 
     # -- stage 5 ----------------------------------------------------------------------------------
 
-    async def admit(self, ctx: RequestContext) -> Admitted:
-        """Where ``ctx`` may go, once it may proceed (a queued request is cancelled safely: it
-        leaves the queue, nothing was counted for it).
+    async def admit(self, ctx: RequestContext, guard: Guard | None = None) -> Admitted:
+        """Where ``ctx`` may go, once it may proceed. Only a new session that finds no room waits,
+        in the queue, through ``guard`` (the pipeline's: cancel the wait when the client leaves; a
+        cancelled waiter leaves the queue and nothing was counted for it); otherwise this returns
+        without waiting.
 
         Raises ``ProxyError(429)`` when the client is at its session cap, or when no rank had room
         within the admission wait.
@@ -122,7 +128,7 @@ class Admission(Observer):
                 if refused is not None:
                     self._rejected("client_sessions")
                     raise refused
-            allowed = await self._wait_for_room(key, tokens, head_key, head_tokens)
+            allowed = await self._wait_for_room(key, tokens, head_key, head_tokens, guard)
         session.released = False
         session.last_seen = self.table.clock()
         session.rank = None  # back after idling out: wherever the router now sends it
@@ -188,7 +194,7 @@ class Admission(Observer):
         return last
 
     async def _wait_for_room(
-        self, key: str, tokens: int, head_key: str | None, head_tokens: int
+        self, key: str, tokens: int, head_key: str | None, head_tokens: int, guard: Guard | None
     ) -> frozenset[str] | None:
         """The ranks with room for a new session of ``tokens``, waiting FIFO up to ``wait`` seconds."""
         if not self.fleet.healthy():
@@ -205,8 +211,9 @@ class Admission(Observer):
                 return found
         if self.metrics is not None:
             self.metrics.admission_queued.inc()
+        waiting = self.queue.wait(attempt, self.config.wait, self._set_queue_depth)
         try:
-            return await self.queue.wait(attempt, self.config.wait, self._set_queue_depth)
+            return await (guard(waiting) if guard is not None else waiting)
         except TimeoutError:
             reason, refused = no_room(tokens, self.count(), self.config, self.table.clock())
             self._rejected(reason)
@@ -273,7 +280,7 @@ class Admission(Observer):
             self.typical_gap(),
         )
         self._last_working_set = {name: state.working_set_tokens for name, state in states.items()}
-        self._log_over_pool(states)
+        log_over_pool(states, self._over_pool)
         return states
 
     def projected(self, tokens: int) -> int:
@@ -381,20 +388,3 @@ class Admission(Observer):
     def _set_queue_depth(self, depth: int) -> None:
         if self.metrics is not None:
             self.metrics.admission_queue_depth.set(depth)
-
-    def _log_over_pool(self, states: dict[str, RankState]) -> None:
-        for state in states.values():
-            over = state.over_pool
-            if over and state.name not in self._over_pool:
-                self._over_pool.add(state.name)
-                log.warning(
-                    "rank %s: active working set %d tokens exceeds its pool of %s tokens "
-                    "(%d sessions): no new sessions go there until it shrinks",
-                    state.name,
-                    state.working_set_tokens,
-                    state.pool_tokens,
-                    state.sessions,
-                )
-            elif not over and state.name in self._over_pool:
-                self._over_pool.discard(state.name)
-                log.info("rank %s: working set back within its pool", state.name)
