@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 from starlette.responses import Response
 
-from proxy.errors import ProxyError, bad_request
+from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
 from proxy.ops.limits import Bounds
 from proxy.stages.usage import Usage
 
@@ -120,6 +120,26 @@ class Api(Protocol):
         """A new translation for one request, when the rank does not serve this API natively (None:
         the client's request goes to the rank as it is, and the rank's answer back as it is)."""
         ...
+
+
+class NativeApi:
+    """What most APIs share: the rank serves them natively (no translation), they continue no stored
+    answer and store none, and their errors take OpenAI's shape. An API overrides what differs."""
+
+    def continues(self, body: dict[str, Any]) -> str | None:
+        return None
+
+    def stored_id(self, data: Any) -> str | None:
+        return None
+
+    def error_response(self, exc: ProxyError, rank: str) -> Response:
+        return error_response(exc, rank)
+
+    def sse_error(self, message: str) -> bytes:
+        return sse_error_event(message)
+
+    def translation(self) -> Translation | None:
+        return None
 
 
 def check_stream_and_model(body: dict[str, Any]) -> tuple[bool, str | None]:

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from starlette.responses import Response
-
-from proxy.apis.base import Endpoint, check_stream_and_model
-from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
+from proxy.apis.base import Endpoint, NativeApi, check_stream_and_model
+from proxy.errors import bad_request
 from proxy.ops.limits import Bounds, check_bounds
 from proxy.stages.usage import Usage, usage_of_json
 
 PATH = "/v1/completions"
 
 
-class CompletionsApi:
+class CompletionsApi(NativeApi):
     name = "completions"
     endpoints: tuple[Endpoint, ...] = (Endpoint("POST", PATH, "complete", PATH),)
     prompt_kind: Literal["chat", "text"] = "text"
@@ -43,23 +41,8 @@ class CompletionsApi:
     def prompt_view(self, body: dict[str, Any]) -> dict[str, Any] | None:
         return body
 
-    def continues(self, body: dict[str, Any]) -> str | None:
-        return None
-
     def usage(self, data: Any) -> Usage | None:
         return usage_of_json(data)
-
-    def stored_id(self, data: Any) -> str | None:
-        return None
-
-    def error_response(self, exc: ProxyError, rank: str) -> Response:
-        return error_response(exc, rank)
-
-    def sse_error(self, message: str) -> bytes:
-        return sse_error_event(message)
-
-    def translation(self) -> None:
-        return None
 
 
 COMPLETIONS = CompletionsApi()

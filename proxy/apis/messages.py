@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from proxy.apis.base import (
     Endpoint,
+    NativeApi,
     canon_view_of,
     check_stream_and_model,
     first_user_head,
@@ -55,7 +56,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-class MessagesApi:
+class MessagesApi(NativeApi):
     name = "messages"
     endpoints: tuple[Endpoint, ...] = (
         Endpoint("POST", PATH, "complete", PATH),
@@ -102,9 +103,6 @@ class MessagesApi:
         except ConversionError as exc:
             raise bad_request(str(exc)) from None
 
-    def continues(self, body: dict[str, Any]) -> str | None:
-        return None
-
     def usage(self, data: Any) -> Usage | None:
         usage = usage_of(data, "message")  # nested in message_start
         if usage is None:
@@ -117,9 +115,6 @@ class MessagesApi:
         created = int_or_none(usage.get("cache_creation_input_tokens")) or 0
         return Usage(fresh + (read or 0) + created, output, read)
 
-    def stored_id(self, data: Any) -> str | None:
-        return None
-
     def error_response(self, exc: ProxyError, rank: str) -> Response:
         headers = {"x-prefixgate-backend": rank, **exc.headers}
         body = orjson.dumps(error_body(exc.status, exc.message))
@@ -127,9 +122,6 @@ class MessagesApi:
 
     def sse_error(self, message: str) -> bytes:
         return b"event: error\ndata: " + orjson.dumps(error_body(502, message)) + b"\n\n"
-
-    def translation(self) -> None:
-        return None
 
 
 MESSAGES = MessagesApi()

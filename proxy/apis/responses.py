@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from starlette.responses import Response
-
 from proxy.apis.base import (
     Endpoint,
+    NativeApi,
     canon_view_of,
     check_stream_and_model,
     first_user_head,
@@ -28,7 +27,7 @@ from proxy.apis.base import (
     unslot_messages,
     usage_of,
 )
-from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
+from proxy.errors import bad_request
 from proxy.ops.limits import Bounds, check_bounds, too_many
 from proxy.stages.usage import Usage
 from tokenization.chat_conversion import ConversionError, responses_to_chat, responses_tools_to_chat
@@ -37,7 +36,7 @@ PATH = "/v1/responses"
 _TEXT_ROLES = frozenset({"user", "system", "developer"})
 
 
-class ResponsesApi:
+class ResponsesApi(NativeApi):
     name = "responses"
     endpoints: tuple[Endpoint, ...] = (
         Endpoint("POST", PATH, "complete", PATH),
@@ -131,15 +130,6 @@ class ResponsesApi:
             response = data if data.get("object") == "response" or "output" in data else None
         value = response.get("id") if response is not None else None
         return value if isinstance(value, str) and value else None
-
-    def error_response(self, exc: ProxyError, rank: str) -> Response:
-        return error_response(exc, rank)
-
-    def sse_error(self, message: str) -> bytes:
-        return sse_error_event(message)
-
-    def translation(self) -> None:
-        return None
 
 
 def _input_item(message: Any) -> Any:

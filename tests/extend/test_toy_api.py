@@ -12,12 +12,11 @@ from typing import Any, Literal
 import httpx
 import orjson
 import pytest
-from starlette.responses import Response
 
 from bench.sim import SimConfig, start_fleet, stop_fleet
 from proxy import apis
-from proxy.apis.base import Endpoint, check_stream_and_model
-from proxy.errors import ProxyError, bad_request, error_response, sse_error_event
+from proxy.apis.base import Endpoint, NativeApi, check_stream_and_model
+from proxy.errors import bad_request
 from proxy.ops.limits import Bounds
 from proxy.stages.usage import Usage, usage_of_json
 from tests.helpers.gateway import start_gateway
@@ -46,7 +45,9 @@ class EchoTranslation:
         return b""
 
 
-class EchoApi:
+class EchoApi(NativeApi):
+    """Errors in OpenAI's shape, nothing stored (``NativeApi``'s defaults); a translation of its own."""
+
     name = "echo"
     endpoints = (Endpoint("POST", "/v1/echo", "complete", "/v1/chat/completions"),)
     prompt_kind: Literal["chat", "text"] = "chat"
@@ -70,20 +71,8 @@ class EchoApi:
     def prompt_view(self, body: dict[str, Any]) -> dict[str, Any] | None:
         return _chat(body)
 
-    def continues(self, body: dict[str, Any]) -> str | None:
-        return None
-
     def usage(self, data: Any) -> Usage | None:
         return usage_of_json(data)
-
-    def stored_id(self, data: Any) -> str | None:
-        return None
-
-    def error_response(self, exc: ProxyError, rank: str) -> Response:
-        return error_response(exc, rank)
-
-    def sse_error(self, message: str) -> bytes:
-        return sse_error_event(message)
 
     def translation(self) -> EchoTranslation:
         return EchoTranslation()
