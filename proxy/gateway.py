@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import httpx
@@ -71,6 +72,7 @@ class Gateway:
         self._kv_feeds: list[KVEventSubscriber] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tokenizer_client: httpx.AsyncClient | None = None
+        self._tokenizer_pool: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
         """Open the upstream client (it needs the running loop), probe every rank, build the stages."""
@@ -150,6 +152,8 @@ class Gateway:
             await self.client.close()
         if self._tokenizer_client is not None:
             await self._tokenizer_client.aclose()
+        if self._tokenizer_pool is not None:
+            self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self.state.close()
 
     def end_session(self, key: str) -> Session | None:
@@ -220,4 +224,11 @@ class Gateway:
         if config.kind == "backend":
             self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
             base_url = next(iter(self.fleet)).url
-        return build_incremental(config, block_size=self._block_size(), client=client, base_url=base_url)
+        # First turns' encoding in threads of their own, one per core (tiktoken and HF tokenizers
+        # release the GIL while encoding): never queued behind other blocking work.
+        self._tokenizer_pool = pool = ThreadPoolExecutor(
+            config.worker_threads, thread_name_prefix="prefixgate-tokenize"
+        )
+        return build_incremental(
+            config, block_size=self._block_size(), client=client, base_url=base_url, executor=pool
+        )

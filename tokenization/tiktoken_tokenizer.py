@@ -1,10 +1,14 @@
 """The default tokenizer: cl100k_base + the simulated model's ChatML template, incremental per segment.
 
 Every ChatML segment starts with a special token, and special tokens split tokenization, so a
-conversation's ids are the concatenation of its segments' ids. The memo keeps one xxh3-128 key per
-segment and the token offset where each segment ends: a new turn re-encodes only the segments from
-the first one whose key changed. Keys hash the segment's inputs (each message's JSON bytes, the
-system message with the tools), so unchanged segments are not even rendered again.
+conversation's ids are the concatenation of its segments' ids, and a segment's ids depend on its
+inputs alone. The memo keeps each segment's inputs (the previous turn's own message objects), a key
+where needed and the token offset where each segment ends. A new turn compares each segment with
+the previous turn's at the same index, without serializing what did not change: a plain message
+(one rendered from strings alone, ``plain``) by ``==``, the system turn (system message + tools)
+and other messages by the xxh3-128 of their JSON bytes. Unchanged segments are not rendered again:
+the leading ones keep their ids and block hashes, later ones (after an edit, or a changed system
+prompt) have their ids copied; only changed and new segments are encoded.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from tokenization.base import (
     Encoded,
     Part,
     Plan,
-    common_prefix_len,
     whole_prompt,
 )
 from tokenization.chatml import GENERATION_PROMPT, SYSTEM_ROLES, content_text, render_message, render_system
@@ -35,12 +38,29 @@ from tokenization.lru import LRU
 CHARS_PER_TOKEN = 4
 # An array object's own size, on top of its items, for the shared cache's budget.
 _ARRAY_BYTES = 80
+# Per segment kept between turns: its input's reference, key, end offset, and the message object
+# itself (the prompt's text is charged as about CHARS_PER_TOKEN bytes per token).
+_SEGMENT_BYTES = 200
 
 
 @dataclass(frozen=True, slots=True)
 class _SegmentMemo:
-    keys: tuple[int, ...]  # xxh3-128 of each segment's inputs
+    #: What each segment was rendered from: its message, ``(system message or None, tools)`` for
+    #: the system turn, None for the generation prompt. The prompt's own objects, never copied.
+    inputs: tuple[Any, ...]
+    #: xxh3-128 of each segment's inputs as JSON; None for a plain message (compared by ``==``) and
+    #: for the generation prompt.
+    keys: tuple[int | None, ...]
     ends: tuple[int, ...]  # token offset where each segment ends
+    generation: bool  # the last segment is the generation prompt
+
+    def plain_at(self, j: int) -> bool:
+        """Segment ``j`` was a plain message (``plain``): compare the next turn's by value."""
+        return j < len(self.inputs) and self.keys[j] is None and self.inputs[j] is not None
+
+    def keyed_at(self, j: int, key: int | None) -> bool:
+        """Segment ``j`` had inputs of digest ``key`` (not None)."""
+        return key is not None and j < len(self.keys) and self.keys[j] == key
 
 
 def segment_labels(
@@ -64,15 +84,42 @@ def _segment_label(j: int, count: int, has_system: bool, has_tools: bool, genera
     return f"message[{j + int(has_system) - int(system_segment)}]"
 
 
-_GENERATION_KEY = 0  # the generation prompt segment never changes
-
-
 def _canonical(value: Any) -> bytes:
     """Deterministic bytes of a message or tool list (orjson keeps key order); a cache key only."""
     try:
         return orjson.dumps(value)
     except TypeError:  # e.g. integers beyond 64 bits, which orjson refuses
         return json.dumps(value, ensure_ascii=False, default=repr).encode()
+
+
+def plain(message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` renders from strings alone (role, text content or text parts, tool calls
+    with string arguments). For such a message ``==`` is an exact change test: a string only
+    equals a string, and key order or ``1`` against ``1.0`` never reach its text. Other messages
+    (JSON-rendered parts or arguments) are compared by their JSON bytes."""
+    role = message.get("role", "user")
+    if not isinstance(role, str):
+        return False
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        if not isinstance(content, list):
+            return False
+        for part in content:
+            if not isinstance(part, str) and not (
+                isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            ):
+                return False
+    calls = message.get("tool_calls") if role == "assistant" else None
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function", call) if isinstance(call, Mapping) else None
+            if not (
+                isinstance(fn, Mapping)
+                and isinstance(fn.get("name", ""), str)
+                and isinstance(fn.get("arguments", ""), str)
+            ):
+                return False
+    return True
 
 
 class TiktokenTokenizer:
@@ -113,44 +160,67 @@ class TiktokenTokenizer:
         has_tools = bool(tools)
         first_message = 1 if has_system else 0
         system_segment = has_system or has_tools
-        # Keys hash each segment's inputs (the message's JSON bytes), not its rendered text: unchanged
-        # segments are then never rendered again, only serialized by orjson.
-        digest = xxhash.xxh3_128_intdigest
-        keys: list[int] = []
-        if system_segment:
-            keys.append(digest(_canonical([messages[0] if has_system else None, tools])))
-        keys.extend(digest(_canonical(m)) for m in messages[first_message:])
-        if generation:
-            keys.append(_GENERATION_KEY)
-        frozen_keys = tuple(keys)
         memo = prev.memo if prev is not None and isinstance(prev.memo, _SegmentMemo) else None
-        first = reused = 0
-        if memo is not None:
-            first = common_prefix_len(memo.keys, frozen_keys)
-            reused = memo.ends[first - 1] if first else 0
+        # Each segment's inputs, compared with the previous turn's segment at the same index (a
+        # message renders alike wherever it stands): plain messages by value (no serialization),
+        # the system turn and other messages by the digest of their JSON bytes.
+        inputs: list[Any] = [(messages[0] if has_system else None, tools)] if system_segment else []
+        inputs.extend(messages[first_message:])
+        if generation:
+            inputs.append(None)
+        count = len(inputs)
+        keys: list[int | None] = [None] * count
+        same = [False] * count
+        digest = xxhash.xxh3_128_intdigest
+        system_key = digest(_canonical([inputs[0][0], tools])) if system_segment else 0
+        last = count - 1 if generation else count  # the generation prompt's segment, if any
+        for j in range(count):
+            value = inputs[j]
+            if j == 0 and system_segment:
+                keys[0] = system_key
+            elif j == last:  # the generation prompt never changes; where it is, the count says
+                same[j] = memo is not None and memo.generation and len(memo.inputs) == count
+                continue
+            elif memo is not None and memo.plain_at(j):
+                if value == memo.inputs[j]:
+                    same[j] = True  # and plain like the previous turn's: no key
+                    continue
+                if not plain(value):
+                    keys[j] = digest(_canonical(value))
+                continue  # a plain message against a different one, or a non-plain against a plain
+            elif not plain(value):
+                keys[j] = digest(_canonical(value))
+            same[j] = memo is not None and memo.keyed_at(j, keys[j])
+        first = 0
+        while first < count and same[first]:
+            first += 1
+        reused = memo.ends[first - 1] if memo is not None and first else 0
         offset = first_message - (1 if system_segment else 0)  # segment index -> message index
         # A session's first turn (or a changed system prompt): another session of the same agent
         # may have encoded this system+tools segment already.
-        lead: array | None = self.shared.get(keys[0]) if first == 0 and system_segment else None
+        lead = self.shared.get(system_key) if first == 0 and system_segment else None
         encode_from = first if lead is None else 1
-        segments: list[str] = []
-        for j in range(encode_from, len(keys)):
+        texts: dict[int, str] = {}
+        for j in range(encode_from, count):
+            if same[j]:
+                continue  # unchanged after a changed one: its ids are copied from the previous turn
             if j == 0 and system_segment:
                 system_text = content_text(messages[0].get("content")) if has_system else None
-                segments.append(render_system(system_text, tools) or "")
-            elif generation and j == len(keys) - 1:
-                segments.append(GENERATION_PROMPT)
+                texts[j] = render_system(system_text, tools) or ""
+            elif generation and j == count - 1:
+                texts[j] = GENERATION_PROMPT
             else:
-                segments.append(render_message(messages[j + offset]))
-        work = sum(map(len, segments)) // CHARS_PER_TOKEN
+                texts[j] = render_message(messages[j + offset])
+        work = sum(map(len, texts.values())) // CHARS_PER_TOKEN
+        frozen_inputs, frozen_keys = tuple(inputs), tuple(keys)
 
         def _label(j: int) -> str:
-            return _segment_label(j, len(frozen_keys), has_system, has_tools, generation)
+            return _segment_label(j, count, has_system, has_tools, generation)
 
         def finish() -> Encoded:
             tokens = prev.tokens[:reused] if prev is not None and reused else array("I")
             ends = list(memo.ends[:first]) if memo is not None else []
-            # Unchanged segments keep their labels: same keys up to ``first`` = same message layout.
+            # Unchanged leading segments keep their labels: same inputs up to ``first``, same layout.
             parts: list[Part] = list(prev.parts[:first]) if prev is not None and first else []
             start = reused
             if lead is not None:
@@ -158,23 +228,25 @@ class TiktokenTokenizer:
                 ends.append(len(lead))
                 parts.append((_label(0), 0, len(lead)))
                 start = len(lead)
-            labels = [_label(j) for j in range(encode_from, len(frozen_keys))]
-            for j, (segment, label) in enumerate(zip(segments, labels, strict=True), encode_from):
-                self._encode_into(tokens, segment)
+            for j in range(encode_from, count):
+                if same[j]:
+                    assert prev is not None and memo is not None
+                    tokens.extend(prev.tokens[memo.ends[j - 1] if j else 0 : memo.ends[j]])
+                else:
+                    self._encode_into(tokens, texts[j])
                 end = len(tokens)
                 if j == 0 and system_segment:
                     ids = tokens[start:end]
-                    self.shared.put(frozen_keys[0], ids, _ARRAY_BYTES + 4 * len(ids))
+                    self.shared.put(system_key, ids, _ARRAY_BYTES + 4 * len(ids))
                 ends.append(end)
-                parts.append((label, start, end))
+                parts.append((_label(j), start, end))
                 start = end
-            memo_bytes = len(frozen_keys) * 90
             return Encoded(
                 tokens,
                 tuple(parts),
                 reused,
-                _SegmentMemo(frozen_keys, tuple(ends)),
-                memo_bytes,
+                _SegmentMemo(frozen_inputs, frozen_keys, tuple(ends), generation),
+                count * _SEGMENT_BYTES + CHARS_PER_TOKEN * len(tokens),
                 shared_tokens=ends[0] if system_segment else 0,
             )
 
