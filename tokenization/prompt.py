@@ -263,14 +263,14 @@ class IncrementalTokenizer:
         if keep == 0:
             hashes = self.hasher.hash_blocks(encoded.tokens, cache_salt=salt)
         else:
-            if shared is not None:
-                hashes = list(shared)
-            else:
-                assert prev is not None
-                hashes = prev.hashes[:keep]
-            hashes += self.hasher.hash_blocks(
-                encoded.tokens, start_block=keep, parent=hashes[-1], cache_salt=salt
+            base: Sequence[BlockHash] = shared if shared is not None else prev.hashes if prev else ()
+            new = self.hasher.hash_blocks(
+                encoded.tokens, start_block=keep, parent=base[keep - 1], cache_salt=salt
             )
+            if not new and prev is not None and shared is None and keep == len(prev.hashes):
+                hashes = prev.hashes  # the same blocks as the previous turn: its list, shared
+            else:
+                hashes = [*base[:keep], *new]
         if shared is None and keep < encoded.shared_tokens // self.block_size:
             # The shared segment was hashed here (a first turn, a changed system prompt): keep it.
             self._store_shared(encoded, hashes, salt)

@@ -13,14 +13,9 @@ prompt) have their ids copied; only changed and new segments are encoded.
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import orjson
-import xxhash
 
 from tokenization.base import (
     DEFAULT_SHARED_CACHE_BYTES,
@@ -33,6 +28,7 @@ from tokenization.base import (
 from tokenization.chatml import GENERATION_PROMPT, SYSTEM_ROLES, content_text, render_message, render_system
 from tokenization.encoding import chatml_encoding, encode
 from tokenization.lru import LRU
+from tokenization.segments import SegmentMemo, diff
 
 # Rough chars per token of code and prose, only to size the work for the thread/inline decision.
 CHARS_PER_TOKEN = 4
@@ -41,26 +37,6 @@ _ARRAY_BYTES = 80
 # Per segment kept between turns: its input's reference, key, end offset, and the message object
 # itself (the prompt's text is charged as about CHARS_PER_TOKEN bytes per token).
 _SEGMENT_BYTES = 200
-
-
-@dataclass(frozen=True, slots=True)
-class _SegmentMemo:
-    #: What each segment was rendered from: its message, ``(system message or None, tools)`` for
-    #: the system turn, None for the generation prompt. The prompt's own objects, never copied.
-    inputs: tuple[Any, ...]
-    #: xxh3-128 of each segment's inputs as JSON; None for a plain message (compared by ``==``) and
-    #: for the generation prompt.
-    keys: tuple[int | None, ...]
-    ends: tuple[int, ...]  # token offset where each segment ends
-    generation: bool  # the last segment is the generation prompt
-
-    def plain_at(self, j: int) -> bool:
-        """Segment ``j`` was a plain message (``plain``): compare the next turn's by value."""
-        return j < len(self.inputs) and self.keys[j] is None and self.inputs[j] is not None
-
-    def keyed_at(self, j: int, key: int | None) -> bool:
-        """Segment ``j`` had inputs of digest ``key`` (not None)."""
-        return key is not None and j < len(self.keys) and self.keys[j] == key
 
 
 def segment_labels(
@@ -82,44 +58,6 @@ def _segment_label(j: int, count: int, has_system: bool, has_tools: bool, genera
         return "generation_prompt"
     # Segment index -> message index: a system message is in segment 0, a tools-only segment is not.
     return f"message[{j + int(has_system) - int(system_segment)}]"
-
-
-def _canonical(value: Any) -> bytes:
-    """Deterministic bytes of a message or tool list (orjson keeps key order); a cache key only."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # e.g. integers beyond 64 bits, which orjson refuses
-        return json.dumps(value, ensure_ascii=False, default=repr).encode()
-
-
-def plain(message: Mapping[str, Any]) -> bool:
-    """Whether ``message`` renders from strings alone (role, text content or text parts, tool calls
-    with string arguments). For such a message ``==`` is an exact change test: a string only
-    equals a string, and key order or ``1`` against ``1.0`` never reach its text. Other messages
-    (JSON-rendered parts or arguments) are compared by their JSON bytes."""
-    role = message.get("role", "user")
-    if not isinstance(role, str):
-        return False
-    content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        if not isinstance(content, list):
-            return False
-        for part in content:
-            if not isinstance(part, str) and not (
-                isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
-            ):
-                return False
-    calls = message.get("tool_calls") if role == "assistant" else None
-    if isinstance(calls, list):
-        for call in calls:
-            fn = call.get("function", call) if isinstance(call, Mapping) else None
-            if not (
-                isinstance(fn, Mapping)
-                and isinstance(fn.get("name", ""), str)
-                and isinstance(fn.get("arguments", ""), str)
-            ):
-                return False
-    return True
 
 
 class TiktokenTokenizer:
@@ -158,67 +96,50 @@ class TiktokenTokenizer:
         messages, tools, generation = prompt.messages, prompt.tools, prompt.add_generation_prompt
         has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
         has_tools = bool(tools)
-        first_message = 1 if has_system else 0
         system_segment = has_system or has_tools
-        memo = prev.memo if prev is not None and isinstance(prev.memo, _SegmentMemo) else None
-        # Each segment's inputs, compared with the previous turn's segment at the same index (a
-        # message renders alike wherever it stands): plain messages by value (no serialization),
-        # the system turn and other messages by the digest of their JSON bytes.
-        inputs: list[Any] = [(messages[0] if has_system else None, tools)] if system_segment else []
-        inputs.extend(messages[first_message:])
-        if generation:
-            inputs.append(None)
-        count = len(inputs)
-        keys: list[int | None] = [None] * count
-        same = [False] * count
-        digest = xxhash.xxh3_128_intdigest
-        system_key = digest(_canonical([inputs[0][0], tools])) if system_segment else 0
-        last = count - 1 if generation else count  # the generation prompt's segment, if any
-        for j in range(count):
-            value = inputs[j]
-            if j == 0 and system_segment:
-                keys[0] = system_key
-            elif j == last:  # the generation prompt never changes; where it is, the count says
-                same[j] = memo is not None and memo.generation and len(memo.inputs) == count
-                continue
-            elif memo is not None and memo.plain_at(j):
-                if value == memo.inputs[j]:
-                    same[j] = True  # and plain like the previous turn's: no key
-                    continue
-                if not plain(value):
-                    keys[j] = digest(_canonical(value))
-                continue  # a plain message against a different one, or a non-plain against a plain
-            elif not plain(value):
-                keys[j] = digest(_canonical(value))
-            same[j] = memo is not None and memo.keyed_at(j, keys[j])
-        first = 0
-        while first < count and same[first]:
-            first += 1
+        off = 1 if system_segment else 0  # segment index of the first message segment
+        chat = messages[1:] if has_system else messages  # the message segments' messages
+        memo = prev.memo if prev is not None and isinstance(prev.memo, SegmentMemo) else None
+        found = diff(
+            (messages[0] if has_system else None, tools) if system_segment else None, chat, generation, memo
+        )
+        count = off + len(chat) + int(generation)
+        first = found.first
         reused = memo.ends[first - 1] if memo is not None and first else 0
-        offset = first_message - (1 if system_segment else 0)  # segment index -> message index
         # A session's first turn (or a changed system prompt): another session of the same agent
         # may have encoded this system+tools segment already.
-        lead = self.shared.get(system_key) if first == 0 and system_segment else None
+        system_key = found.system_key
+        lead = self.shared.get(system_key) if first == 0 and system_key is not None else None
         encode_from = first if lead is None else 1
+
+        def copied(j: int) -> bool:  # unchanged after a changed segment: its ids are copied
+            if j < off:
+                return False
+            if j - off < len(chat):
+                return found.same[j - off]
+            return found.generation_same
+
         texts: dict[int, str] = {}
         for j in range(encode_from, count):
-            if same[j]:
-                continue  # unchanged after a changed one: its ids are copied from the previous turn
-            if j == 0 and system_segment:
+            if copied(j):
+                continue
+            if j < off:
                 system_text = content_text(messages[0].get("content")) if has_system else None
                 texts[j] = render_system(system_text, tools) or ""
-            elif generation and j == count - 1:
-                texts[j] = GENERATION_PROMPT
+            elif j - off < len(chat):
+                texts[j] = render_message(chat[j - off])
             else:
-                texts[j] = render_message(messages[j + offset])
+                texts[j] = GENERATION_PROMPT
         work = sum(map(len, texts.values())) // CHARS_PER_TOKEN
-        frozen_inputs, frozen_keys = tuple(inputs), tuple(keys)
 
         def _label(j: int) -> str:
             return _segment_label(j, count, has_system, has_tools, generation)
 
         def finish() -> Encoded:
-            tokens = prev.tokens[:reused] if prev is not None and reused else array("I")
+            if prev is not None and reused == len(prev.tokens) and encode_from == count:
+                tokens = prev.tokens  # the very same prompt: its ids, shared (never mutated)
+            else:
+                tokens = prev.tokens[:reused] if prev is not None and reused else array("I")
             ends = list(memo.ends[:first]) if memo is not None else []
             # Unchanged leading segments keep their labels: same inputs up to ``first``, same layout.
             parts: list[Part] = list(prev.parts[:first]) if prev is not None and first else []
@@ -229,23 +150,27 @@ class TiktokenTokenizer:
                 parts.append((_label(0), 0, len(lead)))
                 start = len(lead)
             for j in range(encode_from, count):
-                if same[j]:
+                if copied(j):
                     assert prev is not None and memo is not None
-                    tokens.extend(prev.tokens[memo.ends[j - 1] if j else 0 : memo.ends[j]])
+                    old = j - off + memo.offset  # the same message's segment in the previous turn
+                    a, b = memo.span(old if j - off < len(chat) else len(memo.ends) - 1)
+                    tokens.extend(prev.tokens[a:b])
                 else:
                     self._encode_into(tokens, texts[j])
                 end = len(tokens)
-                if j == 0 and system_segment:
+                if j < off and system_key is not None:
                     ids = tokens[start:end]
                     self.shared.put(system_key, ids, _ARRAY_BYTES + 4 * len(ids))
                 ends.append(end)
                 parts.append((_label(j), start, end))
                 start = end
+            keys = tuple(found.keys)
+            memo_next = SegmentMemo(system_key, tuple(chat), keys, found.plain_head, tuple(ends), generation)
             return Encoded(
                 tokens,
                 tuple(parts),
                 reused,
-                _SegmentMemo(frozen_inputs, frozen_keys, tuple(ends), generation),
+                memo_next,
                 count * _SEGMENT_BYTES + CHARS_PER_TOKEN * len(tokens),
                 shared_tokens=ends[0] if system_segment else 0,
             )

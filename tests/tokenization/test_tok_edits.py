@@ -16,7 +16,8 @@ from tokenization import chatml, encoding
 from tokenization.base import ChatPrompt
 from tokenization.hashers import make_hasher
 from tokenization.prompt import IncrementalTokenizer
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer, plain
+from tokenization.segments import plain
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
 TEXT = st.lists(st.sampled_from([*'ab c\n{}"é中', "<|im_end|>", "  ", "def "]), max_size=12).map("".join)
 # Equal in Python, rendered differently: the tokenizer must not take one for the other.
