@@ -5,14 +5,22 @@ Canonicalization rewrites a few values (the leading system messages, the tools) 
 objects of the parsed body as they were, so what changed is found by identity: top-level values,
 and for a list (``messages``) the run of elements between its unchanged head and tail. Their byte
 spans are found by scanning the raw JSON from the start, hopping over strings with ``bytes.find``,
-and only as far as the last changed value. When that would scan too much (a changed value behind a
-large unchanged one), a key is added, removed or repeated, or anything looks unexpected, the caller
-serializes the whole body instead: splicing is an optimization that never guesses.
+and only as far as the last changed value: nothing here passes over the whole body (one pass over
+400 KB of JSON costs more than orjson serializing it). When that would scan too much (a changed
+value behind a large unchanged one), a key is added, removed or repeated before the last changed
+one, or anything looks unexpected, the caller serializes the whole body instead.
+
+A top-level key repeated *after* the last changed value is not looked for (that would take the pass
+over the body): the parse kept that later value, canonicalized it, and the splice edits the first
+occurrence, so the rank, reading the last one like any JSON parser, gets the client's own value,
+exactly as with canonicalization off for that request.
 """
 
 from __future__ import annotations
 
+import operator
 import re
+from itertools import takewhile
 from typing import Any
 
 import orjson
@@ -101,12 +109,16 @@ class _Scanner:
         raw = self.raw
         i = self.expect(0, 0x7B)
         starts: dict[str, int] = {}
+        seen: set[str] = set()
         while True:
             i = self.ws(i)
             if raw[i] != 0x22:
                 raise _Unsplicable
             key_end = self.string_end(i)
             key = orjson.loads(raw[i:key_end])
+            if key in seen:
+                raise _Unsplicable  # repeated: the parse kept a later value than this one
+            seen.add(key)
             i = self.ws(self.expect(key_end, 0x3A))
             if key in wanted:
                 starts[key] = i
@@ -139,10 +151,6 @@ def spliced_body(raw: bytes, before: dict[str, Any], after: dict[str, Any]) -> b
     changed = {k for k, v in after.items() if v is not before[k]}
     if not changed:
         return raw
-    # A repeated key keeps its last value when parsed: splice only keys that occur once (an
-    # occurrence inside a string value only makes this refuse), spelled without escapes.
-    if b"\\u" in raw or any(raw.count(orjson.dumps(k)) != 1 for k in changed):
-        return None
     try:
         scanner = _Scanner(raw)
         starts = scanner.members(changed)
@@ -165,12 +173,8 @@ def _edit(scanner: _Scanner, start: int, old: Any, new: Any) -> tuple[int, int, 
     for two lists, only the run of elements between their common head and tail (by identity)."""
     if not isinstance(old, list) or not isinstance(new, list) or not old or not new:
         return start, scanner.value_end(start), orjson.dumps(new)
-    head = 0
-    while head < min(len(old), len(new)) and old[head] is new[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(old), len(new)) - head and old[-1 - tail] is new[-1 - tail]:
-        tail += 1
+    head = _same_run(old, new)
+    tail = min(_same_run(old[::-1], new[::-1]), min(len(old), len(new)) - head)
     old_end, new_end = len(old) - tail, len(new) - tail
     if head == old_end == new_end:  # another list of the very same elements
         return start, start, b""
@@ -190,3 +194,8 @@ def _edit(scanner: _Scanner, start: int, old: Any, new: Any) -> tuple[int, int, 
         return spans[head][0], spans[old_end][0], b""
     spans = scanner.elements(start, old_end)
     return spans[head - 1][1], spans[old_end - 1][1], b""
+
+
+def _same_run(a: list[Any], b: list[Any]) -> int:
+    """How many leading elements ``a`` and ``b`` share by identity (C-level: no step per element)."""
+    return len(list(takewhile(bool, map(operator.is_, a, b))))
