@@ -18,6 +18,7 @@ import httpx
 from proxy.admission import Admission, admission_from_settings
 from proxy.config import Settings
 from proxy.explain import Explainer
+from proxy.loop_lag import LoopLag
 from proxy.ops.auth import upstream_auth_headers
 from proxy.ops.dashboard import Dashboard
 from proxy.ops.limits import Bounds
@@ -54,6 +55,7 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.loop_lag = LoopLag(self.metrics.registry)
         self.state: StateBackend = open_state(settings)
         #: What this process keeps per session between its turns, for every stage.
         self.locals = SessionLocals(budget_bytes=int(settings.session_memory_mb * 1024 * 1024))
@@ -136,6 +138,7 @@ class Gateway:
                 run_health_checks(client, self.fleet, settings.health_interval, settings.health_timeout)
             ),
             asyncio.create_task(self._refresh_admission(admission)),
+            asyncio.create_task(self.loop_lag.run()),
         ]
         for rank in self.fleet:
             state = "healthy" if rank.healthy else f"DOWN ({rank.last_error})"
