@@ -89,6 +89,16 @@ def create_app(settings: Settings) -> FastAPI:
         healthy = sum(1 for r in gateway.fleet if r.healthy)
         return json_response({"status": "ok", "healthy_backends": healthy, "backends": ranks})
 
+    @app.get("/ready")
+    async def ready() -> Response:
+        """200 once the gateway has started and a rank is healthy, 503 until then: a load balancer
+        or an orchestrator sends this replica traffic only when it can route it."""
+        healthy = sum(1 for r in gateway.fleet if r.healthy)
+        started = gateway.pipeline is not None
+        status = 200 if started and healthy else 503
+        state = "ready" if status == 200 else ("starting" if not started else "no healthy rank")
+        return json_response({"status": state, "healthy_backends": healthy}, status=status)
+
     @app.get("/metrics")
     async def metrics() -> Response:
         gw = current()

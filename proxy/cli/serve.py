@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any, cast
 
 from proxy.config import OPTIONS, ConfigError, load_settings
 
@@ -62,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.cli.workers import run_workers
     from proxy.server import uvicorn_config
 
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
@@ -81,16 +81,25 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if settings.workers > 1:
+        try:
+            return run_workers(settings)
+        except ConfigError as exc:
+            print(f"prefixgate: {exc}", file=sys.stderr)
+            return 2
     try:
         app = create_app(settings)
     except ConfigError as exc:
         print(f"prefixgate: {exc}", file=sys.stderr)
         return 2
-    config = uvicorn_config(app, settings.host, settings.port, settings.log_level, settings.event_loop)
-    # SIGTERM: uvicorn stops listening, lets in-flight requests (streams too) finish up to this
-    # deadline, then cancels them and runs the app's shutdown
-    # (uvicorn annotates it int; it is a number of seconds handed to asyncio.wait_for, so a float works)
-    config.timeout_graceful_shutdown = cast(Any, settings.shutdown_timeout)
+    config = uvicorn_config(
+        app,
+        settings.host,
+        settings.port,
+        settings.log_level,
+        settings.event_loop,
+        graceful_shutdown=settings.shutdown_timeout,
+    )
     server = uvicorn.Server(config)
     server.run()
     return 0

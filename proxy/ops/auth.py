@@ -38,7 +38,7 @@ DASHBOARD_PATH = "/dashboard"
 ADMIN_PATHS = ("/metrics", DASHBOARD_PATH)
 ADMIN_PREFIX = "/admin/"
 #: Paths open to anyone: load balancers and orchestrators probe them without credentials.
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ready"})
 AUTHORIZATION = b"authorization"
 
 
