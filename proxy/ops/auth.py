@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl
 import yaml
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.config import ConfigError, Settings
+from proxy.config import ConfigError, Settings, yaml_problem
 from proxy.errors import ProxyError, error_response
 
 log = logging.getLogger("prefixgate.auth")
@@ -81,7 +81,7 @@ def read_keys_file(path: str | Path) -> list[ClientKey]:
     try:
         data = yaml.safe_load(text)  # JSON is YAML
     except yaml.YAMLError as exc:
-        raise ConfigError(f"API keys file {path} is neither YAML nor JSON: {exc}") from exc
+        raise ConfigError(f"API keys file is neither YAML nor JSON: {yaml_problem(path, exc)}") from exc
     if isinstance(data, dict) and set(data) == {"keys"}:
         data = data["keys"]
     if not isinstance(data, list):
