@@ -85,9 +85,21 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        """Liveness: 200 while the process serves, whatever the ranks' state (the body tells it)."""
         ranks = [r.status() for r in gateway.fleet]
         healthy = sum(1 for r in gateway.fleet if r.healthy)
-        return json_response({"status": "ok", "healthy_backends": healthy, "backends": ranks})
+        status = "ok" if healthy else "no_healthy_backend"
+        return json_response({"status": status, "healthy_backends": healthy, "backends": ranks})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: 503 until at least one rank is healthy (a load balancer sends nothing here
+        that could only be answered 503)."""
+        healthy = [r.name for r in gateway.fleet if r.healthy]
+        if healthy and gateway.pipeline is not None:
+            return json_response({"status": "ready", "healthy_backends": healthy})
+        down = {r.name: r.last_error for r in gateway.fleet}
+        return json_response({"status": "not_ready", "healthy_backends": [], "down": down}, status=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -224,8 +224,11 @@ class Pipeline:
     def _session_headers(self, ctx: RequestContext) -> dict[str, str]:
         """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""
         headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
-        if ctx.estimated_cached_tokens is not None:
-            headers["x-prefixgate-estimated-cached-tokens"] = str(ctx.estimated_cached_tokens)
+        estimated = ctx.estimated_cached_tokens
+        if estimated is None and ctx.prompt_tokens is not None:
+            estimated = 0  # the prompt was rendered, but is under one block: nothing of it can hit
+        if estimated is not None:
+            headers["x-prefixgate-estimated-cached-tokens"] = str(estimated)
         if self.debug_headers:
             headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
         return headers

@@ -1,7 +1,8 @@
 """Who may call prefixgate, and what the ranks are told about it.
 
 - Client API keys (``--api-key``, ``--api-keys-file``): when any is configured, every endpoint but
-  ``/health`` needs ``Authorization: Bearer <key>``; otherwise everything is open (issue 2).
+  the probes ``/health`` and ``/ready`` needs ``Authorization: Bearer <key>``; otherwise everything
+  is open (issue 2).
   Keys are compared in constant time; only the key's *label* is kept (request state, logs, metrics).
 - The admin token (``--admin-token``) guards ``/admin/*``, ``/dashboard`` and ``/metrics``; it is
   separate from the client keys. Unset, those paths are open.
@@ -38,7 +39,7 @@ DASHBOARD_PATH = "/dashboard"
 ADMIN_PATHS = ("/metrics", DASHBOARD_PATH)
 ADMIN_PREFIX = "/admin/"
 #: Paths open to anyone: load balancers and orchestrators probe them without credentials.
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ready"})
 AUTHORIZATION = b"authorization"
 
 

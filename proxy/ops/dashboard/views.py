@@ -172,6 +172,6 @@ def session_detail(gateway: Gateway, recorder: Recorder, session: Session) -> di
     row["created"] = session.created
     row["hit_tokens_estimated"] = session.hit_tokens_estimated
     row["prefill_tokens"] = session.prefill_tokens
-    row["turns_log"] = [t._asdict() for t in recorder.turns.get(session.key)]
+    row["turns_log"] = recorder.turns.as_json(session.key)
     row["breaks"] = breaks
     return row
