@@ -21,6 +21,7 @@ from proxy.gateway import Gateway
 from proxy.ops.admin import admin_router
 from proxy.ops.auth import install as install_auth
 from proxy.ops.bodylog import BodyLogMiddleware
+from proxy.ops.dashboard.api import login_page
 from proxy.ops.limits import HeaderLimitMiddleware
 from proxy.ops.metrics import export_gauges
 from proxy.ops.models import Models, json_response
@@ -60,7 +61,7 @@ def create_app(settings: Settings) -> FastAPI:
     # middleware added last runs first: header bound, then auth, then (optional) body logging
     if settings.log_bodies:
         app.add_middleware(BodyLogMiddleware)
-    app.state.keys = install_auth(app, settings, gateway.metrics)
+    app.state.keys = install_auth(app, settings, gateway.metrics, login_page)
     app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)
 
     for api in APIS:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
 import yaml
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.config import ConfigError, Settings, yaml_problem
@@ -41,6 +42,11 @@ ADMIN_PREFIX = "/admin/"
 #: Paths open to anyone: load balancers and orchestrators probe them without credentials.
 OPEN_PATHS = frozenset({"/health", "/ready"})
 AUTHORIZATION = b"authorization"
+
+
+#: The page for a browser opening the dashboard without the right credential: called with what it
+#: needs ("admin token" or "API key") and whether one was presented (and refused); answers 401.
+LoginPage = Callable[[str, bool], Response]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,11 +184,13 @@ class AuthMiddleware:
         forward_client_auth: bool = False,
         upstream_api_key: str | None = None,
         metrics: Any = None,
+        login_page: LoginPage | None = None,
     ) -> None:
         self.app = app
         self.keys = keys
         self.admin_digest = digest(admin_token) if admin_token else None
         self.metrics = metrics
+        self.login_page = login_page
         # issue 2: with no credentials configured at all, the client's header goes through untouched
         self.strip_client_auth = not forward_client_auth and bool(keys or upstream_api_key)
 
@@ -240,6 +248,14 @@ class AuthMiddleware:
         log.info(
             "401 on %s %s from %s: %s", scope["method"], scope["path"], client[0] if client else "?", reason
         )
+        if scope["path"] == DASHBOARD_PATH and self.login_page is not None:
+            # a browser opening the page gets a form for the token, not a JSON error body
+            presented = bearer_token(scope["headers"]) is not None or query_token(scope) is not None
+            needs = "admin token" if self.admin_digest is not None else "API key"
+            page = self.login_page(needs, presented)
+            page.headers["www-authenticate"] = 'Bearer realm="prefixgate"'
+            await page(scope, receive, send)
+            return
         await error_response(unauthorized(message))(scope, receive, send)
 
 
@@ -250,8 +266,11 @@ def upstream_auth_headers(settings: Settings) -> dict[str, str]:
     return {}
 
 
-def install(app: Any, settings: Settings, metrics: Any = None) -> KeyRing:
-    """Add ``AuthMiddleware`` for ``settings`` to a Starlette/FastAPI ``app``; the key ring it uses."""
+def install(
+    app: Any, settings: Settings, metrics: Any = None, login_page: LoginPage | None = None
+) -> KeyRing:
+    """Add ``AuthMiddleware`` for ``settings`` to a Starlette/FastAPI ``app``; the key ring it uses.
+    ``login_page``: what a request for the dashboard without the right credential gets."""
     keys = KeyRing.from_settings(settings)
     app.add_middleware(
         AuthMiddleware,
@@ -260,6 +279,7 @@ def install(app: Any, settings: Settings, metrics: Any = None) -> KeyRing:
         forward_client_auth=settings.forward_client_auth,
         upstream_api_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
         metrics=metrics,
+        login_page=login_page,
     )
     if keys:
         log.info("client API keys: %d (%s)", len(keys), ", ".join(k.label for k in keys.keys))
