@@ -66,6 +66,8 @@ class ReplayResult:
     working_set: list[int] = field(default_factory=list)
     #: 429/503 answers that a retry later got past.
     rejections: int = 0
+    #: Requests answered 429 or 503 and not retried (each also in ``errors``; its session stopped).
+    refused: int = 0
 
     def summary(self) -> dict[str, Any]:
         """Totals and percentiles over the answered requests, as the ranks reported them."""
@@ -77,6 +79,7 @@ class ReplayResult:
             "requests": len(self.turns),
             "errors": len(self.errors),
             "rejections": self.rejections,
+            "refused": self.refused,
             "prompt_tokens": prompt,
             "cached_tokens": cached,
             "hit_rate": cached / prompt if prompt else 0.0,
@@ -213,6 +216,7 @@ async def replay(url: str, sessions: Sequence[Session], model: str, time_scale: 
                     sent_s = time.perf_counter() - start
                     result.turns.append(await _turn(http, url, session, turn, model, result.requests, sent_s))
                 except Exception as exc:  # recorded, and the session stops: its history is now unknown
+                    result.refused += isinstance(exc, Rejected)
                     result.errors.append(f"{session.key} turn {turn}: {exc}")
                     return
 
