@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     # (uvicorn annotates it int; it is a number of seconds handed to asyncio.wait_for, so a float works)
     config.timeout_graceful_shutdown = cast(Any, settings.shutdown_timeout)
     server = uvicorn.Server(config)
+    # uvicorn says where it listens only when it binds the socket itself
+    logging.getLogger("prefixgate").info(
+        "listening on http://%s:%d (dashboard: /dashboard, readiness: /ready)", settings.host, settings.port
+    )
     server.run(sockets=[listener])
     return 0
 
