@@ -75,6 +75,10 @@ def num(value: float | None) -> str:
     return "–" if value is None else f"{round(value):,}"
 
 
+def ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f} ms" if value < 100 else f"{round(value):,} ms"
+
+
 def idle(seconds: float) -> str:
     if seconds < 60:
         return f"{int(seconds)} s"
@@ -141,6 +145,17 @@ def render_frame(
     head.append(f"{'–' if computed is None else f'{computed:.1f}'} computed per 100 sent")
     head.append(f"\nactive sessions {num(fleet['active_sessions'])}")
     head.append(f" · ranks healthy {fleet['healthy_ranks']}/{fleet['ranks']}")
+    settings = overview.get("settings")
+    if settings:
+        head.append(f" · policy {settings['policy']}")
+    traffic = overview.get("traffic")
+    if traffic:
+        window, totals = traffic["window"], traffic["total"]
+        head.append(f"\n{traffic['requests_per_s']:.2f} req/s · first byte p50 {ms(window['ttfb_p50_ms'])}")
+        head.append(f" p99 {ms(window['ttfb_p99_ms'])} · errors ")
+        head.append(num(totals["errors"]), style="red" if totals["errors"] else "")
+        head.append(" · 429s ")
+        head.append(num(totals["rate_limited"]), style="yellow" if totals["rate_limited"] else "")
     rates = [p[1] for p in overview["series"]] + [overview["live"][1]]
     head.append("\nhit rate ▕")
     head.append(sparkline(rates, max(10, min(60, width - 16))), style="cyan")

@@ -94,6 +94,9 @@ def test_top_fits_80_columns(deployment):
         # one line per rank with every figure whole: no wrapped or cut cells
         assert line.startswith(rank.name + " ") and " up " in line and "|" in line, line
         assert "65,536" in line and line.rstrip().endswith(("%", "–")), line
+    text = "\n".join(lines)
+    assert "policy prefix_affinity" in text and " req/s · first byte p50 " in text
+    assert "· errors 0 · 429s 0" in text
     row = next(line for line in lines if line.startswith("a-session-key"))
     assert "…" in row and row.rstrip().endswith(" s")
 
