@@ -10,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.replay import Rejected, ReplayResult, TurnResult, post_chat_stream
+from bench.replay import Rejected, ReplayResult, post_chat_stream, turn_result
 
 
 async def replay_bodies(
@@ -35,18 +35,7 @@ async def replay_bodies(
                     result.refused += isinstance(exc, Rejected)
                     result.errors.append(f"{session} turn {turn}: {exc}")
                     return
-                result.turns.append(
-                    TurnResult(
-                        session,
-                        turn,
-                        out.prompt_tokens,
-                        out.cached_tokens,
-                        out.ttft_s,
-                        out.latency_s,
-                        out.rank,
-                        sent_s,
-                    )
-                )
+                result.turns.append(turn_result(session, turn, out, sent_s))
 
         await asyncio.gather(*(run(i, s) for i, s in enumerate(sessions)))
     result.wall_s = time.perf_counter() - start

@@ -190,8 +190,15 @@ async def _turn(
     sent.append(body)
     out = await post_chat_stream(http, url, body, session.key)
     session.answer(out.content)
+    return turn_result(session.key, turn, out, sent_s)
+
+
+def turn_result(
+    session: str, turn: int, out: StreamOutcome, sent_s: float, bound_hit_tokens: int = 0
+) -> TurnResult:
+    """The record of one answered turn, from what its stream gave."""
     return TurnResult(
-        session.key,
+        session,
         turn,
         out.prompt_tokens,
         out.cached_tokens,
@@ -199,6 +206,7 @@ async def _turn(
         out.latency_s,
         out.rank,
         sent_s,
+        bound_hit_tokens,
     )
 
 
@@ -315,17 +323,7 @@ async def replay_trace(
                     result.errors.append(f"{session.key} request {index}: {exc}")
                     ok = False
                     continue
-                turn = TurnResult(
-                    session.key,
-                    index,
-                    out.prompt_tokens,
-                    out.cached_tokens,
-                    out.ttft_s,
-                    out.latency_s,
-                    out.rank,
-                    sent,
-                    bound_hits,
-                )
+                turn = turn_result(session.key, index, out, sent, bound_hits)
                 result.turns.append(turn)
                 if on_turn is not None:
                     on_turn(turn)

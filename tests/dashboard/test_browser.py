@@ -43,6 +43,18 @@ def _browser_missing(reason: str) -> None:
     pytest.skip(message)
 
 
+def _playwright():
+    """Playwright's ``sync_playwright``, once Debian's chromium and the package are there (else the
+    test fails in CI and skips locally, saying why)."""
+    if not Path(CHROMIUM).exists():
+        _browser_missing(f"{CHROMIUM} is not installed")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _browser_missing("the python package 'playwright' is not installed")
+    return sync_playwright
+
+
 def _traffic(url: str, headers: dict[str, str]) -> None:
     """Three sessions, one of them breaking its prefix by editing its system prompt at turn 3."""
     converse(url, "agent-alpha", 5, headers)
@@ -56,12 +68,7 @@ def _traffic(url: str, headers: dict[str, str]) -> None:
 
 
 def test_dashboard_in_chromium(deployment):
-    if not Path(CHROMIUM).exists():
-        _browser_missing(f"{CHROMIUM} is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _browser_missing("the python package 'playwright' is not installed")
+    sync_playwright = _playwright()
 
     dep = deployment(2, admin_token=TOKEN)
     dep.gateway.dashboard.recorder.series.interval = 0.1
@@ -118,12 +125,7 @@ def _launch(pw):
 def test_dashboard_for_an_operator_in_chromium(deployment):
     """Issue 21: a login page instead of a JSON 401, latency, rate, errors, 429s and the settings, the
     drill-down under the row clicked, a DOWN rank's bar not green; at 1400x1000 and at 800x600."""
-    if not Path(CHROMIUM).exists():
-        _browser_missing(f"{CHROMIUM} is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _browser_missing("the python package 'playwright' is not installed")
+    sync_playwright = _playwright()
 
     dep = deployment(2, admin_token=TOKEN)
     auth = {"Authorization": f"Bearer {TOKEN}"}
