@@ -20,6 +20,7 @@ from bench.workload import agent_sessions
 from proxy.app import create_app
 from proxy.config import load_settings
 from proxy.server import ServerThread
+from routing.policies import DEFAULT_POLICY
 
 #: The drifting agents of effect 2 (``bench/agent_shapes.py`` says how each drifts).
 DRIFTING = ("claude_code", "codex")
@@ -41,9 +42,10 @@ class Effect:
     ranks: int
     kv_tokens: int
     arms: tuple[Arm, Arm]
-    #: Runs the workload against prefixgate's URL; the bound's requests when they differ from those
-    #: sent (drift-free ones), else None.
+    #: Runs the workload against prefixgate's URL for the model the ranks serve.
     run: Callable[[str, str], ReplayResult]
+    #: The requests the infinite-cache bound is computed on when not those sent (the drift-free
+    #: ones: drift is what the bound leaves out); None: those sent.
     bound_requests: Callable[[], list[dict[str, Any]]] | None = None
     notes: tuple[str, ...] = field(default=())
 
@@ -59,7 +61,7 @@ def effects(args: Any) -> list[Effect]:
     agents = Agents(Shape(), seed)
     drifting = [agents.build(a, s, turns, drift=True) for a in DRIFTING for s in range(sessions // 2)]
     steady = [agents.build(a, s, turns, drift=False) for a in DRIFTING for s in range(sessions // 2)]
-    crowd = 3 * sessions  # sessions whose contexts together are ~2.5x the two small pools
+    crowd = 3 * sessions  # at their last turn their contexts add up to ~3x the two small pools
 
     def routing(url: str, model: str) -> ReplayResult:
         return asyncio.run(replay(url, agent_sessions(sessions, turns, seed=seed), model))
@@ -72,7 +74,7 @@ def effects(args: Any) -> list[Effect]:
         random.Random(seed).shuffle(work)
         return asyncio.run(replay(url, work, model))
 
-    default = {"policy": load_settings(environ={}).policy}
+    default = {"policy": DEFAULT_POLICY}
     return [
         Effect(
             f"routing: {sessions} sessions x {turns} turns of one agent on {args.ranks} ranks",
