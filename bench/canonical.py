@@ -37,36 +37,17 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-import aiohttp
-
-from bench.agent_shapes import AGENTS, Agents, Body, Shape
+from bench.agent_shapes import AGENTS, Agents, Shape
+from bench.body_replay import replay_bodies
 from bench.canonical_cost import main as canonical_cost_main
 from bench.common import OUT_DIR, machine, write_json
-from bench.replay import infinite_cache_bound, post_chat_stream
+from bench.replay import infinite_cache_bound
 from bench.sim import SimConfig, start_fleet, stop_fleet
 from proxy.app import create_app
 from proxy.config import load_settings
 from proxy.server import ServerThread
 
 TARGET = 0.9
-
-
-async def _run_sessions(
-    url: str, sessions: list[list[Body]], model: str, agent: str
-) -> list[tuple[int, int]]:
-    """(prompt tokens, cached tokens) per request; sessions concurrently, turns in order."""
-    out: list[tuple[int, int]] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-
-        async def run(index: int, turns: list[Body]) -> None:
-            for body in turns:
-                body = {**body, "model": model, "stream": True, "max_tokens": 8}
-                body["stream_options"] = {"include_usage": True}
-                result = await post_chat_stream(http, url, body, f"{agent}-{index}")
-                out.append((result.prompt_tokens, result.cached_tokens))
-
-        await asyncio.gather(*(run(i, s) for i, s in enumerate(sessions)))
-    return out
 
 
 def run_agent(
@@ -81,11 +62,12 @@ def run_agent(
             flags["canonical"] = {"rules": {"volatile_date": {"mode": args.date_mode}}}
         settings = load_settings(flags=flags, backend_specs=[f"{r.name}={r.url}" for r in fleet], environ={})
         with ServerThread(create_app(settings)) as proxy:
-            usage = asyncio.run(_run_sessions(proxy.url, sessions, sim.model, agent))
+            result = asyncio.run(replay_bodies(proxy.url, sessions, sim.model, agent))
     finally:
         stop_fleet(fleet)
-    prompt = sum(p for p, _ in usage)
-    return sum(c for _, c in usage) / prompt if prompt else 0.0
+    if result.errors:
+        raise RuntimeError(f"{agent}: {result.errors[0]}")
+    return result.summary()["hit_rate"]
 
 
 def bound(agent: str, args: argparse.Namespace, agents: Agents, block_size: int) -> float:

@@ -86,7 +86,10 @@ class Gateway:
         )
         algo = incremental.hasher.algo if incremental is not None else "none"
         index = self.state.prefix_index(await self._model_name(), block_size, algo, self._index_state)
-        self.metrics.index_redis_up.set(1 if self.state.name == "redis" else 0)
+        if self.state.name == "redis":
+            self.metrics.index_redis_up.set(1)
+        else:  # a 0 would read as an outage: without Redis the gauge is not exported at all
+            self.metrics.registry.unregister(self.metrics.index_redis_up)
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )

@@ -224,8 +224,11 @@ class Pipeline:
     def _session_headers(self, ctx: RequestContext) -> dict[str, str]:
         """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""
         headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
-        if ctx.estimated_cached_tokens is not None:
-            headers["x-prefixgate-estimated-cached-tokens"] = str(ctx.estimated_cached_tokens)
+        estimated = ctx.estimated_cached_tokens
+        if estimated is None and ctx.prompt_tokens is not None:
+            estimated = 0  # the prompt was rendered, but is under one block: nothing of it can hit
+        if estimated is not None:
+            headers["x-prefixgate-estimated-cached-tokens"] = str(estimated)
         if self.debug_headers:
             headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
         return headers
@@ -246,27 +249,33 @@ class Pipeline:
         self.metrics.ttfb.labels(endpoint).observe(elapsed)
         self.metrics.duration.labels(endpoint).observe(elapsed)
         self.metrics.requests.labels(endpoint, rank, str(status)).inc()
+        self.metrics.traffic.add(status, elapsed if status == 200 else None)
 
     def _count_relayed(self, endpoint: str, rank: str, status: int, started: float) -> None:
         self.metrics.requests.labels(endpoint, rank, str(status)).inc()
         self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        self.metrics.traffic.add(status)
 
     def _count_stream(self, endpoint: str, rank: str, stream: StreamOutcome, started: float) -> None:
         metrics = self.metrics
-        metrics.ttfb.labels(endpoint).observe(stream.first_byte_at - started)
+        first_byte = stream.first_byte_at - started
+        metrics.ttfb.labels(endpoint).observe(first_byte)
         metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
         if stream.disconnected:
             metrics.client_disconnects.labels(endpoint).inc()
             metrics.requests.labels(endpoint, rank, str(CLIENT_CLOSED)).inc()
+            metrics.traffic.add(CLIENT_CLOSED)
             return
         if stream.error is not None:
             metrics.stream_errors.labels(rank).inc()
         metrics.requests.labels(endpoint, rank, "200").inc()
+        metrics.traffic.add(200, first_byte, broken=stream.error is not None)
 
     def _refused(self, api: Api, endpoint: str, exc: ProxyError, started: float) -> Response:
         """A request that failed before (or instead of) reaching a rank, in the API's error shape."""
         self.metrics.requests.labels(endpoint, NO_BACKEND, str(exc.status)).inc()
         self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        self.metrics.traffic.add(exc.status)
         return api.error_response(exc, NO_BACKEND)
 
     def _client_gone(self, endpoint: str, ctx: RequestContext | None) -> Response:
@@ -274,5 +283,6 @@ class Pipeline:
         self.metrics.client_disconnects.labels(endpoint).inc()
         rank = ctx.rank.name if ctx is not None and ctx.rank is not None else NO_BACKEND
         self.metrics.requests.labels(endpoint, rank, str(CLIENT_CLOSED)).inc()
+        self.metrics.traffic.add(CLIENT_CLOSED)
         log.info("client went away before %s completed", endpoint)
         return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": rank})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ from bench.sim.runner import SimRankServer, start_fleet, stop_fleet
 from tokenization.block_hash import HashAlgo
 
 _D = SimConfig()
+DEFAULT_SIM_PORT = 8001
 
 
 def _opt(group: argparse._ArgumentGroup, flag: str, kind: type, default: object, help: str) -> None:
@@ -30,7 +32,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("serving")
     _opt(g, "--host", str, _D.host, "address to listen on")
-    _opt(g, "--port", int, 8000, "port of a single rank; 0 = a free port")
+    # not prefixgate serve's 8000: both run side by side on one machine in the quickstart
+    _opt(g, "--port", int, DEFAULT_SIM_PORT, "port of a single rank; 0 = a free port")
     _opt(g, "--ranks", int, 1, "number of ranks in this process")
     g.add_argument(
         "--base-port",
@@ -107,6 +110,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--fault-die-after-chunks", type=int, default=None, help="drop streams after N SSE chunks")
     g.add_argument("--fault-refuse", action="store_true", help="start refusing connections")
     g.add_argument(
+        "--fault-refuse-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --fault-refuse: listen again after this many seconds (default: refuse until stopped)",
+    )
+    g.add_argument(
         "--fault-malformed-sse", action="store_true", help="emit a malformed SSE line in each stream"
     )
 
@@ -169,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for s in servers:
             if args.fault_refuse:
-                s.set_faults(refuse_connections=True)
+                s.set_faults(refuse_connections=True, refuse_for_s=args.fault_refuse_for)
             info = {
                 "name": s.name,
                 "url": s.url,
@@ -177,6 +187,13 @@ def run(args: argparse.Namespace) -> int:
                 "kv_replay": s.kv_replay_endpoint,
             }
             print(json.dumps(info), flush=True)
+        # stdout stays one JSON line per rank; what to run next goes to stderr, names included (an
+        # unnamed --backend would be called rank-N, not the sim-N its rank reports)
+        backends = " ".join(f"--backend {s.name}={s.url}" for s in servers)
+        print(
+            f"prefixgate sim: {len(servers)} rank(s) up; in front: prefixgate serve {backends}",
+            file=sys.stderr,
+        )
         while not stop.wait(0.5):
             pass
     finally:

@@ -1,6 +1,6 @@
 """``prefixgate serve --workers N``: N processes serving one port, acting as one router.
 
-The supervisor binds the listening socket once and lets uvicorn's process supervisor run N workers
+``serve`` binds the listening socket once and lets uvicorn's process supervisor run N workers
 on it (the kernel deals connections out; a worker that dies is replaced). Every worker builds the
 same app from the same settings, handed over in a file only this user can read (settings may hold
 keys). What decides placement is shared through Redis: the given ``--redis-url``, or, without one,
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,9 @@ def worker_app() -> FastAPI:
     return create_app(settings)
 
 
-def run_workers(settings: Settings) -> int:
-    """Serve ``settings`` from ``settings.workers`` processes until SIGTERM or SIGINT."""
+def run_workers(settings: Settings, listener: socket.socket) -> int:
+    """Serve ``settings`` from ``settings.workers`` processes on ``listener`` (bound) until SIGTERM
+    or SIGINT."""
     embedded: EmbeddedRedis | None = None
     if not settings.redis_url:
         embedded = EmbeddedRedis().start()
@@ -71,9 +73,8 @@ def run_workers(settings: Settings) -> int:
         )
         config.factory = True
         config.workers = settings.workers
-        socket = config.bind_socket()
         log.info("prefixgate: %d workers on %s:%d", settings.workers, settings.host, settings.port)
-        Multiprocess(config, sockets=[socket]).run()
+        Multiprocess(config, sockets=[listener]).run()
     finally:
         os.unlink(path)
         if embedded is not None:

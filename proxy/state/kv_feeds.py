@@ -8,7 +8,6 @@ socket. A rank fed by events is mirrored exactly (no speculative records or corr
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -17,30 +16,11 @@ import orjson
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
 from routing.kv_events import KVEventSubscriber, RankMirror
+from routing.kv_sources import EventSource, parse_kv_event_specs
 from routing.ranks import Rank
 from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.routing")
-
-
-@dataclass(frozen=True, slots=True)
-class EventSource:
-    rank: str
-    endpoint: str
-    replay_endpoint: str | None = None
-    topic: str = ""
-
-
-def parse_kv_event_specs(spec: str) -> list[EventSource]:
-    """``NAME=tcp://h:p[|tcp://h:p],...`` to sources (``auto`` is resolved by ``discover_sources``)."""
-    sources = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, sep, endpoints = item.partition("=")
-        if not sep:
-            raise ValueError(f"kv_events entry {item!r} is not NAME=tcp://HOST:PORT[|tcp://HOST:PORT]")
-        endpoint, _, replay = endpoints.partition("|")
-        sources.append(EventSource(name.strip(), endpoint.strip(), replay.strip() or None))
-    return sources
 
 
 async def discover_source(client: aiohttp.ClientSession, rank: Rank) -> EventSource | None:
@@ -102,6 +82,15 @@ async def start_kv_event_feeds(
     if spec.strip() == "auto":
         found = [await discover_source(client, b) for b in router.fleet]
         sources = [s for s in found if s is not None]
+        silent = [rank.name for rank, source in zip(router.fleet, found, strict=True) if source is None]
+        if silent:
+            # without events a rank's mirror is prefixgate's own guess: say so, once, at start
+            log.warning(
+                "kv_events auto: no KV-event source from %s (GET /kv_event_sources answered none; vLLM "
+                "reports one when started with --kv-events-config and endpoint tcp://*:0): %s",
+                ", ".join(silent),
+                "no rank is mirrored exactly" if not sources else "those ranks are not mirrored exactly",
+            )
     else:
         sources = parse_kv_event_specs(spec)
     subscribers = []

@@ -37,8 +37,11 @@ def test_two_replicas_behind_nginx_share_redis_and_the_ranks_kv_events(profile: 
     for name in replicas:
         settings = read_environment(services[name]["environment"])
         assert settings["redis_url"] == "redis://redis:6379/0" and "redis" in services
-        assert settings["kv_events"] == "auto"
-        ranks |= {b["url"].removeprefix("http://").split(":")[0] for b in settings["backends"]}
+        backends = {b["name"]: b["url"].removeprefix("http://").split(":")[0] for b in settings["backends"]}
+        feeds = dict(item.split("=", 1) for item in settings["kv_events"].split(","))
+        assert feeds.keys() == backends.keys()  # every rank's KV events, at that rank's host
+        assert all(feeds[name].startswith(f"tcp://{host}:") for name, host in backends.items())
+        ranks |= set(backends.values())
         assert services[name]["healthcheck"]["test"][-1].find("/ready") > 0
     for rank in ranks:  # every rank publishes the KV events the replicas subscribe to
         command = " ".join(services[rank]["command"])
