@@ -87,6 +87,7 @@ class Settings(BaseModel):
     models_cache_ttl: float = Field(default=5.0, ge=0)
     log_level: str = "info"
     event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+    workers: int = Field(default=1, ge=1)
     # security and bounds (proxy/auth.py, proxy/limits.py)
     api_keys: list[SecretStr] = Field(default_factory=list)
     api_keys_file: str | None = None
@@ -211,6 +212,12 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "asyncio, or uvloop (less CPU per request, but accepts one connection per loop iteration: "
         "a burst of new connections waits)",
+    ),
+    Option(
+        "workers",
+        int,
+        "processes serving the port, sharing state through Redis (--redis-url, else an embedded "
+        "redis-server started and stopped with prefixgate)",
     ),
     Option("no_canonicalize", bool, "forward system prompts and tools as sent (no canonicalization rules)"),
     Option("debug_headers", bool, "add x-prefixgate-canonical-rewrites (rules applied) to responses"),

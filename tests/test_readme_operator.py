@@ -66,7 +66,8 @@ def test_the_vllm_serve_line_subscribes_to_the_ranks_kv_events():
 def test_compose_probes_readiness_and_wires_kv_events_and_redis():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    for name in ("prefixgate", "prefixgate-cpu"):
+    # the replicas behind each profile's nginx (tests/replicas/test_compose.py checks the balancing)
+    for name in ("prefixgate-a", "prefixgate-b", "prefixgate-cpu-a", "prefixgate-cpu-b"):
         service = services[name]
         assert "/ready" in " ".join(service["healthcheck"]["test"])
         env = service["environment"]

@@ -7,7 +7,6 @@ import errno
 import logging
 import socket
 import sys
-from typing import Any, cast
 
 from proxy.config import OPTIONS, ConfigError, Option, Settings, load_settings
 
@@ -73,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.cli.workers import run_workers
     from proxy.server import uvicorn_config
 
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
@@ -93,20 +93,29 @@ def run(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        app = create_app(settings)
-    except ConfigError as exc:
-        print(f"prefixgate: {exc}", file=sys.stderr)
-        return 2
-    try:
         listener = listen(settings.host, settings.port)
     except OSError as exc:
         print(f"prefixgate: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
         return 2
-    config = uvicorn_config(app, settings.host, settings.port, settings.log_level, settings.event_loop)
-    # SIGTERM: uvicorn stops listening, lets in-flight requests (streams too) finish up to this
-    # deadline, then cancels them and runs the app's shutdown
-    # (uvicorn annotates it int; it is a number of seconds handed to asyncio.wait_for, so a float works)
-    config.timeout_graceful_shutdown = cast(Any, settings.shutdown_timeout)
+    if settings.workers > 1:
+        try:
+            return run_workers(settings, listener)
+        except ConfigError as exc:
+            print(f"prefixgate: {exc}", file=sys.stderr)
+            return 2
+    try:
+        app = create_app(settings)
+    except ConfigError as exc:
+        print(f"prefixgate: {exc}", file=sys.stderr)
+        return 2
+    config = uvicorn_config(
+        app,
+        settings.host,
+        settings.port,
+        settings.log_level,
+        settings.event_loop,
+        graceful_shutdown=settings.shutdown_timeout,
+    )
     server = uvicorn.Server(config)
     # uvicorn says where it listens only when it binds the socket itself
     logging.getLogger("prefixgate").info(

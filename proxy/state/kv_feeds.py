@@ -8,6 +8,7 @@ socket. A rank fed by events is mirrored exactly (no speculative records or corr
 from __future__ import annotations
 
 import logging
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -23,7 +24,8 @@ log = logging.getLogger("prefixgate.routing")
 
 
 async def discover_source(client: aiohttp.ClientSession, rank: Rank) -> EventSource | None:
-    """The rank's own answer at ``GET /kv_event_sources`` (vLLM reports it with ``tcp://*:0``)."""
+    """The rank's own answer at ``GET /kv_event_sources``, reachable from here (vLLM reports the
+    endpoint it bound, ``tcp://*:5557``)."""
     try:
         async with client.get(f"{rank.url}/kv_event_sources", timeout=aiohttp.ClientTimeout(total=3)) as r:
             if r.status != 200:
@@ -37,7 +39,30 @@ async def discover_source(client: aiohttp.ClientSession, rank: Rank) -> EventSou
     endpoint = first.get("endpoint")
     if not isinstance(endpoint, str):
         return None
-    return EventSource(rank.name, endpoint, first.get("replay_endpoint"), first.get("topic") or "")
+    replay = first.get("replay_endpoint")
+    host = urlsplit(rank.url).hostname or "127.0.0.1"
+    return EventSource(
+        rank.name,
+        reachable(endpoint, host),
+        reachable(replay, host) if isinstance(replay, str) else None,
+        first.get("topic") or "",
+    )
+
+
+#: Hosts a rank binds to that say "every interface", not where to connect.
+_WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]", ""})
+
+
+def reachable(endpoint: str, host: str) -> str:
+    """``endpoint`` as another machine connects to it: a rank that bound ``tcp://*:5557`` (vLLM's
+    default) or ``tcp://0.0.0.0:5557`` is reached at its own URL's ``host``."""
+    scheme, sep, rest = endpoint.partition("://")
+    bound, colon, port = rest.rpartition(":")
+    if not sep or not colon or bound not in _WILDCARD_HOSTS:
+        return endpoint
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal
+    return f"{scheme}://{host}:{port}"
 
 
 async def start_kv_event_feeds(
