@@ -31,6 +31,7 @@ from proxy.stages.observe import Observers, UsageMetrics
 from proxy.stages.parse import Parse
 from proxy.stages.pin import Pins
 from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
+from proxy.stages.threads import Threads
 from proxy.state import StateBackend, open_state
 from proxy.state.kv_feeds import start_kv_event_feeds
 from proxy.state.local import SessionLocals
@@ -107,9 +108,11 @@ class Gateway:
         self.admission = admission = admission_from_settings(
             settings, self.sessions, self.fleet, self.metrics, block_size
         )
+        threads = Threads(self.locals)
         self.pipeline = Pipeline(
             Parse(settings.max_body_bytes, Bounds.from_settings(settings)),
             Identify(self.locals),
+            threads,
             Canonicalize.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
             Blocks(incremental, self.locals),
             admission,
@@ -118,6 +121,7 @@ class Gateway:
             Observers(
                 [
                     UsageMetrics(self.metrics),
+                    threads,
                     admission,
                     self.dashboard.recorder,
                     self.explainer,
@@ -163,6 +167,14 @@ class Gateway:
             self.pins.forget(list(local.response_ids))
         self.router.index.forget_session(key)
         return session
+
+    def threads_of(self, key: str) -> list[dict[str, object]]:
+        """The threads this process holds for session ``key`` (main first, then by first request)."""
+        local = self.locals.get(key)
+        if local is None:
+            return []
+        threads = sorted(local.threads.values(), key=lambda t: (t.kind != "main", t.first_seen))
+        return [t.to_dict() for t in threads]
 
     # -- assembly ---------------------------------------------------------------------------------
 

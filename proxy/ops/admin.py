@@ -99,11 +99,14 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
 
     @router.get("/admin/sessions/{session_id:path}")
     async def show_session(request: Request, session_id: str) -> Response:
-        table = gateway().sessions
+        gw = gateway()
+        table = gw.sessions
         session = visible_session(request, table, session_id)
         if session is None:
             return session_not_found(session_id)
-        return _json(_row(session, table.clock(), table.idle_ttl, with_breaks=True))
+        row = _row(session, table.clock(), table.idle_ttl, with_breaks=True)
+        row["threads"] = gw.threads_of(session.key)
+        return _json(row)
 
     @router.delete("/admin/sessions/{session_id:path}")
     async def end_session(request: Request, session_id: str) -> Response:

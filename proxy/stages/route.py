@@ -125,6 +125,10 @@ class Router(Observer):
             raise no_healthy_backend()
         hashes = ctx.block_hashes
         key = ctx.session_key
+        answered = ctx.cached_answer
+        if answered is not None and answered[0] not in self.exact:
+            # the blocks of the previous answer, which the rank cached while decoding it
+            self.index.record(answered[0], hashes[: answered[1]])
         found = self.index.lookup(hashes, key) if hashes or key else Lookup()
         request = RouteRequest(
             key,

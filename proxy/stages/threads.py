@@ -1,0 +1,149 @@
+"""Stage 2b, threads: which conversation inside the session this request belongs to.
+
+Agents send more than their main conversation under one session id: opencode a title generator
+("You are a title generator...") before the conversation, Claude Code small-model checks and
+compaction summaries, and sub-agents (its Agent/Task tool) that run whole conversations of their
+own. Each is a thread of the session (``proxy.state.local.ThreadLocal``) with its own prefix chain,
+so a side request is never a break of the main conversation. The session's rank serves every
+thread (routing is by session), and sub-agents share the system + tools head with each other.
+
+Recognised from the agents' own signals, in order:
+
+1. a thread header (``x-prefixgate-thread``, or an agent id header an agent sends): that thread,
+   a sub-agent;
+2. no main thread yet: the request starts it, unless its system prompt is a known side request's
+   (``SIDE_IDENTITIES``);
+3. the main thread offers tools and this request offers none: a side request, one thread per
+   system prompt identity (its first line);
+4. it offers tools under another system prompt identity than the main thread's: a sub-agent, one
+   thread per identity and first user message;
+5. otherwise the main conversation (its edits, compactions and tool changes are breaks of it).
+
+After the answer (``finished``) the thread counts what it sent and hit, and remembers the answer
+(its rank and length) for the next estimate (``proxy.stages.blocks``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import xxhash
+
+from proxy.context import Outcome, RequestContext
+from proxy.stages.observe import Observer
+from proxy.state.local import MAIN, Answer, SessionLocal, SessionLocals
+
+#: Headers naming the thread (a sub-agent's id) when an agent or a client sends one.
+DEFAULT_THREAD_HEADERS: tuple[str, ...] = ("x-prefixgate-thread", "x-claude-code-agent-id", "x-agent-id")
+#: Starts of the system prompts of known side requests (recognised even before the main thread).
+SIDE_IDENTITIES: tuple[str, ...] = ("You are a title generator",)
+#: Lines that identify no agent (attribution that changes per session or request).
+_SKIPPED_LINES = ("x-anthropic-billing-header:",)
+#: Characters of the system prompt's first line kept as its identity and label.
+IDENTITY_CHARS = 120
+
+
+def system_text(system: Any, head_messages: Any) -> str:
+    """The system prompt's text: the API's system field, else the leading system messages."""
+    if system is None and isinstance(head_messages, list):
+        system = [
+            m.get("content")
+            for m in head_messages
+            if isinstance(m, dict) and m.get("role") in ("system", "developer")
+        ]
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        parts: list[str] = []
+        for part in system:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, list):
+                parts.append(system_text(part, None))
+        return "\n".join(parts)
+    return ""
+
+
+def identity(text: str) -> str:
+    """The system prompt's identity: its first line that is not attribution, cut short."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(_SKIPPED_LINES):
+            return line[:IDENTITY_CHARS]
+    return ""
+
+
+def _digest(*parts: Any) -> str:
+    return xxhash.xxh3_64_hexdigest(orjson.dumps(parts, option=orjson.OPT_NON_STR_KEYS))
+
+
+class Threads(Observer):
+    """Sets ``ctx.thread``; after the answer, counts it on the thread."""
+
+    def __init__(
+        self,
+        locals_: SessionLocals,
+        headers: Sequence[str] = DEFAULT_THREAD_HEADERS,
+        side_identities: Sequence[str] = SIDE_IDENTITIES,
+    ) -> None:
+        self.locals = locals_
+        self.headers = tuple(headers)
+        self.side_identities = tuple(side_identities)
+
+    def __call__(self, ctx: RequestContext) -> None:
+        local = ctx.local
+        if local is None:
+            return
+        key, fields = self.recognise(ctx, local)
+        thread = local.thread(key, **fields)
+        now = time.time()
+        if not thread.first_seen:
+            thread.first_seen = now
+        thread.last_seen = now
+        ctx.thread = thread
+
+    def recognise(self, ctx: RequestContext, local: SessionLocal) -> tuple[str, dict[str, Any]]:
+        """The thread key of ``ctx`` in ``local`` and, should it be new, its fields."""
+        for name in self.headers:
+            value = ctx.headers.get(name)
+            if value:
+                return f"agent:{value}", {"kind": "subagent", "source": f"header:{name}", "label": value}
+        head = ctx.api.head(ctx.body)
+        system, first, tools = head if isinstance(head, list) and len(head) == 3 else (None, None, None)
+        name = identity(system_text(system, first))
+        has_tools = bool(tools)
+        main = local.threads.get(MAIN)
+        if main is None:
+            if name.startswith(self.side_identities):
+                return f"side:{_digest(name)}", {"kind": "side", "source": "system identity", "label": name}
+            return MAIN, {"kind": "main", "source": "first request", "label": name, "tools": has_tools}
+        if main.tools and not has_tools:
+            return f"side:{_digest(name)}", {"kind": "side", "source": "no tools", "label": name}
+        if has_tools and name != main.label and main.label:
+            fields = {"kind": "subagent", "source": "system identity", "label": name, "tools": True}
+            return f"agent:{_digest(name, first)}", fields
+        return MAIN, {"kind": "main", "source": "first request", "label": name, "tools": has_tools}
+
+    def finished(self, outcome: Outcome) -> None:
+        ctx = outcome.ctx
+        thread = ctx.thread
+        if thread is None or not outcome.answered:
+            return
+        thread.requests += 1
+        usage = outcome.usage
+        if usage is None:
+            thread.answer = None
+            return
+        thread.prompt_tokens += usage.prompt_tokens
+        thread.cached_tokens += usage.cached_tokens or 0
+        thread.estimated_cached_tokens += ctx.estimated_cached_tokens or 0
+        rank = outcome.rank
+        if rank is not None and ctx.prompt_tokens == usage.prompt_tokens:
+            thread.answer = Answer(rank, usage.prompt_tokens, usage.completion_tokens)
+        else:  # the rank counted another prompt: its tokens are not ours, nothing to extend
+            thread.answer = None
