@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from proxy.ops.auth import ClientKey
     from proxy.stages.route import RoutePlan
     from proxy.stages.usage import Usage
-    from proxy.state.local import SessionLocal, ThreadLocal
+    from proxy.state.local import CachedAnswer, SessionLocal, ThreadLocal
     from routing.ranks import Rank
     from tokenization.prompt import PromptBlocks
 
@@ -59,9 +59,9 @@ class RequestContext:
     prompt_tokens: int | None = None
     block_hashes: Sequence[bytes] = ()
     prompt_blocks: PromptBlocks | None = None
-    #: (rank, n): the rank that answered the thread's previous request holds this prompt's first
-    #: ``n`` blocks, its answer's included (``proxy.stages.blocks``).
-    cached_answer: tuple[str, int] | None = None
+    #: The thread's previous answer carried back in this prompt, and the blocks its rank then holds
+    #: (``proxy.stages.blocks``); the router counts them when ``credited``.
+    cached_answer: CachedAnswer | None = None
     # -- admit: the session's record, and where it may go (``proxy/admission``)
     admitted: Admitted | None = None
     # -- route: the ranked candidates and what the chosen one should hit

@@ -42,6 +42,7 @@ from routing.policies import make_policy, needs_of
 from routing.ranks import Fleet, Rank
 from tokenization.backend_info import block_size_of, parse_cache_config_info
 from tokenization.config import TokenizerConfig
+from tokenization.discover import discover
 from tokenization.factory import build_incremental
 from tokenization.prompt import IncrementalTokenizer
 
@@ -81,7 +82,7 @@ class Gateway:
         )
         await check_all(client, self.fleet, settings.health_timeout)
         await asyncio.gather(*(self._learn_cache_config(r) for r in self.fleet if r.healthy))
-        incremental = self._incremental_tokenizer()
+        incremental = await self._incremental_tokenizer()
         block_size = (incremental.block_size if incremental is not None else self._block_size()) or (
             DEFAULT_BLOCK_SIZE
         )
@@ -223,13 +224,21 @@ class Gateway:
                 return str(cards[0]["id"])
         return "default"
 
-    def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
-        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks."""
+    async def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
+        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks: as
+        configured, or (``kind: auto``) the served model's, found at start (one log line says which)."""
         if not needs_of(self.settings.policy).blocks:
             return None
         config = TokenizerConfig.model_validate(self.settings.tokenization)
-        client = base_url = None
-        if config.kind == "backend":
-            self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
-            base_url = next(iter(self.fleet)).url
+        healthy = self.fleet.healthy()
+        rank = healthy[0] if healthy else next(iter(self.fleet), None)
+        self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
+        if config.kind == "auto":
+            url = healthy[0].url if healthy else None
+            found = await discover(config, client, url, timeout=self.settings.health_timeout)
+            config = found.config
+            (log.warning if found.warn else log.info)("tokenizer: %s", found.reason)
+        else:
+            log.info("tokenizer: %s, as configured (tokenization.kind)", config.kind)
+        base_url = rank.url if rank is not None else None
         return build_incremental(config, block_size=self._block_size(), client=client, base_url=base_url)

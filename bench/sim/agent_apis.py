@@ -86,7 +86,7 @@ class AgentApis:
     ) -> tuple[list[SimRequest], OutQueue, Script | None]:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError("max_tokens must be a positive integer")
-        script = script_for(chat, self.rank.config.scripted_tool_calls)
+        script = script_for(chat, self.rank.config.scripted_tool_calls, self.rank.config.scripted_subagents)
         tokens = script.token_ids if script is not None else None
         reqs, out = self.rank.engine.submit(
             self.prompt(chat), max_tokens, 1, cache_salt=chat.get("cache_salt"), script=tokens

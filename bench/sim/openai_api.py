@@ -109,7 +109,9 @@ class OpenAIApi:
                 raise ValueError("max_tokens must be a positive integer")
             if not isinstance(n, int) or n < 1:
                 raise ValueError("n must be a positive integer")
-            script = script_for(data, cfg.scripted_tool_calls) if kind == "chat" else None
+            script = (
+                script_for(data, cfg.scripted_tool_calls, cfg.scripted_subagents) if kind == "chat" else None
+            )
             reqs, out = rank.engine.submit(
                 prompt,
                 max_tokens,

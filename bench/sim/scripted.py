@@ -4,8 +4,10 @@ With ``SimConfig.scripted_tool_calls`` = K, a request that offers a shell tool (
 ``Bash``, Codex's ``exec_command`` or ``shell``, opencode's ``bash``, Cline's ``execute_command``)
 is answered with a call to it, built from the tool's JSON schema, until the conversation holds K
 calls per user turn; then with a final text. A request without such a tool (a title generator, a
-topic check) gets the final text at once. So a real agent CLI runs multi-turn sessions with tool
-calls through prefixgate against the simulator, with no model.
+topic check) gets the final text at once. With ``SimConfig.scripted_subagents`` a conversation
+offering a sub-agent tool (Claude Code's ``Agent``, opencode's ``task``) first calls it once, so the
+agent runs a sub-agent conversation of its own under the same session. So a real agent CLI runs
+multi-turn sessions with tool calls through prefixgate against the simulator, with no model.
 
 The answer is generated as a model would write it: its tokens are those the chat template renders
 for the assistant turn (``tokenization.chatml``: content, then ``<tool_call>`` JSON), so the agent
@@ -28,6 +30,8 @@ from tokenization.encoding import encode
 
 #: Shell tools of today's agents, by the name they give it.
 SHELL_TOOLS = ("Bash", "bash", "exec_command", "shell", "execute_command", "run_command", "run_shell_command")
+#: Sub-agent tools of today's agents, and the agent type each is asked for.
+AGENT_TOOLS = {"Agent": "general-purpose", "Task": "general-purpose", "task": "general"}
 #: Words of the final answer (each one token of the simulated model's vocabulary).
 FINAL_WORDS = 12
 _COMMAND_KEYS = ("command", "cmd")
@@ -92,13 +96,29 @@ def shell_arguments(tool: Mapping[str, Any], step: int) -> dict[str, Any]:
     return {name: _value(name, props.get(name), step) for name in names}
 
 
+def agent_tool(tools: Sequence[Any] | None) -> Mapping[str, Any] | None:
+    """The request's sub-agent tool (chat form), if any."""
+    return next(
+        (fn for fn in map(_function, tools or ()) if fn is not None and fn["name"] in AGENT_TOOLS), None
+    )
+
+
+def _called(messages: Sequence[Mapping[str, Any]], name: str) -> bool:
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(fn, Mapping) and fn.get("name") == name:
+                return True
+    return False
+
+
 def _user_turns_and_calls(messages: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """User turns (user messages not answering a tool) and tool calls made so far."""
+    """User turns (runs of user messages not answering a tool) and tool calls made so far."""
     turns = calls = 0
     previous: str | None = None
     for message in messages:
         role = message.get("role")
-        if role == "user" and previous != "tool":
+        if role == "user" and previous not in ("tool", "user"):
             turns += 1
         elif role == "assistant" and isinstance(message.get("tool_calls"), list):
             calls += len(message["tool_calls"])
@@ -124,17 +144,28 @@ def final_text_tokens(seed: int) -> tuple[int, ...]:
     return tuple(words[(seed + k) % len(words)] for k in range(FINAL_WORDS))
 
 
-def script_for(chat: Mapping[str, Any], calls_per_turn: int) -> Script | None:
+def script_for(chat: Mapping[str, Any], calls_per_turn: int, subagents: bool = False) -> Script | None:
     """The scripted answer to a chat-form request (None: scripted mode is off)."""
     if calls_per_turn <= 0:
         return None
     messages = chat.get("messages") or []
     tool = shell_tool(chat.get("tools"))
     turns, calls = _user_turns_and_calls(messages)
-    if tool is None or calls >= calls_per_turn * max(turns, 1):
+    agent = agent_tool(chat.get("tools")) if subagents else None
+    if agent is not None and not _called(messages, str(agent["name"])):
+        name = str(agent["name"])
+        args = {
+            "description": "Survey the files",
+            "prompt": "List the files and report.",
+            "subagent_type": AGENT_TOOLS[name],
+        }
+        arguments = json.dumps(args)
+    elif tool is None or calls >= calls_per_turn * max(turns, 1):
         return Script(final_text_tokens(len(messages)), None)
-    arguments = json.dumps(shell_arguments(tool, calls + 1))
-    call = ToolCall(f"call_{uuid.uuid4().hex[:24]}", str(tool["name"]), arguments)
+    else:
+        name = str(tool["name"])
+        arguments = json.dumps(shell_arguments(tool, calls + 1))
+    call = ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, arguments)
     message = {
         "role": "assistant",
         "content": None,

@@ -50,6 +50,7 @@ class TextSteps:
         pinning = [(name, step.user_anchors) for name, step in self.steps if step.user_anchors]
         # Attaching pinned text to a user message counts as a rewrite of the first rule that pins.
         self.pin_owner: str | None = pinning[0][0] if pinning else None
+        self.pin_joined = next((step.joined for _, step in self.steps if step.user_anchors), False)
         self.max_anchors = max((n for _, n in pinning), default=0)
         self._texts: LRU[str, TextOutcome] = LRU(cache_entries)
         self._without_user: TextSteps | None = None
@@ -127,7 +128,7 @@ def canon_messages(
     base = len(system) + (1 if after else 0)
     edited_rest: dict[int, dict[str, Any]] = {}
     if texts.pin_owner is not None:
-        edited_rest = _attach_pinned(rest, base, to_user, texts.max_anchors, session)
+        edited_rest = _attach_pinned(rest, base, to_user, texts.max_anchors, session, texts.pin_joined)
         if edited_rest:
             rewrites[texts.pin_owner] = rewrites.get(texts.pin_owner, 0) + len(edited_rest)
     if not sys_changed and not after and not edited_rest:
@@ -198,23 +199,30 @@ def _canon_system(
     return out, changed, to_user, after
 
 
-def _attach_lines(message: dict[str, Any], lines: list[str]) -> dict[str, Any] | None:
-    """``message`` with ``lines`` appended to its content, or None when they already are (idempotence)."""
+def _attach_lines(message: dict[str, Any], lines: list[str], joined: bool = False) -> dict[str, Any] | None:
+    """``message`` with ``lines`` appended to its content, or None when they already are (idempotence).
+    ``joined``: into the last text part of a list content (see ``TextStep.joined``)."""
     content = message.get("content")
+    suffix = "".join("\n\n" + line for line in lines)
     if isinstance(content, str):
-        suffix = "".join("\n\n" + line for line in lines)
         if content.endswith(suffix) or content == suffix[2:]:
             return None
         return {**message, "content": content + suffix}
-    if isinstance(content, list):
-        tail = content[-len(lines) :]
-        if len(tail) == len(lines) and all(
-            isinstance(p, dict) and p.get("type") == "text" and p.get("text") == line
-            for p, line in zip(tail, lines, strict=True)
-        ):
+    if not isinstance(content, list):
+        return None
+    last = content[-1] if content else None
+    if joined and isinstance(last, dict) and last.get("type") == "text" and isinstance(last.get("text"), str):
+        text = last["text"]
+        if text.endswith(suffix) or text == suffix[2:]:
             return None
-        return {**message, "content": [*content, *({"type": "text", "text": line} for line in lines)]}
-    return None
+        return {**message, "content": [*content[:-1], {**last, "text": text + suffix}]}
+    tail = content[-len(lines) :]
+    if len(tail) == len(lines) and all(
+        isinstance(p, dict) and p.get("type") == "text" and p.get("text") == line
+        for p, line in zip(tail, lines, strict=True)
+    ):
+        return None
+    return {**message, "content": [*content, *({"type": "text", "text": line} for line in lines)]}
 
 
 def _attach_pinned(
@@ -223,6 +231,7 @@ def _attach_pinned(
     to_user: list[str],
     max_anchors: int,
     session: SessionCanonState | None,
+    joined: bool = False,
 ) -> dict[int, dict[str, Any]]:
     """Attach pinned text to user messages; returns the edited messages by index in ``rest``.
 
@@ -258,7 +267,7 @@ def _attach_pinned(
                 lines.append(line)
     edited: dict[int, dict[str, Any]] = {}
     for j, lines in by_index.items():
-        new = _attach_lines(rest[j], lines)
+        new = _attach_lines(rest[j], lines, joined)
         if new is not None:
             edited[j] = new
     return edited

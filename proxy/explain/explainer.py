@@ -67,7 +67,7 @@ class Explainer(Observer):
         if blocks is not None and prev.tokens is not None and prev.block_size == blocks.block_size:
             common_blocks, offset = divergence(prev, turn)
             if common_blocks < len(prev.hashes):
-                self._record(local, thread, explain(prev, turn, blocks, offset, common_blocks))
+                self._record(ctx, local, thread, explain(prev, turn, blocks, offset, common_blocks))
             hittable = max(turn.num_tokens - 1, 0) // turn.block_size
             expected = min(common_blocks, hittable) * turn.block_size
             ctx.expectation = Expectation(
@@ -78,9 +78,9 @@ class Explainer(Observer):
             # after a C-level deep comparison has shown the new body does not simply extend the old.
             found = None if extends(prev, turn) else first_differing_part(parts_of(prev), parts(turn))
             if found is not None:
-                self._record(local, thread, classify(prev, turn, found, None, None, None))
+                self._record(ctx, local, thread, classify(prev, turn, found, None, None, None))
             elif prev.rank is not None and turn.rank != prev.rank:
-                self._record(local, thread, moved(prev, turn, None, None))
+                self._record(ctx, local, thread, moved(prev, turn, None, None))
         self._charge(local, thread, turn)
 
     def finished(self, outcome: Outcome) -> None:
@@ -103,10 +103,10 @@ class Explainer(Observer):
         cached = usage.cached_tokens if usage is not None else None
         if cached is None:
             if was_moved:
-                self._record(local, thread, rank_break(expected, None, MOVED))
+                self._record(ctx, local, thread, rank_break(expected, None, MOVED))
             return
         if cached < expected.expected_tokens:
-            self._record(local, thread, rank_break(expected, cached, MOVED if was_moved else EVICTED))
+            self._record(ctx, local, thread, rank_break(expected, cached, MOVED if was_moved else EVICTED))
 
     def _replace(self, local: SessionLocal, thread: ThreadLocal, turn: Turn) -> None:
         thread.turn = turn
@@ -116,10 +116,17 @@ class Explainer(Observer):
         thread.turn_bytes = turn.nbytes
         self.locals.charge(local)
 
-    def _record(self, local: SessionLocal, thread: ThreadLocal, record: dict[str, Any]) -> None:
-        """A break of ``thread`` (records of threads other than the main one name theirs)."""
+    def _record(
+        self, ctx: RequestContext, local: SessionLocal, thread: ThreadLocal, record: dict[str, Any]
+    ) -> None:
+        """A break of ``thread``: records of threads other than the main one name theirs, and every
+        record's ``turn`` is the session's (as the dashboard's turn log numbers them), the thread's
+        own in ``thread_turn`` where they differ."""
         if thread.key != MAIN:
             record["thread"] = thread.key
+        session = ctx.admitted.session if ctx.admitted is not None else None
+        if session is not None and session.turns - 1 != record.get("turn"):
+            record["thread_turn"], record["turn"] = record.get("turn"), session.turns - 1
         thread.breaks += 1
         local.breaks.append(record)
         if self.metrics is not None:

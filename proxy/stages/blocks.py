@@ -14,9 +14,10 @@ falls back to session and load.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from proxy.context import RequestContext
-from proxy.state.local import Answer, SessionLocals
+from proxy.state.local import Answer, CachedAnswer, SessionLocals
 from tokenization.backend_tokenizer import BackendTokenizeError
 from tokenization.base import UnsupportedRequest
 from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptMemo
@@ -51,7 +52,7 @@ class Blocks:
             log.warning("backend tokenizer failed, routing without blocks: %s", exc)
             return
         if thread is not None:
-            ctx.cached_answer = answer_blocks(thread.answer, previous, blocks)
+            ctx.cached_answer = answer_blocks(thread.answer, previous, blocks, prompt, thread.verbatim)
             self.remember(ctx, blocks)
         ctx.prompt_blocks = blocks
         ctx.prompt_tokens = blocks.num_tokens
@@ -70,10 +71,15 @@ MAX_END_OF_TURN_TOKENS = 4
 
 
 def answer_blocks(
-    answer: Answer | None, previous: PromptMemo | None, blocks: PromptBlocks
-) -> tuple[str, int] | None:
-    """(the rank, this prompt's leading blocks it holds) when this prompt carries the previous answer
-    right after the previous prompt; None otherwise.
+    answer: Answer | None,
+    previous: PromptMemo | None,
+    blocks: PromptBlocks,
+    prompt: dict[str, Any],
+    verbatim: dict[str, bool],
+) -> CachedAnswer | None:
+    """The rank and this prompt's leading blocks it holds when this prompt carries the previous
+    answer right after the previous prompt; None otherwise. Counted (``credited``) unless the
+    thread's answers of that kind proved to come back rewritten (``verbatim``).
 
     vLLM caches the full blocks of every computed token: the prompt's and the answer's but its last
     sampled one (never fed back), so ``prompt + completion - 1`` tokens. They lead this prompt when
@@ -98,4 +104,17 @@ def answer_blocks(
     if not 0 <= extra <= MAX_END_OF_TURN_TOKENS:
         return None
     held = min((answer.prompt_tokens + answer.completion_tokens - 1) // blocks.block_size, len(hashes))
-    return (answer.rank, held) if held > known else None
+    if held <= known:
+        return None
+    kind = "tools" if _calls_tools(prompt, turn[0]) else "text"
+    return CachedAnswer(answer.rank, held, kind, verbatim.get(kind, True))
+
+
+def _calls_tools(prompt: dict[str, Any], label: str) -> bool:
+    """Whether the message of part ``label`` (``message[i]``) calls tools."""
+    messages = prompt.get("messages")
+    if not (label.startswith("message[") and label.endswith("]") and isinstance(messages, list)):
+        return False
+    index = label[len("message[") : -1]
+    message = messages[int(index)] if index.isdigit() and int(index) < len(messages) else None
+    return isinstance(message, dict) and bool(message.get("tool_calls"))

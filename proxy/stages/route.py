@@ -126,9 +126,9 @@ class Router(Observer):
         hashes = ctx.block_hashes
         key = ctx.session_key
         answered = ctx.cached_answer
-        if answered is not None and answered[0] not in self.exact:
+        if answered is not None and answered.credited and answered.rank not in self.exact:
             # the blocks of the previous answer, which the rank cached while decoding it
-            self.index.record(answered[0], hashes[: answered[1]])
+            self.index.record(answered.rank, hashes[: answered.blocks])
         found = self.index.lookup(hashes, key) if hashes or key else Lookup()
         request = RouteRequest(
             key,
@@ -184,9 +184,14 @@ class Router(Observer):
             metrics.reported_cached_tokens.labels(rank).inc(cached)
         if rank in self.exact or cached >= predicted:
             return
-        self.index.remove(rank, ctx.block_hashes[cached // self.block_size :])
         if metrics is not None:
             metrics.index_corrections.labels(rank).inc()
+        answered = ctx.cached_answer
+        if answered is not None and answered.credited and answered.rank == rank:
+            # The agent sent its previous answer back rewritten (its thread stops counting such
+            # answers): what was missing was the answer's blocks, and the rank holds this prompt now.
+            return
+        self.index.remove(rank, ctx.block_hashes[cached // self.block_size :])
 
     # -- the charge -------------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ thread (routing is by session), and sub-agents share the system + tools head wit
 
 Recognised from the agents' own signals, in order:
 
-1. a thread header (``x-prefixgate-thread``, or an agent id header an agent sends): that thread,
-   a sub-agent;
+1. a thread header (``x-prefixgate-thread``, or an agent id header an agent sends; Codex's
+   ``thread-id`` when it is not the session's own id): that thread, a sub-agent;
 2. no main thread yet: the request starts it, unless its system prompt is a known side request's
    (``SIDE_IDENTITIES``);
 3. the main thread offers tools and this request offers none: a side request, one thread per
@@ -20,7 +20,9 @@ Recognised from the agents' own signals, in order:
 5. otherwise the main conversation (its edits, compactions and tool changes are breaks of it).
 
 After the answer (``finished``) the thread counts what it sent and hit, and remembers the answer
-(its rank and length) for the next estimate (``proxy.stages.blocks``).
+(its rank and length) for the next estimate (``proxy.stages.blocks``). Whether an agent sends its
+answers back as generated (per kind: text, tool calls) is learnt from the ranks' reports and shared
+by the threads of one system prompt identity, across sessions: one agent's sessions learn it once.
 """
 
 from __future__ import annotations
@@ -35,15 +37,23 @@ import xxhash
 from proxy.context import Outcome, RequestContext
 from proxy.stages.observe import Observer
 from proxy.state.local import MAIN, Answer, SessionLocal, SessionLocals
+from tokenization.lru import LRU
 
 #: Headers naming the thread (a sub-agent's id) when an agent or a client sends one.
-DEFAULT_THREAD_HEADERS: tuple[str, ...] = ("x-prefixgate-thread", "x-claude-code-agent-id", "x-agent-id")
+DEFAULT_THREAD_HEADERS: tuple[str, ...] = (
+    "x-prefixgate-thread",
+    "x-claude-code-agent-id",
+    "x-agent-id",
+    "thread-id",
+)
 #: Starts of the system prompts of known side requests (recognised even before the main thread).
 SIDE_IDENTITIES: tuple[str, ...] = ("You are a title generator",)
 #: Lines that identify no agent (attribution that changes per session or request).
 _SKIPPED_LINES = ("x-anthropic-billing-header:",)
 #: Characters of the system prompt's first line kept as its identity and label.
 IDENTITY_CHARS = 120
+#: System prompt identities whose answer habits are remembered (least recently used out first).
+LEARNT_IDENTITIES = 4096
 
 
 def system_text(system: Any, head_messages: Any) -> str:
@@ -94,6 +104,8 @@ class Threads(Observer):
         self.locals = locals_
         self.headers = tuple(headers)
         self.side_identities = tuple(side_identities)
+        #: Per system prompt identity: does that agent send answers back as generated, per kind.
+        self.verbatim: LRU[str, dict[str, bool]] = LRU(LEARNT_IDENTITIES)
 
     def __call__(self, ctx: RequestContext) -> None:
         local = ctx.local
@@ -104,19 +116,25 @@ class Threads(Observer):
         now = time.time()
         if not thread.first_seen:
             thread.first_seen = now
+            habits = self.verbatim.get(thread.label)
+            if habits is None:
+                habits = {}
+                self.verbatim.put(thread.label, habits)
+            thread.verbatim = habits  # shared: what one session learns, the next one knows
         thread.last_seen = now
         ctx.thread = thread
 
     def recognise(self, ctx: RequestContext, local: SessionLocal) -> tuple[str, dict[str, Any]]:
         """The thread key of ``ctx`` in ``local`` and, should it be new, its fields."""
-        for name in self.headers:
-            value = ctx.headers.get(name)
-            if value:
-                return f"agent:{value}", {"kind": "subagent", "source": f"header:{name}", "label": value}
         head = ctx.api.head(ctx.body)
         system, first, tools = head if isinstance(head, list) and len(head) == 3 else (None, None, None)
         name = identity(system_text(system, first))
         has_tools = bool(tools)
+        for header in self.headers:
+            value = ctx.headers.get(header)
+            if value and value != ctx.session_key:
+                fields = {"kind": "subagent", "source": f"header:{header}", "label": name, "tools": has_tools}
+                return f"agent:{value}", fields
         main = local.threads.get(MAIN)
         if main is None:
             if name.startswith(self.side_identities):
@@ -132,7 +150,10 @@ class Threads(Observer):
     def finished(self, outcome: Outcome) -> None:
         ctx = outcome.ctx
         thread = ctx.thread
-        if thread is None or not outcome.answered:
+        if thread is None:
+            return
+        if not outcome.answered:  # no answer known to have been generated whole: nothing to extend
+            thread.answer = None
             return
         thread.requests += 1
         usage = outcome.usage
@@ -142,8 +163,22 @@ class Threads(Observer):
         thread.prompt_tokens += usage.prompt_tokens
         thread.cached_tokens += usage.cached_tokens or 0
         thread.estimated_cached_tokens += ctx.estimated_cached_tokens or 0
+        self._learn(ctx, usage.cached_tokens)
         rank = outcome.rank
         if rank is not None and ctx.prompt_tokens == usage.prompt_tokens:
             thread.answer = Answer(rank, usage.prompt_tokens, usage.completion_tokens)
         else:  # the rank counted another prompt: its tokens are not ours, nothing to extend
             thread.answer = None
+
+    @staticmethod
+    def _learn(ctx: RequestContext, cached: int | None) -> None:
+        """Whether the agent sent the previous answer back as generated, from what the rank hit: less
+        than a credited estimate (the answer's blocks were not there), or all of an uncredited one."""
+        answered, estimate, blocks = ctx.cached_answer, ctx.estimated_cached_tokens, ctx.prompt_blocks
+        thread = ctx.thread
+        if answered is None or cached is None or estimate is None or blocks is None or thread is None:
+            return
+        if answered.credited and cached < estimate:
+            thread.verbatim[answered.kind] = False
+        elif not answered.credited and cached >= answered.blocks * blocks.block_size:
+            thread.verbatim[answered.kind] = True

@@ -51,6 +51,19 @@ class Answer:
     completion_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class CachedAnswer:
+    """A prompt that carries the thread's previous answer back: the rank that generated it holds the
+    prompt's first ``blocks`` blocks; ``kind`` (``text`` or ``tools``: the answer called tools) and
+    whether the estimate counts them (``credited``: this thread's agent sends that kind of answer back
+    as it was generated, as far as the ranks' reports have shown)."""
+
+    rank: str
+    blocks: int
+    kind: str
+    credited: bool
+
+
 @dataclass(slots=True, eq=False)
 class ThreadLocal:
     """One conversation inside a session: its prefix chain and what it has cost and hit."""
@@ -71,6 +84,9 @@ class ThreadLocal:
     turn: Any = None
     turn_bytes: int = 0
     answer: Answer | None = None
+    #: Per answer kind: does the agent send such answers back as generated (learnt from the ranks'
+    #: reports; unknown counts as yes)? Agents re-serialize tool calls, some their arguments' JSON.
+    verbatim: dict[str, bool] = field(default_factory=dict)
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
+from tokenization.chatml import render_segments
 
 PROSE = "You help with code.\n\n# Doing tasks\n - Read before you edit.\n"
 
@@ -82,17 +83,16 @@ def test_git_status_and_environment_move_by_default_memory_on_request() -> None:
     assert "# Memory" in system  # opt-in
     assert system.endswith("# Context management\nAct.")
     user = out.body["messages"][1]["content"]
-    assert user[0]["text"] == "list the files"
-    # the sections in the order of the rules (whitespace hygiene has run: no trailing space); attaching
-    # them counts as a rewrite of the first
+    # the sections in the order of the rules (whitespace hygiene has run: no trailing space), after
+    # a blank line in the message's last text part; attaching them counts as a rewrite of the first
     listed = environment("/w/a").replace(": \n", ":\n").strip()
-    assert [p["text"] for p in user[1:]] == [git_status("(clean)") + "\n" + listed]
+    assert user == [{"type": "text", "text": "list the files\n\n" + git_status("(clean)") + "\n" + listed}]
     assert out.rewrites["claude_git_status"] == 2 and out.rewrites["claude_environment"] == 1
 
     with_memory = canonicalizer({"claude_memory": {"enabled": True}})
     moved = with_memory.apply(claude_request("/w/a", "(clean)", "x"), api="chat").body
     assert "# Memory" not in system_of(moved) and "not a heading inside the fence" not in system_of(moved)
-    assert memory("/w/a").strip() in moved["messages"][1]["content"][1]["text"]
+    assert memory("/w/a").strip() in moved["messages"][1]["content"][0]["text"]
 
 
 def test_sessions_in_other_directories_share_system_and_tools() -> None:
@@ -110,9 +110,22 @@ def test_a_new_git_status_goes_to_the_newest_user_message_and_the_history_stays(
     later = canon.apply(claude_request("/w/a", "M notes.txt", "one", "two"), api="chat", session=session).body
     assert later["messages"][:2] == first["messages"][:2]  # system and the first turn byte-identical
     newest = later["messages"][-1]["content"]
-    assert newest[0]["text"] == "two" and "Status:\nM notes.txt" in newest[-1]["text"]
+    assert newest[0]["text"].startswith("two\n\ngitStatus:") and "Status:\nM notes.txt" in newest[0]["text"]
     again = canon.apply(later, api="chat", session=session)
     assert again.body == later  # idempotent
+
+
+def test_a_message_sent_as_parts_then_as_a_string_renders_alike() -> None:
+    """Claude Code sends a user message as text parts (with a cache marker), later as a string."""
+    canon = canonicalizer()
+    session = InMemorySessionCanonState()
+    first = canon.apply(claude_request("/w/a", "(clean)", "one"), api="chat", session=session).body
+    later_request = claude_request("/w/a", "(clean)", "one", "two")
+    later_request["messages"][1]["content"] = "one"  # the same message, as a string now
+    later = canon.apply(later_request, api="chat", session=session).body
+    rendered = render_segments(first["messages"], first["tools"], add_generation_prompt=False)
+    again = render_segments(later["messages"], later["tools"], add_generation_prompt=False)
+    assert again[: len(rendered)] == rendered
 
 
 def test_opencode_env_block() -> None:

@@ -9,7 +9,9 @@ system text and pins it to the newest user message (``Destination.NEWEST_USER``)
 first request that is the first user message, right after system + tools; later turns re-attach it
 there, so the history stays byte-stable, and a section that changed (a file edited between
 ``--continue`` prompts) goes to the newest user message of the request that brought it. A request
-with no user message gets the section in a user message right after the system messages.
+with no user message gets the section in a user message right after the system messages. The
+section joins the message's last text part (``TextStep.joined``): Claude Code sends a message's
+content as text parts, later as a string, and both then render alike.
 
 The section's text is kept byte for byte; only whitespace around it (the blank lines that set it
 apart) is dropped. A match that starts or ends inside a fenced block or a diff is left alone.
@@ -106,4 +108,4 @@ def section_step(formats: Mapping[str, Format], settings: SectionSettings) -> Te
         out, blocks = move_sections(text, chosen)
         return TextEdit(out, len(blocks), tuple(Moved(b, Destination.NEWEST_USER) for b in blocks))
 
-    return TextStep(run, user_anchors=settings.max_anchors)
+    return TextStep(run, user_anchors=settings.max_anchors, joined=True)
