@@ -81,14 +81,16 @@ def nonce() -> str:
 
 @pytest.fixture
 def gateway(ranks: list[VllmRank], model_dir: Path) -> Iterator[Callable[..., ServerThread]]:
-    """Start prefixgate in front of both ranks with ``hf`` tokenization: ``gateway(kv_events=True)``."""
+    """Start prefixgate in front of both ranks with ``hf`` tokenization: ``gateway(kv_events=True)``;
+    ``defaults=True``: no tokenization configured (prefixgate finds the served model's itself)."""
     started: list[ServerThread] = []
 
-    def start(*, kv_events: bool = False, **options: Any) -> ServerThread:
+    def start(*, kv_events: bool = False, defaults: bool = False, **options: Any) -> ServerThread:
         options.setdefault("policy", "prefix_affinity")
         options.setdefault("health_interval", 1.0)
         options.setdefault("health_timeout", 5.0)
-        options["tokenization"] = {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED}
+        if not defaults:
+            options["tokenization"] = {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED}
         if kv_events:
             options["kv_events"] = ",".join(f"{r.name}={r.kv_endpoint}|{r.replay_endpoint}" for r in ranks)
         server = start_gateway(ranks, timeout=60.0, **options)
