@@ -15,13 +15,11 @@ import pytest
 
 from bench.agents import clis
 from bench.agents.scenarios import SCENARIOS
+from tests.helpers.markers import mark_folder
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.agents)
+    mark_folder(items, Path(__file__).parent, pytest.mark.agents)
 
 
 @pytest.fixture(scope="session")

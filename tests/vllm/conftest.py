@@ -28,6 +28,7 @@ from bench.real_vllm.ranks import (
 )
 from proxy.server import ServerThread
 from tests.helpers.gateway import start_gateway
+from tests.helpers.markers import mark_folder
 from tokenization.block_hash import BlockHasher
 from tokenization.hf_tokenizer import HfTokenizer
 
@@ -35,10 +36,7 @@ BLOCK = 32
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.vllm)
+    mark_folder(items, Path(__file__).parent, pytest.mark.vllm)
 
 
 @pytest.fixture(scope="session")

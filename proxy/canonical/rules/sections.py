@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from proxy.canonical.rules.base import Destination, Moved, RuleConfig, TextEdit, TextStep
-from proxy.canonical.rules.text import protected_spans
+from proxy.canonical.rules.text import cut_out, protected_spans
 
 #: (message, text) attachments a session remembers per rule set (see ``TextStep.user_anchors``).
 MAX_ANCHORS = 8
@@ -77,21 +77,8 @@ def move_sections(text: str, formats: Sequence[Format]) -> tuple[str, tuple[str,
     for fmt in formats:
         if fmt.needle in text and (hit := _find(text, fmt, None)) is not None:
             found.append(hit)
-    if not found:
-        return text, ()
-    found.sort()
-    pieces: list[str] = []
-    blocks: list[str] = []
-    pos = 0
-    for start, end, block in found:
-        if start < pos:
-            continue
-        pieces.append(text[pos:start])
-        blocks.append(block)
-        pos = end
-    pieces.append(text[pos:])
-    out = "".join(pieces)
-    if not text.endswith("\n"):  # a section cut from the end leaves no dangling blank lines
+    out, blocks = cut_out(text, found)
+    if blocks and not text.endswith("\n"):  # a section cut from the end leaves no dangling blank lines
         out = out.rstrip("\r\n")
     return out, tuple(blocks)
 
