@@ -5,7 +5,7 @@ figures of issue 20's "Done when" they measure.
   a file edited before each (or not): its hit rate against the same session without the edits,
   and with the ``claude_git_status`` rule off (what the edit cost before);
 - ``claude_dirs``: three concurrent Claude Code sessions in different directories: the prefix their
-  first requests share, against their system + tools (``claude_memory`` on, and with the defaults);
+  first requests share, against their system + tools (with the defaults, and ``claude_memory`` off);
 - ``claude_agents``: Claude Code calling its Agent tool: sub-agents under the session;
 - ``codex``: ``codex exec`` then ``exec resume --last``;
 - ``opencode``: ``opencode run`` then ``--continue`` (its title generator first).
@@ -24,7 +24,7 @@ from typing import Any
 from bench.agents import clis
 from bench.agents.tier import Deployment, SessionFigures, figures, shared_prefix
 
-MEMORY_ON = {"canonical": {"rules": {"claude_memory": {"enabled": True}}}}
+MEMORY_OFF = {"canonical": {"rules": {"claude_memory": {"enabled": False}}}}
 GIT_RULE_OFF = {"canonical": {"rules": {"claude_git_status": {"enabled": False}}}}
 
 
@@ -77,7 +77,7 @@ def _concurrently(jobs: list[Callable[[], object]]) -> list[object]:
 def claude_dirs(root: Path, sessions: int = 3) -> dict[str, Any]:
     """Concurrent Claude Code sessions in different directories: what their first requests share."""
     out: dict[str, Any] = {}
-    for name, flags in (("memory_rule_on", MEMORY_ON), ("defaults", {})):
+    for name, flags in (("defaults", {}), ("memory_rule_off", MEMORY_OFF)):
         with Deployment(root / name, flags=flags, subagents=False) as dep:
             spaces = [clis.Workspace(root / name / f"dir-{i}") for i in range(sessions)]
             for ws in spaces:

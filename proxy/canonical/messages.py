@@ -14,7 +14,7 @@ stays byte-stable; a request with no user message runs the pinning steps' ``with
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,6 +225,26 @@ def _attach_lines(message: dict[str, Any], lines: list[str], joined: bool = Fals
     return {**message, "content": [*content, *({"type": "text", "text": line} for line in lines)]}
 
 
+def _pin_pieces(
+    anchors: list[tuple[int, str]], pieces: list[str], target: int, valid: Callable[[int], bool]
+) -> None:
+    """Pin each piece on its own (``TextStep.joined``): a piece whose latest attachment still in the
+    history has the same text stays there; a changed one (known by its first line, a section's
+    heading) goes to ``target``, the newest user message, replacing an attachment already there."""
+    latest: dict[str, int] = {}
+    for i, (index, text) in enumerate(anchors):
+        if valid(index):
+            latest[text.split("\n", 1)[0]] = i
+    for piece in pieces:
+        at = latest.get(piece.split("\n", 1)[0])
+        if at is not None and anchors[at][1] == piece:
+            continue
+        if at is not None and anchors[at][0] == target:
+            anchors[at] = (target, piece)
+        else:
+            anchors.append((target, piece))
+
+
 def _attach_pinned(
     rest: list[Any],
     base: int,
@@ -244,18 +264,20 @@ def _attach_pinned(
     def valid(index: int) -> bool:
         return 0 <= index - base < len(rest) and _is_user(rest[index - base])
 
-    if to_user:
+    newest = next((j for j in range(len(rest) - 1, -1, -1) if _is_user(rest[j])), None) if to_user else None
+    if newest is not None and joined:
+        _pin_pieces(anchors, to_user, base + newest, valid)
+        del anchors[:-max_anchors]
+    elif newest is not None:
         line = "\n".join(to_user)
-        newest = next((j for j in range(len(rest) - 1, -1, -1) if _is_user(rest[j])), None)
-        if newest is not None:
-            target = base + newest
-            if anchors and anchors[-1][1] == line and valid(anchors[-1][0]):
-                pass  # this text is already attached to a message still in the history
-            elif anchors and (anchors[-1][0] == target or not valid(anchors[-1][0])):
-                anchors[-1] = (target, line)
-            else:
-                anchors.append((target, line))
-            del anchors[:-max_anchors]
+        target = base + newest
+        if anchors and anchors[-1][1] == line and valid(anchors[-1][0]):
+            pass  # this text is already attached to a message still in the history
+        elif anchors and (anchors[-1][0] == target or not valid(anchors[-1][0])):
+            anchors[-1] = (target, line)
+        else:
+            anchors.append((target, line))
+        del anchors[:-max_anchors]
     if session is not None and anchors != before:
         session.set_date_anchors(anchors)
 

@@ -96,6 +96,9 @@ def test_opencode_title_generator_is_a_side_thread_not_a_break(proxy: ServerThre
     assert kinds["main"]["requests"] == 3 and kinds["side"]["requests"] == 2
     assert kinds["side"]["label"].startswith("You are a title generator")
     assert kinds["main"]["hit_tokens_reported"] > 0
+    # the dashboard's session detail lists them too
+    detail = httpx.get(f"{proxy.url}/admin/overview/sessions/ses_oc1", timeout=10).json()
+    assert [t["kind"] for t in detail["threads"]] == ["main", "side"]
 
 
 # -- Claude Code: side checks without tools and a sub-agent under its session id --------------------

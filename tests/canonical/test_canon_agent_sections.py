@@ -76,27 +76,27 @@ def system_of(body: dict[str, Any]) -> str:
     return "".join(part["text"] for part in body["messages"][0]["content"])
 
 
-def test_git_status_and_environment_move_by_default_memory_on_request() -> None:
-    out = canonicalizer().apply(claude_request("/w/a", "(clean)", "list the files"), api="chat")
+def test_git_status_and_environment_move_by_default() -> None:
+    rules = {"claude_memory": {"enabled": False}}
+    out = canonicalizer(rules).apply(claude_request("/w/a", "(clean)", "list the files"), api="chat")
     system = system_of(out.body)
     assert "gitStatus:" not in system and "# Environment" not in system
-    assert "# Memory" in system  # opt-in
+    assert "# Memory" in system  # switched off here
     assert system.endswith("# Context management\nAct.")
     user = out.body["messages"][1]["content"]
-    # the sections in the order of the rules (whitespace hygiene has run: no trailing space), after
-    # a blank line in the message's last text part; attaching them counts as a rewrite of the first
+    # the sections in the order of the rules (whitespace hygiene has run: no trailing space), each
+    # after a blank line in the message's last text part; attaching counts as a rewrite of the first
     listed = environment("/w/a").replace(": \n", ":\n").strip()
-    assert user == [{"type": "text", "text": "list the files\n\n" + git_status("(clean)") + "\n" + listed}]
+    assert user == [{"type": "text", "text": "list the files\n\n" + git_status("(clean)") + "\n\n" + listed}]
     assert out.rewrites["claude_git_status"] == 2 and out.rewrites["claude_environment"] == 1
 
-    with_memory = canonicalizer({"claude_memory": {"enabled": True}})
-    moved = with_memory.apply(claude_request("/w/a", "(clean)", "x"), api="chat").body
+    moved = canonicalizer().apply(claude_request("/w/a", "(clean)", "x"), api="chat").body
     assert "# Memory" not in system_of(moved) and "not a heading inside the fence" not in system_of(moved)
     assert memory("/w/a").strip() in moved["messages"][1]["content"][0]["text"]
 
 
 def test_sessions_in_other_directories_share_system_and_tools() -> None:
-    canon = canonicalizer({"claude_memory": {"enabled": True}})
+    canon = canonicalizer()
     a = canon.apply(claude_request("/w/a", "(clean)", "x"), api="chat", session=InMemorySessionCanonState())
     b = canon.apply(claude_request("/w/b", "M x.py", "y"), api="chat", session=InMemorySessionCanonState())
     assert a.body["messages"][0] == b.body["messages"][0] and a.body["tools"] == b.body["tools"]
@@ -110,7 +110,8 @@ def test_a_new_git_status_goes_to_the_newest_user_message_and_the_history_stays(
     later = canon.apply(claude_request("/w/a", "M notes.txt", "one", "two"), api="chat", session=session).body
     assert later["messages"][:2] == first["messages"][:2]  # system and the first turn byte-identical
     newest = later["messages"][-1]["content"]
-    assert newest[0]["text"].startswith("two\n\ngitStatus:") and "Status:\nM notes.txt" in newest[0]["text"]
+    # only the section that changed is attached anew
+    assert newest == [{"type": "text", "text": "two\n\n" + git_status("M notes.txt")}]
     again = canon.apply(later, api="chat", session=session)
     assert again.body == later  # idempotent
 

@@ -1,19 +1,17 @@
-"""``claude_memory`` (opt-in): Claude Code's ``# Memory`` section, which names a per-directory path.
+"""``claude_memory`` (on by default): Claude Code's ``# Memory`` section, which names a per-directory path.
 
 Claude Code (2.x) tells the model where its file-based memory lives:
 ``# Memory`` / ``You have a persistent file-based memory at `~/.claude/projects/-<cwd with
 dashes>/memory/`. ...`` and the instructions for using it, up to the next ``# `` heading. The path
 makes the system prompt differ between sessions in different directories. The whole section moves,
-byte for byte, to the newest user message (``proxy.canonical.rules.sections``). Off by default: the
-section is instructions, and the model then reads them in a user message rather than in the
-system prompt.
+byte for byte, to the newest user message (``proxy.canonical.rules.sections``): the model reads the
+same text after system + tools, in the user turn; the section is instructions, so they then come
+from the user's turn rather than the system prompt (``enabled: false`` keeps them there).
 """
 
 from __future__ import annotations
 
 import re
-
-from pydantic import Field
 
 from proxy.canonical.rules.base import TextRule, TextStep
 from proxy.canonical.rules.sections import Format, SectionSettings, section_step
@@ -35,9 +33,7 @@ FORMATS: dict[str, Format] = {
 
 
 class ClaudeMemorySettings(SectionSettings):
-    """Claude Code's ``# Memory`` section moved to the newest user message (opt-in)."""
-
-    enabled: bool = Field(default=False)
+    """Claude Code's ``# Memory`` section moved to the newest user message."""
 
 
 def _build(settings: ClaudeMemorySettings) -> TextStep | None:

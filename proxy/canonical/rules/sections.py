@@ -11,7 +11,8 @@ there, so the history stays byte-stable, and a section that changed (a file edit
 ``--continue`` prompts) goes to the newest user message of the request that brought it. A request
 with no user message gets the section in a user message right after the system messages. The
 section joins the message's last text part (``TextStep.joined``): Claude Code sends a message's
-content as text parts, later as a string, and both then render alike.
+content as text parts, later as a string, and both then render alike. Sections are pinned one by one
+(known by their first line): when only the git status changes, only it is attached anew.
 
 The section's text is kept byte for byte; only whitespace around it (the blank lines that set it
 apart) is dropped. A match that starts or ends inside a fenced block or a diff is left alone.
@@ -28,8 +29,10 @@ from pydantic import Field
 from proxy.canonical.rules.base import Destination, Moved, RuleConfig, TextEdit, TextStep
 from proxy.canonical.rules.text import cut_out, protected_spans
 
-#: (message, text) attachments a session remembers per rule set (see ``TextStep.user_anchors``).
-MAX_ANCHORS = 8
+#: (message, text) attachments a session remembers per rule set (see ``TextStep.user_anchors``):
+#: one per section at first, one more each time a section changes; past it the oldest go (and with
+#: them those sections' bytes from the history), so it is generous.
+MAX_ANCHORS = 32
 
 
 @dataclass(frozen=True, slots=True)
