@@ -28,7 +28,7 @@ by the threads of one system prompt identity, across sessions: one agent's sessi
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -56,35 +56,34 @@ IDENTITY_CHARS = 120
 LEARNT_IDENTITIES = 4096
 
 
-def system_text(system: Any, head_messages: Any) -> str:
-    """The system prompt's text: the API's system field, else the leading system messages."""
+def system_texts(system: Any, head_messages: Any) -> Iterator[str]:
+    """The system prompt's texts, in order: the API's system field, else the leading system messages."""
     if system is None and isinstance(head_messages, list):
-        system = [
-            m.get("content")
-            for m in head_messages
-            if isinstance(m, dict) and m.get("role") in ("system", "developer")
-        ]
+        roles = ("system", "developer")
+        system = [m.get("content") for m in head_messages if isinstance(m, dict) and m.get("role") in roles]
     if isinstance(system, str):
-        return system
-    if isinstance(system, list):
-        parts: list[str] = []
+        yield system
+    elif isinstance(system, list):
         for part in system:
             if isinstance(part, str):
-                parts.append(part)
+                yield part
             elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
+                yield part["text"]
             elif isinstance(part, list):
-                parts.append(system_text(part, None))
-        return "\n".join(parts)
-    return ""
+                yield from system_texts(part, None)
 
 
 def identity(text: str) -> str:
-    """The system prompt's identity: its first line that is not attribution, cut short."""
-    for line in text.splitlines():
-        line = line.strip()
+    """The system prompt's identity: its first line that is not attribution, cut short (the text is
+    scanned line by line from the start, never split whole: system prompts run to 60 kB)."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end == -1 else end
+        line = text[start : min(end, start + 4 * IDENTITY_CHARS)].strip()
         if line and not line.startswith(_SKIPPED_LINES):
             return line[:IDENTITY_CHARS]
+        start = end + 1
     return ""
 
 
@@ -128,7 +127,7 @@ class Threads(Observer):
         """The thread key of ``ctx`` in ``local`` and, should it be new, its fields."""
         head = ctx.api.head(ctx.body)
         system, first, tools = head if isinstance(head, list) and len(head) == 3 else (None, None, None)
-        name = identity(system_text(system, first))
+        name = next((found for text in system_texts(system, first) if (found := identity(text))), "")
         has_tools = bool(tools)
         for header in self.headers:
             value = ctx.headers.get(header)
