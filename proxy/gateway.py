@@ -233,12 +233,15 @@ class Gateway:
         healthy = self.fleet.healthy()
         rank = healthy[0] if healthy else next(iter(self.fleet), None)
         self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
+        model = None
         if config.kind == "auto":
             url = healthy[0].url if healthy else None
             found = await discover(config, client, url, timeout=self.settings.health_timeout)
-            config = found.config
+            config, model = found.config, found.model
             (log.warning if found.warn else log.info)("tokenizer: %s", found.reason)
         else:
             log.info("tokenizer: %s, as configured (tokenization.kind)", config.kind)
         base_url = rank.url if rank is not None else None
-        return build_incremental(config, block_size=self._block_size(), client=client, base_url=base_url)
+        return build_incremental(
+            config, block_size=self._block_size(), client=client, base_url=base_url, model=model
+        )

@@ -72,6 +72,9 @@ class Discovery:
     config: TokenizerConfig
     reason: str
     warn: bool = False
+    #: The served model's id (``/v1/models``): what ``backend`` asks the rank to tokenize for when a
+    #: request names another model.
+    model: str | None = None
 
 
 def hub_caches(environ: dict[str, str] | None = None) -> list[Path]:
@@ -193,6 +196,7 @@ async def discover(
         return Discovery(
             config.model_copy(update={"kind": "backend"}),
             f"the rank's POST /tokenize (model {model or '?'}: no local tokenizer files found)",
+            model=model,
         )
     return Discovery(
         embedded,

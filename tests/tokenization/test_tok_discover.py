@@ -72,6 +72,7 @@ def test_a_repository_in_the_hugging_face_cache(hf_model_dir: Path, tmp_path: Pa
 def test_the_ranks_tokenize_when_no_files_and_another_tokenizer(hf_model_dir: Path) -> None:
     found = run(rank("meta/unknown-model", HfTokenizer(hf_model_dir)))
     assert found.config.kind == "backend" and "POST /tokenize" in found.reason and not found.warn
+    assert found.model == "served"
 
 
 def test_the_embedded_tokenizer_when_the_rank_says_nothing_with_a_warning() -> None:
