@@ -30,6 +30,8 @@ fi
 cd "$DIR"
 [[ -f package.json ]] || echo '{"name": "prefixgate-agents", "private": true}' > package.json
 # shellcheck disable=SC2086  # one word per package
+# Their install scripts put the per-platform binary (an optional dependency, from the registry too)
+# in place; they fetch nothing else.
 timeout 900 npm install --no-save --loglevel=error $PACKAGES
 for bin in claude codex opencode; do
   "$DIR/node_modules/.bin/$bin" --version >/dev/null
