@@ -1,6 +1,6 @@
 """The request pipeline, for every API (``proxy/apis/``), stage by stage:
 
-parse -> identify session -> canonicalize -> render and hash blocks -> admit -> route ->
+parse -> identify session -> its thread -> canonicalize -> render and hash blocks -> admit -> route ->
 forward and stream -> observe.
 
 ``handle`` below is that sequence; each stage is one object from ``proxy/stages/`` (admission from
@@ -35,6 +35,7 @@ from proxy.stages.parse import Parse, read_body
 from proxy.stages.pin import Pins
 from proxy.stages.relay import RelayResponse, StreamOutcome
 from proxy.stages.route import Router
+from proxy.stages.threads import Threads
 from proxy.stages.usage import json_or_none, last_event_with
 
 log = logging.getLogger("prefixgate.pipeline")
@@ -47,6 +48,7 @@ class Pipeline:
         self,
         parse: Parse,
         identify: Identify,
+        threads: Threads,
         canonicalize: Canonicalize,
         blocks: Blocks,
         admission: Admission,
@@ -60,6 +62,7 @@ class Pipeline:
     ) -> None:
         self.parse = parse
         self.identify = identify
+        self.threads = threads
         self.canonicalize = canonicalize
         self.blocks = blocks
         self.admission = admission
@@ -77,6 +80,7 @@ class Pipeline:
         try:
             ctx = await self.parse(request, api)
             self.identify(ctx)
+            self.threads(ctx)
             self.canonicalize(ctx)
             await self.blocks(ctx)
             ctx.admitted = await self.admission.admit(
@@ -107,6 +111,7 @@ class Pipeline:
         try:
             ctx = await self.parse(request, api)
             self.identify(ctx)
+            self.threads(ctx)
             self.canonicalize(ctx)
             opened = await until_disconnected(
                 request.receive,

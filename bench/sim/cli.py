@@ -100,6 +100,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="omit usage.prompt_tokens_details (vLLM without --enable-prompt-tokens-details)",
     )
     g.add_argument("--force-include-usage", action="store_true", help="usage chunk in every stream")
+    g.add_argument(
+        "--record",
+        default=None,
+        metavar="FILE",
+        help="append every POST request (path, headers, body) to FILE",
+    )
+    g = parser.add_argument_group("agents")
+    _opt(
+        g,
+        "--scripted-tools",
+        int,
+        0,
+        "scripted-tool mode: answer with this many calls to the request's shell tool per user turn, "
+        "then a final text; 0 = off",
+    )
+    g.add_argument(
+        "--scripted-subagents",
+        action="store_true",
+        help="scripted-tool mode: a conversation offering a sub-agent tool (Agent, task) calls it once first",
+    )
     g = parser.add_argument_group("faults (also settable at run time: POST /sim/faults)")
     g.add_argument(
         "--fault-latency", type=float, default=0.0, help="seconds added before each inference request"
@@ -150,6 +170,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_replay_port=args.kv_replay_port,
         enable_prompt_tokens_details=not args.no_prompt_tokens_details,
         force_include_usage=args.force_include_usage,
+        scripted_tool_calls=args.scripted_tools,
+        scripted_subagents=args.scripted_subagents,
+        record_path=args.record,
         faults=FaultConfig(
             latency_s=args.fault_latency,
             error_rate=args.fault_error_rate,

@@ -123,6 +123,13 @@ class SimConfig:
     data_parallel_rank: int = 0
     enable_prompt_tokens_details: bool = True
     force_include_usage: bool = False
+    #: Scripted-tool mode (``bench.sim.scripted``): answer with this many shell-tool calls per user
+    #: turn before a final text; 0: off (words until max_tokens).
+    scripted_tool_calls: int = 0
+    #: Scripted-tool mode: a conversation offering a sub-agent tool calls it once first.
+    scripted_subagents: bool = False
+    #: Append every POST request (path, headers, body) to this JSONL file; None: off.
+    record_path: str | None = None
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:

@@ -99,7 +99,7 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
 
     @router.get("/admin/sessions/{session_id:path}")
     async def show_session(request: Request, session_id: str) -> Response:
-        """The session's record with its breaks and its turn log (this replica's)."""
+        """The session's record with its breaks, its turn log and its threads (this replica's)."""
         gw = gateway()
         table = gw.sessions
         session = visible_session(request, table, session_id)
@@ -109,6 +109,7 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
         # Redis loads a record without its breaks: this replica's explainer has the recent ones
         row["breaks"] = session.breaks or gw.explainer.breaks(session.key)
         row["turns_log"] = gw.dashboard.recorder.turns.as_json(session.key)
+        row["threads"] = gw.threads_of(session.key)
         return _json(row)
 
     @router.delete("/admin/sessions/{session_id:path}")

@@ -11,7 +11,8 @@ Every function here reads; none changes the gateway. Shapes (all times wall-cloc
   active policy and what else decides placement).
 - ``session_rows()``: the sessions table (key, rank, turns, context tokens, hit rate, last break,
   idle seconds).
-- ``session_detail()``: one session with its turns (hits per turn) and its breaks.
+- ``session_detail()``: one session with its turns (hits per turn), its breaks and its threads (main
+  conversation, side requests, sub-agents: ``proxy.state.local.ThreadLocal.to_dict``).
 """
 
 from __future__ import annotations
@@ -200,4 +201,5 @@ def session_detail(gateway: Gateway, recorder: Recorder, session: Session) -> di
     row["prefill_tokens"] = session.prefill_tokens
     row["turns_log"] = recorder.turns.as_json(session.key)
     row["breaks"] = breaks
+    row["threads"] = gateway.threads_of(session.key)
     return row
