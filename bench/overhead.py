@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import shlex
 import time
 from pathlib import Path
@@ -176,7 +177,9 @@ def report(
             "(client, proxy and rank share this machine's cores)"
         )
     print("\n".join(verdicts(cases)))
-    suffix = "" if not args.proxy_args else "_" + "_".join(a.strip("-") for a in shlex.split(args.proxy_args))
+    # a flag's value may be a path: only its file name's safe characters name the JSON
+    words = [re.sub(r"[^A-Za-z0-9_.]+", "_", Path(a).name).strip("_.") for a in shlex.split(args.proxy_args)]
+    suffix = "".join(f"_{w}" for w in words if w)
     path = write_json(
         f"overhead{suffix}.json",
         {
