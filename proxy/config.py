@@ -91,9 +91,11 @@ class Settings(BaseModel):
     debug_headers: bool = False
     # sessions and admission control (proxy/sessions.py, proxy/admission.py)
     no_admission: bool = False
+    admission_policy: Literal["cost", "budget"] = "cost"
     target_fraction: float = Field(default=0.8, gt=0, le=1.0)
-    session_idle_ttl: float = Field(default=300.0, gt=0)
-    admission_wait: float = Field(default=30.0, ge=0)
+    # None: learned from the traffic (think gaps, request durations); a value overrides
+    session_idle_ttl: float | None = Field(default=None, gt=0)
+    admission_wait: float | None = Field(default=None, ge=0)
     max_sessions_per_rank: int = Field(default=0, ge=0)
     session_memory_mb: float = Field(default=512.0, gt=0)
     # Sections owned by later pipeline stages; validated by their own models.
@@ -185,13 +187,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("no_canonicalize", bool, "forward system prompts and tools as sent (no canonicalization rules)"),
     Option("debug_headers", bool, "add x-prefixgate-canonical-rewrites (rules applied) to responses"),
     Option("no_admission", bool, "admit every new session (no per-rank KV budget, no queue, no 429)"),
+    Option(
+        "admission_policy",
+        str,
+        "cost (admit past a rank's budget when that costs less than waiting, never refuse for lack of "
+        "room) or budget (hold every budget, 429 after the wait)",
+    ),
     Option("target_fraction", float, "share of a rank's KV pool its active sessions may fill (its budget)"),
     Option(
         "session_idle_ttl",
         float,
-        "seconds after its last request a session stops counting against its rank's budget",
+        "override: seconds after its last request a session stops counting against its rank's budget "
+        "(default: learned from the sessions' think gaps)",
     ),
-    Option("admission_wait", float, "seconds a new session waits for a rank with room before a 429 (FIFO)"),
+    Option(
+        "admission_wait",
+        float,
+        "override: seconds a new session waits at most for a rank with room (default: learned from "
+        "the requests' durations)",
+    ),
     Option("max_sessions_per_rank", int, "most active sessions on one rank (0: no limit)"),
     Option(
         "session_memory_mb",

@@ -171,8 +171,60 @@ class Metrics:
         )
         self.admission_rejected = Counter(
             "prefixgate_admission_rejected",
-            "New sessions answered 429, by reason (pool_full, rank_sessions, client_sessions)",
+            "New sessions answered 429 or 400, by reason (pool_full, rank_sessions, client_sessions, "
+            "overload, context_length)",
             ("reason",),
+            registry=r,
+        )
+        self.admission_decisions = Counter(
+            "prefixgate_admission_decisions",
+            "Admission decisions for new or returning sessions, by decision (room, home, over_budget, "
+            "after_wait)",
+            ("decision",),
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            "prefixgate_admission_wait_seconds",
+            "Time new sessions waited in the admission queue before admission (those that waited)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.admission_over_budget = Counter(
+            "prefixgate_admission_over_budget",
+            "Sessions admitted past a rank's budget (evicting cost less than waiting, or the wait "
+            "bound passed), by the backend they went to",
+            ("backend",),
+            registry=r,
+        )
+        self.admission_expected_recompute = Counter(
+            "prefixgate_admission_expected_recompute_tokens",
+            "Tokens of other sessions that over-budget admissions were expected to make the backend "
+            "recompute (evicted blocks weighted by their sessions' chance of coming back)",
+            ("backend",),
+            registry=r,
+        )
+        self.admission_later_misses = Counter(
+            "prefixgate_admission_later_miss_tokens",
+            "Tokens of their previous context that sessions found evicted on a backend while it held "
+            "sessions admitted past its budget (the realized cost of over-budget admissions)",
+            ("backend",),
+            registry=r,
+        )
+        self.admission_idle_ttl = Gauge(
+            "prefixgate_admission_idle_ttl_seconds",
+            "Seconds after its last request a session counts as ended (configured or learned from "
+            "the think gaps)",
+            registry=r,
+        )
+        self.admission_wait_bound = Gauge(
+            "prefixgate_admission_wait_bound_seconds",
+            "Longest wait of a new session for room (configured or learned from request durations)",
+            registry=r,
+        )
+        self.rank_prefill_rate = Gauge(
+            "prefixgate_rank_prefill_tokens_per_second",
+            "A backend's prefill speed as its own metrics measure it (prefill time per computed token)",
+            ("backend",),
             registry=r,
         )
         self.rank_working_set = Gauge(

@@ -75,6 +75,9 @@ class Session:
     head_tokens: int = 0
     #: Ended by admission (idle past its own think times while a new session needed its room).
     released: bool = False
+    #: Admission's last decision for it (``proxy/admission/explain.py``): why it waited, where it went,
+    #: the costs it weighed.
+    admission: dict[str, Any] | None = None
     breaks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -105,8 +108,10 @@ class Session:
     def to_dict(self, with_breaks: bool = True) -> dict[str, Any]:
         data = asdict(self)
         data["hit_rate"] = self.hit_rate
-        if not with_breaks:
+        if not with_breaks:  # a page of the table: counts and summaries, the detail is per session
             data["breaks"] = len(self.breaks)
+            if self.admission is not None:
+                data["admission"] = {k: self.admission.get(k) for k in ("decision", "waited_s", "rank")}
         return data
 
     def dumps(self) -> bytes:
@@ -157,6 +162,10 @@ class SessionTable:
         self.store = store
         self.idle_ttl = idle_ttl
         self.clock = clock or time.time
+
+    def set_idle_ttl(self, seconds: float) -> None:
+        """The idle TTL in force from now (admission learns it from the traffic's think gaps)."""
+        self.idle_ttl = seconds
 
     def get(self, key: str) -> Session | None:
         return self.store.get(key)
