@@ -133,7 +133,6 @@ class Engine:
             for i in range(n)
         ]
         self.waiting.extend(reqs)
-        self.counters.prompt_tokens += num_prompt
         self._wakeup.set()
         return reqs, out
 
@@ -306,7 +305,8 @@ class Engine:
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk: nothing sampled yet
             k = len(req.output_token_ids)
-            if k == 0:
+            if k == 0 and req.index == 0:  # like vLLM: a request's prompt counts once its prefill is done
+                self.counters.prompt_tokens += req.num_prompt_tokens
                 self.latencies.first_token(req.arrival, req.scheduled_at, now)
             token = words[(req.num_prompt_tokens + k) % len(words)]
             req.output_token_ids.append(token)

@@ -78,11 +78,12 @@ def count(
     config: AdmissionConfig,
     now: float,
     expected_peak: Callable[[int], int],
-    typical_gap: float | None,
+    release_after: Callable[[Session], float],
     idle_ttl: float,
 ) -> dict[str, RankState]:
     """Working set and session count per rank from the ``active`` sessions and live reservations
-    (``idle_ttl``: the one in force, configured or learned)."""
+    (``idle_ttl``: the one in force, configured or learned; ``release_after``: a session's quiet
+    seconds after which it has most likely ended)."""
     fraction = config.target_fraction
     states = {
         r.name: RankState(r.name, r.pool_tokens, int(r.pool_tokens * fraction) if r.pool_tokens else None)
@@ -117,7 +118,7 @@ def count(
             state.next_idle_at = idle_at
         answered = session.answered
         by_recency.append((session.answered_at if answered else now, session, state))
-        if answered and now - session.answered_at > config.release_after(session, typical_gap, idle_ttl):
+        if answered and now - session.answered_at > release_after(session):
             reclaimable.append((session.answered_at, session, state))
     by_recency.sort(key=lambda item: item[0])
     reclaimable.sort(key=lambda item: item[0])  # longest idle first

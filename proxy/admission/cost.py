@@ -11,15 +11,21 @@ token (``rank_speed.py``):
 - the blocks of other sessions it would push out of the budget: the rank evicts the least recently
   answered first, and each evicted session recomputes them only if it comes back, so each counts
   weighted by ``p(idle)``, the chance a session quiet that long returns (``timing.py``): a session
-  idle long (likely ended) costs little, one in flight costs all.
+  idle long (likely ended) costs little, one in flight costs all;
+- and, when the sessions likely to come back (each weighted by ``p``) no longer fit the rank's pool
+  with it, the overflow the pool cannot hold: it is recomputed again at every round of their turns
+  (the rank evicts the tails of the least recently used, who evict the next ones when they come
+  back), for as many rounds as a session usually has left (``timing.py``).
 
 Then (``choose``): a rank with room as is, or once sessions judged ended are released, takes the
 session at once (with any rank that costs less than the best of those). With no room anywhere the
-session waits only while room is expected (the evicted sessions ending) sooner than both the wait
-bound and the recompute the best rank's evictions would cause: when the ranks compute fast,
+session waits while room is expected (the evicted sessions ending) within the wait bound and
+sooner than the recompute the best rank's evictions would cause: when the ranks compute fast,
 evicting costs little and the session goes in; when they are compute-bound, the budget holds until
-room comes. Past the wait bound, or when no room is coming within it, it is admitted on the least
-costly rank: a session that can run is never refused for lack of room.
+room comes. When no room is coming within the bound it is admitted on the least costly rank at
+once, and past the bound in any case: a session that can run is never refused for lack of room.
+Until the clocks and the ranks' speeds are learned (the first requests), the budget holds up to the
+bound.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from proxy.admission.accounting import RankState
 from proxy.admission.room import Room
 from proxy.state.sessions import Session
 
-#: Ranks whose cost is within this factor of the least costly are offered to the router too.
-TIE_FACTOR = 1.25
+#: Past the budgets, ranks whose cost is within this factor of the least costly are offered to the
+#: router too: it spreads the load among them (one rank taking every over-budget session would
+#: queue their prefills behind each other).
+TIE_FACTOR = 2.0
 #: A rank is saturated when its queued prefill would take this many wait bounds to compute and it
 #: reports requests waiting; every rank saturated is real overload (a 429 with Retry-After).
 SATURATED_WAITS = 8.0
@@ -109,21 +117,24 @@ def option(
     now: float,
     return_probability: Callable[[float], float],
     ends_at: Callable[[Session], float],
+    rounds: float = 1.0,
 ) -> Option:
     """The cost of admitting on ``candidate``'s rank a session of ``prompt_tokens`` that needs
-    ``need`` projected tokens of room there (its share not held yet)."""
+    ``need`` projected tokens of room there (its share not held yet), for ``rounds`` turns."""
     state = candidate.state
     budget = state.budget_tokens
     over = 0 if budget is None else state.projected_tokens + state.reserved_tokens + need - budget
     evicted = 0
     expected = 0.0
     room_at = now
+    # the sessions likely to come back, each weighted by its chance: what the pool must keep holding
+    live = float(state.projected_tokens + state.reserved_tokens + need)
     for session, freed in state.lru:
+        chance = return_probability(now - session.answered_at) if session.answered else 1.0
+        live -= (1.0 - chance) * freed
         if over <= 0:
-            break
+            continue
         take = min(freed, over)
-        answered = session.answered
-        chance = return_probability(now - session.answered_at) if answered else 1.0
         evicted += take
         expected += chance * take
         room_at = max(room_at, ends_at(session))
@@ -133,6 +144,8 @@ def option(
         evicted += over
         expected += over
         room_in = None
+    if state.pool_tokens is not None and live > state.pool_tokens:
+        expected += (live - state.pool_tokens) * max(rounds - 1.0, 0.0)
     return Option(
         state.name,
         max(prompt_tokens - candidate.hit_tokens, 0),
@@ -150,8 +163,16 @@ def _cost(option: Option, timed: bool) -> float:
     return cost if cost is not None else option.cost_tokens
 
 
-def choose(room: Room, options: Sequence[Option], waited_s: float, bound_s: float, at_bound: bool) -> Choice:
-    """Admit now (where) or wait, for a session ``waited_s`` into a wait of at most ``bound_s``."""
+def choose(
+    room: Room,
+    options: Sequence[Option],
+    waited_s: float,
+    bound_s: float,
+    at_bound: bool,
+    learned: bool = True,
+) -> Choice:
+    """Admit now (where) or wait, for a session ``waited_s`` into a wait of at most ``bound_s``
+    (``learned``: the clocks that predict room, the idle TTL among them, come from the traffic)."""
     opts = tuple(options)
     timed = bool(opts) and all(o.seconds_per_token is not None for o in opts)
     if room.allowed:
@@ -173,18 +194,22 @@ def choose(room: Room, options: Sequence[Option], waited_s: float, bound_s: floa
     eviction = best.eviction_s if timed else None
     if at_bound:
         return Choice(True, "after_wait", allowed, {}, opts, room_in, f"waited the bound of {bound_s:.3g} s")
+    if not learned or eviction is None:
+        why = "the clocks" if not learned else "the ranks' speeds"
+        reason = f"no room; {why} are not learned yet: the budget holds up to the bound ({left:.3g} s left)"
+        return Choice(False, "wait", frozenset(), {}, opts, room_in, reason)
     if room_in is None or room_in > left:
         when = "no room is coming" if room_in is None else f"room only in {room_in:.3g} s"
         reason = f"{when}, past the wait bound ({left:.3g} s left): the least costly rank"
         return Choice(True, "over_budget", allowed, {}, opts, room_in, reason)
-    if eviction is not None and eviction <= room_in:
+    if eviction <= room_in:
         reason = (
             f"recomputing what it evicts ({best.expected_recompute_tokens:.0f} tokens, {eviction:.3g} s) "
             f"costs less than waiting {room_in:.3g} s for room"
         )
         return Choice(True, "over_budget", allowed, {}, opts, room_in, reason)
-    why = "the ranks' speed is not measured yet" if eviction is None else f"evicting costs {eviction:.3g} s"
-    return Choice(False, "wait", frozenset(), {}, opts, room_in, f"room expected in {room_in:.3g} s; {why}")
+    reason = f"room expected in {room_in:.3g} s, sooner than recomputing what it evicts ({eviction:.3g} s)"
+    return Choice(False, "wait", frozenset(), {}, opts, room_in, reason)
 
 
 def overloaded(options: Sequence[Option], bound_s: float) -> float | None:

@@ -44,6 +44,7 @@ def decision_record(
     waited_s: float,
     bound_s: float,
     idle_ttl_s: float,
+    ended_after_s: float | None = None,
     home: str | None = None,
 ) -> dict[str, Any]:
     """What ``/admin/sessions/{id}`` shows of the latest decision for a session."""
@@ -54,6 +55,7 @@ def decision_record(
         "waited_s": round(waited_s, 4),
         "wait_bound_s": _round(bound_s),
         "idle_ttl_s": _round(idle_ttl_s),
+        "ended_after_s": _round(ended_after_s),
         "allowed": sorted(choice.allowed) if choice is not None else ([home] if home else None),
         "rank": home,
         "room_in_s": _round(choice.room_in_s) if choice is not None else None,

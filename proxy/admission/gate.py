@@ -29,6 +29,7 @@ queue.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
@@ -46,6 +47,8 @@ from proxy.context import RequestContext
 from proxy.state.sessions import Session
 
 __all__ = ["Admission", "Admitted", "Guard", "Placement"]
+
+log = logging.getLogger("prefixgate.admission")
 
 #: Wraps a wait so that something outside admission can cancel it (the client going away).
 Guard = Callable[[Awaitable[Choice]], Awaitable[Choice]]
@@ -170,9 +173,24 @@ class Admission(Ledger):
             waited_s=waited,
             bound_s=self.time.wait_bound(),
             idle_ttl_s=self.time.idle_ttl(),
+            ended_after_s=self.time.quiet_ended(),
             home=home,
         )
         note_decision(self.metrics, decision, waited)
+        if log.isEnabledFor(logging.INFO):
+            where = home if home is not None else ", ".join(sorted(choice.allowed)) if choice else "any"
+            key, clocks = session.key, session.admission
+            log.info(
+                "session %s admitted (%s) after %.3f s to %s: %s (wait bound %s s, quiet sessions ended "
+                "after %s s)",
+                key,
+                decision,
+                waited,
+                where,
+                reason,
+                clocks["wait_bound_s"],
+                clocks["ended_after_s"],
+            )
 
     async def _wait_for_room(
         self, ctx: RequestContext, tokens: int, head_key: str | None, head_tokens: int, guard: Guard | None
@@ -188,7 +206,9 @@ class Admission(Ledger):
         bound = self.time.wait_bound()
         started = time.monotonic()
 
-        def attempt(at_bound: bool = False) -> Choice | None:
+        def attempt(at_bound: bool = False, behind: bool = False) -> Choice | None:
+            """The decision now, when it admits (``behind``: others wait for room first, so room
+            goes to them; past a budget nobody's room is taken and the session need not queue)."""
             states = self.refresh()
             room = self._room(tokens, head_key, head_tokens, states)
             if self.config.policy == "budget":
@@ -200,16 +220,16 @@ class Admission(Ledger):
                 if retry is not None:
                     self._rejected("overload")
                     raise overload_refusal(tokens, retry)
-                choice = choose(room, options, time.monotonic() - started, bound, at_bound)
-            if choice is None or not choice.admit:
+                waited = time.monotonic() - started
+                choice = choose(room, options, waited, bound, at_bound, self.time.learned())
+            if choice is None or not choice.admit or (behind and choice.decision == "room"):
                 return None
             self._reserve(key, Room(choice.allowed, choice.victims), need)
             return choice
 
-        if not len(self.queue):
-            found = attempt()
-            if found is not None:
-                return found, 0.0
+        found = attempt(behind=len(self.queue) > 0)
+        if found is not None:
+            return found, 0.0
         if self.metrics is not None:
             self.metrics.admission_queued.inc()
         client = ctx.client
@@ -237,14 +257,12 @@ class Admission(Ledger):
     ) -> list[Option]:
         """The cost of admitting a new session on each healthy rank below its session cap."""
         now = self.table.clock()
-        ttl, typical = self.time.idle_ttl(), self.typical_gap()
         request_s = self.time.request_seconds() or 0.0
-        release_after, block = self.config.release_after, self.config.block_size
-        cap = self.config.max_sessions_per_rank
+        block, cap = self.config.block_size, self.config.max_sessions_per_rank
 
         def ends_at(session: Session) -> float:
             last = session.answered_at if session.answered else now + request_s
-            return last + release_after(session, typical, ttl)
+            return last + self.release_after(session)
 
         out = []
         for rank in self.fleet.healthy():
@@ -256,6 +274,6 @@ class Admission(Ledger):
             queued = self.placement.queued(rank.name) if self.placement is not None else 0
             speed, load = self.speeds.seconds_per_token(rank.name), self.speeds.load(rank.name)
             candidate = Candidate(state, hit, queued, speed, load.waiting)
-            chance = self.time.return_probability
-            out.append(option(candidate, tokens, max(need - hit, 0), now, chance, ends_at))
+            chance, rounds = self.time.return_probability, self.time.turns_per_session()
+            out.append(option(candidate, tokens, max(need - hit, 0), now, chance, ends_at, rounds))
         return out

@@ -96,6 +96,16 @@ class Ledger(Observer):
         """A long think gap across sessions (their 95th percentile), once enough are known."""
         return self.time.typical_gap()
 
+    def release_after(self, session: Session) -> float:
+        """Quiet seconds after its last answer from which ``session`` has most likely ended: for the
+        ``cost`` policy, once the traffic says enough, when its chance of coming back falls below
+        ``timing.P_ENDED``; else ``AdmissionConfig.release_after``'s think-gap rule."""
+        if self.config.policy == "cost":
+            ended = self.time.ended_after(session)
+            if ended is not None:
+                return ended
+        return self.config.release_after(session, self.typical_gap(), self.time.idle_ttl())
+
     def poll_interval(self) -> float:
         return self.config.poll_interval(self.time.idle_ttl())
 
@@ -143,7 +153,7 @@ class Ledger(Observer):
             self.config,
             now,
             self.peaks.expected_peak,
-            self.typical_gap(),
+            self.release_after,
             self.time.idle_ttl(),
         )
 
@@ -180,7 +190,7 @@ class Ledger(Observer):
                 ended = self.table.get(key)
                 if ended is None or not ended.released:
                     self.peaks.add(tokens)
-                    self.time.note_end()
+                    self.time.note_end(ended.turns if ended is not None else None)
         self._live = live
 
     def _expire_reservations(self) -> None:
@@ -206,9 +216,8 @@ class Ledger(Observer):
             return
         reservation = self._reservations.pop(session.key, None)
         if reservation is not None and reservation.victims.get(rank.name):
-            self.moves.release_idle(
-                self.table, rank.name, reservation.victims[rank.name], session.key, self.time
-            )
+            victims = reservation.victims[rank.name]
+            self.moves.release_idle(self.table, rank.name, victims, session.key, self.release_after)
         if admitted.fresh:
             note_placed(session, rank.name, admitted.choice, self.metrics)
             if admitted.choice is not None and admitted.choice.decision in ("over_budget", "after_wait"):

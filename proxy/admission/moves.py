@@ -14,7 +14,6 @@ from collections.abc import Callable
 from proxy.admission.accounting import RankState
 from proxy.admission.config import AdmissionConfig
 from proxy.admission.room import Room, excess_tokens, should_move
-from proxy.admission.timing import LearnedTime
 from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet
 
@@ -98,16 +97,20 @@ class Moves:
         return self._reserve(session.key, Room(allowed), self._projected(session.context_tokens))
 
     def release_idle(
-        self, table: SessionTable, rank: str, keys: tuple[str, ...], for_key: str, clocks: LearnedTime
+        self,
+        table: SessionTable,
+        rank: str,
+        keys: tuple[str, ...],
+        for_key: str,
+        release_after: Callable[[Session], float],
     ) -> None:
         """End sessions the new session ``for_key`` took the room of (unless they came back since)."""
         now = table.clock()
-        typical, ttl = clocks.typical_gap(), clocks.idle_ttl()
         for key in keys:
             session = table.get(key)
             if session is None or session.released or session.rank != rank or not session.answered:
                 continue
-            if now - session.answered_at <= self.config.release_after(session, typical, ttl):
+            if now - session.answered_at <= release_after(session):
                 continue  # it sent a request since the room check
             session.released = True
             table.save(session)

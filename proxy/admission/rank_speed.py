@@ -74,7 +74,10 @@ class RankSpeeds:
         if d_tokens < 0 or d_seconds < 0:  # the rank restarted: its counters began again
             self._base[rank] = sample
             return
-        if d_tokens < MIN_COMPUTED_TOKENS:
+        # the prompt and hit counters and the prefill times move at different moments of a
+        # request's life (hits at its scheduling, the rest at its first token): wait for a span
+        # long enough to hold whole requests
+        if d_tokens < MIN_COMPUTED_TOKENS or d_seconds <= 0:
             return  # keep the older base until enough was computed to say something
         measured = d_seconds / d_tokens
         old = self._seconds_per_token.get(rank)
