@@ -83,22 +83,24 @@ class Admission(Ledger):
         if session is not None and session.is_active(now, self.time.idle_ttl()):
             return self._next_turn(ctx, session, now, tokens, head_key, head_tokens)
         before = Before.of(session) if session is not None else None
+        old_rank = session.rank if session is not None else None
         if session is None:
             session = Session(key=key, created=now, last_seen=now, client=ctx.client_label)
         else:
             self._note_gap(session.note_request(now))  # back after ending: one of its think times too
+            session.rank = None  # counted nowhere until admitted again (home, or where it goes)
         allowed = home = choice = None
         waited = 0.0
         if self.config.enabled:
             client = ctx.client
             if client is not None and client.max_sessions is not None:
                 refused = client_at_cap(
-                    client.label, client.max_sessions, self.table.active(now), now, self.time.idle_ttl()
+                    client.label, client.max_sessions, self.table.active(now), now, self.time.idle_ttl(), key
                 )
                 if refused is not None:
                     self._rejected("client_sessions")
                     raise refused
-            home = self._home(ctx, session, tokens)
+            home = self._home(ctx, old_rank, session.context_tokens, tokens)
             if home is None:
                 choice, waited = await self._wait_for_room(ctx, tokens, head_key, head_tokens, guard)
                 allowed = choice.allowed if choice is not None else None
@@ -146,13 +148,13 @@ class Admission(Ledger):
             self._rejected("context_length")
             raise context_too_long(tokens, max(limits))
 
-    def _home(self, ctx: RequestContext, session: Session, tokens: int) -> str | None:
-        """The rank a session back after ending goes to at once: its own, while healthy and still
-        holding at least ``HOME_SHARE`` of its context (``cost`` policy; None otherwise)."""
-        if self.config.policy != "cost" or session.rank is None or self.placement is None:
+    def _home(self, ctx: RequestContext, old_rank: str | None, context: int, tokens: int) -> str | None:
+        """The rank a session back after ending goes to at once: its own (``old_rank``), while healthy
+        and still holding at least ``HOME_SHARE`` of its ``context`` (``cost`` policy; else None)."""
+        if self.config.policy != "cost" or old_rank is None or self.placement is None:
             return None
-        rank = self.fleet.get(session.rank)
-        context = min(session.context_tokens, tokens)
+        rank = self.fleet.get(old_rank)
+        context = min(context, tokens)
         if rank is None or not rank.healthy or not ctx.block_hashes or context <= 0:
             return None
         held = self.placement.holds(ctx.block_hashes).get(rank.name, 0) * self.config.block_size

@@ -109,6 +109,17 @@ class Ledger(Observer):
     def poll_interval(self) -> float:
         return self.config.poll_interval(self.time.idle_ttl())
 
+    def clocks(self) -> dict[str, float | bool | None]:
+        """The clocks in force and whether the traffic taught them (a read, for ``/metrics`` and the
+        dashboard)."""
+        return {
+            "idle_ttl_s": self.time.idle_ttl(),
+            "wait_bound_s": self.time.wait_bound(),
+            "ended_after_s": self.time.quiet_ended(),
+            "turns_per_session": self.time.turns_per_session(),
+            "learned": self.time.learned(),
+        }
+
     def _room(
         self,
         tokens: int,

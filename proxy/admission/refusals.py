@@ -15,10 +15,11 @@ log = logging.getLogger("prefixgate.admission")
 
 
 def client_at_cap(
-    client: str, cap: int, active: Iterable[Session], now: float, idle_ttl: float
+    client: str, cap: int, active: Iterable[Session], now: float, idle_ttl: float, key: str | None = None
 ) -> ProxyError | None:
-    """The 429 for a client key that already has ``cap`` active sessions, or None."""
-    mine = [s.last_seen for s in active if s.client == client]
+    """The 429 for a client key that already has ``cap`` active sessions (other than ``key``, the
+    session asking), or None."""
+    mine = [s.last_seen for s in active if s.client == client and s.key != key]
     if len(mine) < cap:
         return None
     idle_at = min(mine, default=now)

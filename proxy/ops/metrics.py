@@ -272,6 +272,13 @@ def export_gauges(
         metrics.backend_up.labels(rank.name).set(1 if rank.healthy else 0)
         metrics.in_flight.labels(rank.name).set(rank.in_flight)
     if admission is not None:
+        clocks = admission.clocks()
+        metrics.admission_idle_ttl.set(float(clocks["idle_ttl_s"] or 0.0))
+        metrics.admission_wait_bound.set(float(clocks["wait_bound_s"] or 0.0))
+        for rank in fleet:
+            speed = admission.speeds.tokens_per_second(rank.name)
+            if speed is not None:
+                metrics.rank_prefill_rate.labels(rank.name).set(speed)
         for state in admission.count().values():
             metrics.sessions_active.labels(state.name).set(state.sessions)
             metrics.rank_working_set.labels(state.name).set(state.working_set_tokens)
