@@ -19,7 +19,8 @@ token (``rank_speed.py``):
 
 Then (``choose``): a rank with room as is, or once sessions judged ended are released, takes the
 session at once (with any rank that costs less than the best of those). With no room anywhere the
-session waits while room is expected (the evicted sessions ending) within the wait bound and
+session waits while room is expected within the wait bound (the rank's quiet sessions reaching the
+time they are judged ended, each freeing its room times the chance it does not come back first) and
 sooner than the recompute the best rank's evictions would cause: when the ranks compute fast,
 evicting costs little and the session goes in; when they are compute-bound, the budget holds until
 room comes. When no room is coming within the bound it is admitted on the least costly rank at
@@ -70,7 +71,8 @@ class Option:
     evicted_tokens: int
     expected_recompute_tokens: float
     seconds_per_token: float | None
-    #: Seconds until room is expected here (the evicted sessions ending); None: not expected.
+    #: Seconds until room is expected here (sessions judged ended, each counted for the chance it does
+    #: not come back first, freeing the shortfall); None: not expected.
     room_in_s: float | None
     waiting_requests: float = 0.0
 
@@ -124,26 +126,35 @@ def option(
     state = candidate.state
     budget = state.budget_tokens
     over = 0 if budget is None else state.projected_tokens + state.reserved_tokens + need - budget
+    short = over
     evicted = 0
     expected = 0.0
-    room_at = now
     # the sessions likely to come back, each weighted by its chance: what the pool must keep holding
     live = float(state.projected_tokens + state.reserved_tokens + need)
+    #: (when it is judged ended, the room it frees then times the chance it does not come back first)
+    departures: list[tuple[float, float]] = []
     for session, freed in state.lru:
         chance = return_probability(now - session.answered_at) if session.answered else 1.0
         live -= (1.0 - chance) * freed
+        if session.answered:
+            departures.append((ends_at(session), (1.0 - chance) * freed))
         if over <= 0:
             continue
         take = min(freed, over)
         evicted += take
         expected += chance * take
-        room_at = max(room_at, ends_at(session))
         over -= take
-    room_in: float | None = room_at - now
     if over > 0:  # held by reservations and new arrivals: nothing known frees it
         evicted += over
         expected += over
-        room_in = None
+    # room comes when the sessions expected to leave have freed the shortfall
+    room_in: float | None = None
+    freed_by = 0.0
+    for at, gain in sorted(departures):
+        freed_by += gain
+        if freed_by >= short:
+            room_in = max(at - now, 0.0)
+            break
     if state.pool_tokens is not None and live > state.pool_tokens:
         expected += (live - state.pool_tokens) * max(rounds - 1.0, 0.0)
     return Option(

@@ -20,7 +20,7 @@ from routing.rank_metrics import Histogram, RankSample
 from routing.ranks import Fleet, Rank
 from tests.admission.test_release import BLOCK, POOL, Clock, ctx_for
 
-TTL = 20.0  # a session with 1 s think gaps is judged ended 2 s after its last answer (2 x 1 s)
+TTL = 20.0
 
 
 class FakePlacement:
@@ -76,9 +76,18 @@ async def turn(adm: Admission, key: str, tokens: int, rank: str | None = None) -
     adm.finished(Outcome(ctx, name, 200, Usage(tokens, 16, 0)))
 
 
+def teach_endings(adm: Admission) -> None:
+    """Earlier traffic: think gaps of 1 s, and as many sessions ending as coming back (so a session
+    just answered comes back half the time, and one quiet for over 1 s has ended)."""
+    for _ in range(20):
+        adm.time.note_gap(1.0)
+        adm.time.note_end(turns=4)
+
+
 async def two_thinkers(adm: Admission, clock: Clock) -> None:
     """Sessions a and b on r0 (784 tokens each: 1,568 of its 1,600 budget), each with three 1 s
-    think gaps, both just answered: judged ended 2 s from now, if they do not come back."""
+    think gaps, both just answered: judged ended 1 s from now, if they do not come back."""
+    teach_endings(adm)
     for key in ("a", "b"):
         await turn(adm, key, 600)
     for _ in range(3):
@@ -98,7 +107,7 @@ async def test_fast_ranks_take_a_new_session_past_the_budget_at_once() -> None:
     assert record["decision"] == "over_budget" and "costs less than waiting" in record["reason"]
     (option,) = record["options"]
     assert option["rank"] == "r0" and option["evicted_tokens"] > 0
-    assert option["room_in_s"] == pytest.approx(2.0)
+    assert option["room_in_s"] == pytest.approx(1.0)
     assert option["prefill_tokens_per_s"] == 1_000_000
 
 
@@ -111,7 +120,7 @@ async def test_compute_bound_ranks_hold_the_budget_until_room_comes() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     assert not waiting.done() and len(adm.queue) == 1
-    clock.now += 2.5  # a and b are judged ended: room
+    clock.now += 1.5  # a and b are judged ended: room
     adm.queue.notify()
     new.admitted = await asyncio.wait_for(waiting, 10)
     assert new.admitted.allowed == {"r0"} and new.admitted.waited_s > 0
