@@ -18,15 +18,23 @@ token (``rank_speed.py``):
   back), for as many rounds as a session usually has left (``timing.py``).
 
 Then (``choose``): a rank with room as is, or once sessions judged ended are released, takes the
-session at once (with any rank that costs less than the best of those). With no room anywhere the
-session waits while room is expected within the wait bound (the rank's quiet sessions reaching the
-time they are judged ended, each freeing its room times the chance it does not come back first) and
-sooner than the recompute the best rank's evictions would cause: when the ranks compute fast,
-evicting costs little and the session goes in; when they are compute-bound, the budget holds until
-room comes. When no room is coming within the bound it is admitted on the least costly rank at
-once, and past the bound in any case: a session that can run is never refused for lack of room.
-Until the clocks and the ranks' speeds are learned (the first requests), the budget holds up to the
-bound.
+session at once (with any rank that costs less than the best of those). With no room anywhere,
+room comes when a session large enough to make it ends: each session on a rank that would free
+the shortfall there ends with its chance of not coming back (``1 - p`` for a quiet one, the share
+of turns that are a session's last for one in flight) at the time it is judged ended. Over the
+wait bound ``B`` that gives the chance ``P`` that room comes within it and the expected time spent
+waiting ``W = E[min(T, B)]``; waiting costs ``W`` plus, when room does not come, the evictions
+anyway, so the session waits only while::
+
+    W < P x (the least costly rank's eviction delay)
+
+(once the last departure has passed without room, it stops waiting: the decision is taken again at
+every change).
+
+When the ranks compute fast, evicting costs little and the session goes in at once; when they are
+compute-bound, the budget holds while room is likely to come. Past the bound it is admitted on the
+least costly rank in any case: a session that can run is never refused for lack of room. Until the
+clocks and the ranks' speeds are learned (the first requests), the budget holds up to the bound.
 """
 
 from __future__ import annotations
@@ -71,10 +79,15 @@ class Option:
     evicted_tokens: int
     expected_recompute_tokens: float
     seconds_per_token: float | None
-    #: Seconds until room is expected here (sessions judged ended, each counted for the chance it does
-    #: not come back first, freeing the shortfall); None: not expected.
-    room_in_s: float | None
+    #: When room may come here: (seconds from now, chance) per session that would free the shortfall
+    #: by ending, at the time it would be judged ended.
+    departures: tuple[tuple[float, float], ...] = ()
     waiting_requests: float = 0.0
+
+    @property
+    def room_in_s(self) -> float | None:
+        """The soonest room may come here (None: no single session's end would make it)."""
+        return min((at for at, _ in self.departures), default=None)
 
     @property
     def cost_tokens(self) -> float:
@@ -108,8 +121,14 @@ class Choice:
     allowed: frozenset[str]
     victims: dict[str, tuple[str, ...]]
     options: tuple[Option, ...]
-    room_in_s: float | None
+    #: Over the wait bound: the expected seconds spent waiting, and the chance room comes.
+    wait_s: float | None
+    room_chance: float
     reason: str
+
+    @property
+    def room_in_s(self) -> float | None:
+        return self.wait_s
 
 
 def option(
@@ -120,9 +139,11 @@ def option(
     return_probability: Callable[[float], float],
     ends_at: Callable[[Session], float],
     rounds: float = 1.0,
+    last_turn: float = 0.0,
 ) -> Option:
     """The cost of admitting on ``candidate``'s rank a session of ``prompt_tokens`` that needs
-    ``need`` projected tokens of room there (its share not held yet), for ``rounds`` turns."""
+    ``need`` projected tokens of room there (its share not held yet), for ``rounds`` turns;
+    ``last_turn``: the chance a turn in flight is its session's last."""
     state = candidate.state
     budget = state.budget_tokens
     over = 0 if budget is None else state.projected_tokens + state.reserved_tokens + need - budget
@@ -131,13 +152,14 @@ def option(
     expected = 0.0
     # the sessions likely to come back, each weighted by its chance: what the pool must keep holding
     live = float(state.projected_tokens + state.reserved_tokens + need)
-    #: (when it is judged ended, the room it frees then times the chance it does not come back first)
     departures: list[tuple[float, float]] = []
     for session, freed in state.lru:
         chance = return_probability(now - session.answered_at) if session.answered else 1.0
         live -= (1.0 - chance) * freed
-        if session.answered:
-            departures.append((ends_at(session), (1.0 - chance) * freed))
+        if freed >= short > 0:
+            leaves = 1.0 - chance if session.answered else last_turn
+            if leaves > 0:
+                departures.append((max(ends_at(session) - now, 0.0), leaves))
         if over <= 0:
             continue
         take = min(freed, over)
@@ -147,14 +169,6 @@ def option(
     if over > 0:  # held by reservations and new arrivals: nothing known frees it
         evicted += over
         expected += over
-    # room comes when the sessions expected to leave have freed the shortfall
-    room_in: float | None = None
-    freed_by = 0.0
-    for at, gain in sorted(departures):
-        freed_by += gain
-        if freed_by >= short:
-            room_in = max(at - now, 0.0)
-            break
     if state.pool_tokens is not None and live > state.pool_tokens:
         expected += (live - state.pool_tokens) * max(rounds - 1.0, 0.0)
     return Option(
@@ -164,9 +178,24 @@ def option(
         evicted,
         expected,
         candidate.seconds_per_token,
-        room_in,
+        tuple(sorted(departures)),
         candidate.waiting_requests,
     )
+
+
+def room_odds(options: Sequence[Option], horizon_s: float) -> tuple[float, float]:
+    """(expected seconds spent waiting for room within ``horizon_s``, the chance room comes in it):
+    room comes at the first departure that happens, on any rank; once the last one has passed
+    without it, the session stops waiting (the decision is taken again as things change)."""
+    departures = sorted(d for o in options for d in o.departures if d[0] <= horizon_s)
+    waited = 0.0
+    still = 1.0  # the chance no room has come yet
+    last = 0.0
+    for at, leaves in departures:
+        waited += still * (at - last)
+        still *= 1.0 - leaves
+        last = at
+    return waited, 1.0 - still
 
 
 def _cost(option: Option, timed: bool) -> float:
@@ -193,34 +222,35 @@ def choose(
         reason = "room within the budget"
         if cheaper:
             reason += f"; cheaper past it: {', '.join(sorted(cheaper))}"
-        return Choice(True, "room", room.allowed | cheaper, room.victims, opts, 0.0, reason)
-    rooms = [o.room_in_s for o in opts if o.room_in_s is not None]
-    room_in = min(rooms, default=None)
+        return Choice(True, "room", room.allowed | cheaper, room.victims, opts, 0.0, 1.0, reason)
+    left = max(bound_s - waited_s, 0.0)
+    wait, chance = room_odds(opts, left)
     if not opts:
-        return Choice(False, "wait", frozenset(), {}, opts, room_in, "every rank is at its session limit")
+        reason = "every rank is at its session limit"
+        return Choice(False, "wait", frozenset(), {}, opts, wait, chance, reason)
     best = min(opts, key=lambda o: _cost(o, timed))
     lowest = _cost(best, timed)
     allowed = frozenset(o.rank for o in opts if _cost(o, timed) <= lowest * TIE_FACTOR)
-    left = bound_s - waited_s
     eviction = best.eviction_s if timed else None
     if at_bound:
-        return Choice(True, "after_wait", allowed, {}, opts, room_in, f"waited the bound of {bound_s:.3g} s")
+        reason = f"waited the bound of {bound_s:.3g} s"
+        return Choice(True, "after_wait", allowed, {}, opts, wait, chance, reason)
     if not learned or eviction is None:
         why = "the clocks" if not learned else "the ranks' speeds"
         reason = f"no room; {why} are not learned yet: the budget holds up to the bound ({left:.3g} s left)"
-        return Choice(False, "wait", frozenset(), {}, opts, room_in, reason)
-    if room_in is None or room_in > left:
-        when = "no room is coming" if room_in is None else f"room only in {room_in:.3g} s"
-        reason = f"{when}, past the wait bound ({left:.3g} s left): the least costly rank"
-        return Choice(True, "over_budget", allowed, {}, opts, room_in, reason)
-    if eviction <= room_in:
-        reason = (
-            f"recomputing what it evicts ({best.expected_recompute_tokens:.0f} tokens, {eviction:.3g} s) "
-            f"costs less than waiting {room_in:.3g} s for room"
-        )
-        return Choice(True, "over_budget", allowed, {}, opts, room_in, reason)
-    reason = f"room expected in {room_in:.3g} s, sooner than recomputing what it evicts ({eviction:.3g} s)"
-    return Choice(False, "wait", frozenset(), {}, opts, room_in, reason)
+        return Choice(False, "wait", frozenset(), {}, opts, wait, chance, reason)
+    if chance <= 0:
+        reason = f"no room is coming within the wait bound ({left:.3g} s left): the least costly ranks"
+        return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
+    odds = f"room within the {left:.3g} s left {chance:.0%} likely, {wait:.3g} s of waiting expected"
+    if wait < chance * eviction:
+        reason = f"{odds}: cheaper than recomputing what it evicts ({eviction:.3g} s)"
+        return Choice(False, "wait", frozenset(), {}, opts, wait, chance, reason)
+    reason = (
+        f"{odds}; recomputing what it evicts ({best.expected_recompute_tokens:.0f} tokens, "
+        f"{eviction:.3g} s) costs less: the least costly ranks"
+    )
+    return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
 
 
 def overloaded(options: Sequence[Option], bound_s: float) -> float | None:

@@ -59,6 +59,7 @@ def decision_record(
         "allowed": sorted(choice.allowed) if choice is not None else ([home] if home else None),
         "rank": home,
         "room_in_s": _round(choice.room_in_s) if choice is not None else None,
+        "room_chance": round(choice.room_chance, 3) if choice is not None else None,
         "options": [option_record(o) for o in choice.options] if choice is not None else [],
     }
 

@@ -214,7 +214,8 @@ class Admission(Ledger):
             states = self.refresh()
             room = self._room(tokens, head_key, head_tokens, states)
             if self.config.policy == "budget":
-                found = Choice(True, "room", room.allowed, room.victims, (), 0.0, "room within the budget")
+                why = "room within the budget"
+                found = Choice(True, "room", room.allowed, room.victims, (), 0.0, 1.0, why)
                 choice = found if room.allowed else None
             else:
                 options = self._options(states, tokens, need, head_key, head_tokens, hits)
@@ -277,5 +278,6 @@ class Admission(Ledger):
             speed, load = self.speeds.seconds_per_token(rank.name), self.speeds.load(rank.name)
             candidate = Candidate(state, hit, queued, speed, load.waiting)
             chance, rounds = self.time.return_probability, self.time.turns_per_session()
-            out.append(option(candidate, tokens, max(need - hit, 0), now, chance, ends_at, rounds))
+            last_turn = self.time.ended_share() or 0.0
+            out.append(option(candidate, tokens, max(need - hit, 0), now, chance, ends_at, rounds, last_turn))
         return out
