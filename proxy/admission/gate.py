@@ -121,7 +121,9 @@ class Admission(Ledger):
         head_key: str | None,
         head_tokens: int,
     ) -> Admitted:
-        """An active session's next turn: admitted where it is (the router keeps it there)."""
+        """An active session's next turn: admitted where it is, homed there (the router keeps it
+        there) while its rank still held at least ``HOME_SHARE`` of its context at its last turn; a
+        rank that lost it keeps it only as the router's load bound allows (moving costs nothing)."""
         before = Before.of(session)
         self._note_gap(session.note_request(now))
         if session.client is None:
@@ -133,6 +135,8 @@ class Admission(Ledger):
         allowed = None
         if self.config.policy == "budget":
             allowed = self.moves.rehome(session, before.context_tokens, head_key, head_tokens)
+        elif session.kept_share < HOME_SHARE:
+            return Admitted(session, before=before)
         return Admitted(session, allowed, session.rank if allowed is None else None, before=before)
 
     def _check_fits(self, tokens: int | None) -> None:
@@ -219,12 +223,13 @@ class Admission(Ledger):
                 choice = found if room.allowed else None
             else:
                 options = self._options(states, tokens, need, head_key, head_tokens, hits)
-                retry = overloaded(options, bound) if not room.allowed else None
+                now_bound = min(bound, self.time.wait_bound())  # the clocks learn while it waits
+                retry = overloaded(options, now_bound) if not room.allowed else None
                 if retry is not None:
                     self._rejected("overload")
                     raise overload_refusal(tokens, retry)
                 waited = time.monotonic() - started
-                choice = choose(room, options, waited, bound, at_bound, self.time.learned())
+                choice = choose(room, options, waited, now_bound, at_bound, self.time.learned())
             if choice is None or not choice.admit or (behind and choice.decision == "room"):
                 return None
             self._reserve(key, Room(choice.allowed, choice.victims), need)
@@ -237,7 +242,7 @@ class Admission(Ledger):
             self.metrics.admission_queued.inc()
         client = ctx.client
         ticket = Ticket(client.label, client.priority, client.weight) if client is not None else Ticket()
-        waiting = self.queue.wait(attempt, bound, self._set_queue_depth, ticket)
+        waiting = self.queue.wait(attempt, bound, self._set_queue_depth, ticket, self.time.wait_bound)
         try:
             choice = await (guard(waiting) if guard is not None else waiting)
         except TimeoutError:

@@ -256,7 +256,10 @@ class Ledger(Observer):
         usage = outcome.usage
         if usage is not None:
             self.moves.track(rank, settle(session, usage, self.config.block_size))
-            lost = lost_tokens(admitted.before, usage, self.config.block_size)
+            before = admitted.before
+            lost = lost_tokens(before, usage, self.config.block_size)
+            if before is not None and before.context_tokens > 0 and usage.cached_tokens is not None:
+                session.kept_share = max(0.0, 1.0 - lost / before.context_tokens)
             if lost and rank in self._over_budget and self.metrics is not None:
                 self.metrics.admission_later_misses.labels(rank).inc(lost)
         if not admitted.waited_s:

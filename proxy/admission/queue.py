@@ -82,13 +82,16 @@ class WaitQueue:
         timeout: float,
         on_depth: Callable[[int], None],
         ticket: Ticket | None = None,
+        limit: Callable[[], float] | None = None,
     ) -> T:
         """``attempt()``'s first non-None result, tried whenever this waiter is at the head; raises
-        ``TimeoutError`` after ``timeout`` seconds. ``on_depth(n)`` is told the queue's length as it
+        ``TimeoutError`` after ``timeout`` seconds, or sooner when ``limit()`` (re-read as it waits:
+        a bound learned meanwhile) says fewer. ``on_depth(n)`` is told the queue's length as it
         changes."""
         waiter = self._enter(ticket or Ticket())
         on_depth(len(self._waiters))
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         served = False
         try:
             while True:
@@ -97,7 +100,10 @@ class WaitQueue:
                     if found is not None:
                         served = True
                         return found
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                if limit is not None:
+                    deadline = min(deadline, started + limit())
+                left = deadline - now
                 if left <= 0:
                     raise TimeoutError
                 changed = self._changed

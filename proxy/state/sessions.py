@@ -75,6 +75,9 @@ class Session:
     head_tokens: int = 0
     #: Ended by admission (idle past its own think times while a new session needed its room).
     released: bool = False
+    #: The share of its previous context its rank still held at its last answered turn (1 for a
+    #: first turn): below half, its rank has lost it and keeping it there saves nothing.
+    kept_share: float = 1.0
     #: Admission's last decision for it (``proxy/admission/explain.py``): why it waited, where it went,
     #: the costs it weighed.
     admission: dict[str, Any] | None = None

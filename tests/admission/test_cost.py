@@ -188,3 +188,17 @@ async def test_the_budget_policy_still_refuses_after_the_wait() -> None:
     with pytest.raises(ProxyError) as refused:
         await adm.admit(ctx_for("c", 700))
     assert refused.value.status == 429 and refused.value.code == "admission_pool_full"
+
+
+async def test_a_session_whose_rank_lost_its_blocks_is_not_held_there() -> None:
+    adm, _, _ = make(ranks=2)
+    await turn(adm, "a", 600, rank="r1")
+    kept = ctx_for("a", 800, **HEAD)  # type: ignore[arg-type]
+    kept.admitted = await adm.admit(kept)
+    assert kept.admitted.home == "r1"
+    adm.placed(kept, adm.fleet.get("r1"))  # type: ignore[arg-type]
+    adm.finished(Outcome(kept, "r1", 200, Usage(800, 16, 32)))  # r1 had evicted all but the head
+    lost = ctx_for("a", 900, **HEAD)  # type: ignore[arg-type]
+    lost.admitted = await adm.admit(lost)
+    assert lost.admitted.home is None and lost.admitted.allowed is None  # the router's load bound decides
+    assert adm.table.get("a").kept_share < 0.1  # type: ignore[union-attr]

@@ -31,7 +31,10 @@ def test_the_session_and_the_dashboard_say_why_and_where(rank_servers, gateway) 
 
     detail = httpx.get(proxy.url + "/admin/overview/sessions/e", timeout=5).json()
     assert detail["admission"]["decision"] == late["decision"]
-    overview = httpx.get(proxy.url + "/admin/overview", timeout=5).json()["admission"]
+    whole = httpx.get(proxy.url + "/admin/overview", timeout=5).json()
+    # each rank's own metrics, polled with the health checks
+    assert all(r["waiting_requests"] == 0 and r["kv_cache_usage"] is not None for r in whole["ranks"])
+    overview = whole["admission"]
     assert overview["policy"] == "cost"
     assert overview["decisions"]["room"] == 4 and sum(overview["decisions"].values()) == 5
     assert overview["clocks"]["wait_bound_s"] == 0.05 and overview["clocks"]["idle_ttl_s"] > 0

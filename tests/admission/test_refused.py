@@ -5,6 +5,7 @@ rank refused or that failed releases what admission counted for it at once."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.admission.conftest import chat, metric, prompt_of
 
@@ -53,26 +54,21 @@ def test_the_context_length_comes_from_the_ranks_models(rank_servers, gateway) -
     assert httpx.get(proxy.url + "/health", timeout=5).json()  # still up
 
 
-def test_a_request_the_rank_refuses_releases_its_new_sessions_room(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("rank_status", "client_status"),
+    [(400, 400), (500, 502)],  # the rank refused it; no rank answered it (retried, then failed)
+)
+def test_a_request_that_fails_releases_its_new_sessions_room(  # type: ignore[no-untyped-def]
+    rank_servers, gateway, rank_status: int, client_status: int
+) -> None:
     ranks = rank_servers.sim(1)
     proxy = gateway(ranks, **{**STRICT, "admission_wait": 0.1})
-    ranks[0].set_faults(error_rate=1.0, error_status=400)
-    assert chat(proxy.url, "a", 700).status_code == 400
+    ranks[0].set_faults(error_rate=1.0, error_status=rank_status)
+    assert chat(proxy.url, "a", 700).status_code == client_status
     ranks[0].clear_faults()
     assert active_sessions(proxy.url) == []
     assert metric(proxy.url, "prefixgate_rank_working_set_tokens", backend=ranks[0].name) == 0
     # a counted nothing: two 700-token sessions still fit the 1,638-token budget
-    assert chat(proxy.url, "b", 700).status_code == 200
-    assert chat(proxy.url, "c", 700).status_code == 200
-
-
-def test_a_request_no_rank_answers_releases_its_new_sessions_room(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
-    ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, **{**STRICT, "admission_wait": 0.1})
-    ranks[0].set_faults(error_rate=1.0, error_status=500)
-    assert chat(proxy.url, "a", 700).status_code == 502
-    ranks[0].clear_faults()
-    assert active_sessions(proxy.url) == []
     assert chat(proxy.url, "b", 700).status_code == 200
     assert chat(proxy.url, "c", 700).status_code == 200
 

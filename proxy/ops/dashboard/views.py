@@ -5,7 +5,8 @@ Every function here reads; none changes the gateway. Shapes (all times wall-cloc
 - ``overview()``: ``fleet`` (hit rate over the last 1,000 requests and since start, prompt tokens
   computed per 100 sent), ``series`` (points after ``since``, fields named in ``series_fields``) and
   ``live`` (the point for now), ``ranks`` (pool, budget, working set of the active sessions, in
-  flight, health, hit rate, measured prefill speed, requests waiting), ``admission`` (policy, the
+  flight, health, hit rate; from its own metrics its prefill speed, requests waiting and running
+  and KV cache use), ``admission`` (policy, the
   clocks in force, queue depth, queued, rejections by reason, decisions by kind, over-budget
   admissions by rank with their expected recompute and the misses that followed), ``breaks``
   (prefix breaks by cause) and ``rewrites`` (canonicalization rewrites by rule).
@@ -60,6 +61,7 @@ def overview(gateway: Gateway, recorder: Recorder, since: float | None = None) -
     for rank in gateway.fleet:
         state = states.get(rank.name)
         hits = recorder.per_rank.get(rank.name)
+        load = admission.speeds.load(rank.name) if admission is not None else None
         pool = rank.pool_tokens
         working = state.working_set_tokens if state is not None else 0
         ranks.append(
@@ -78,8 +80,11 @@ def overview(gateway: Gateway, recorder: Recorder, since: float | None = None) -
                 "over_pool": state.over_pool if state is not None else False,
                 "hit_rate": hits.rate if hits is not None else None,
                 "requests": hits.requests if hits is not None else 0,
+                # what the rank's own /metrics said at the last poll
                 "prefill_tokens_per_s": admission.speeds.tokens_per_second(rank.name) if admission else None,
-                "waiting_requests": admission.speeds.load(rank.name).waiting if admission else None,
+                "waiting_requests": load.waiting if load is not None else None,
+                "running_requests": load.running if load is not None else None,
+                "kv_cache_usage": load.kv_usage if load is not None else None,
             }
         )
     config = admission.config if admission is not None else None
