@@ -6,7 +6,7 @@ import asyncio
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 
@@ -19,9 +19,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def uvicorn_config(
-    app: Any, host: str, port: int, log_level: str = "warning", event_loop: str = "asyncio"
+    app: Any,
+    host: str,
+    port: int,
+    log_level: str = "warning",
+    event_loop: str = "asyncio",
+    *,
+    graceful_shutdown: float = 10.0,
 ) -> uvicorn.Config:
-    """The serving config of ``prefixgate serve`` (and of ``ServerThread``)."""
+    """The serving config of ``prefixgate serve`` (and of ``ServerThread``). ``graceful_shutdown``:
+    on SIGTERM uvicorn stops listening and lets in-flight requests (streams too) finish this long,
+    then cancels them and runs the app's shutdown."""
     return uvicorn.Config(
         app,
         host=host,
@@ -34,7 +42,8 @@ def uvicorn_config(
         loop=event_loop,
         http="httptools",
         access_log=False,
-        timeout_graceful_shutdown=10,
+        # (uvicorn annotates it int; it is seconds handed to asyncio.wait_for, so a float works)
+        timeout_graceful_shutdown=cast(Any, graceful_shutdown),
         lifespan="on",
     )
 

@@ -52,8 +52,11 @@ WAIT_QUANTILE = 0.9
 WAIT_REQUESTS = 4.0
 #: Quiet spells (returns and ends) remembered for the share that ended.
 SPELL_WINDOW = 1000
-#: The learned idle TTL never goes below this (seconds): a clock tick, not a policy.
-MIN_IDLE_TTL_S = 0.05
+#: The learned idle TTL never goes below this (seconds). Traffic of back-to-back requests teaches
+#: gaps of milliseconds, and the sessions it shows would end the moment they pause (a build, a test
+#: run). The floor costs a compressed replay nothing: quiet sessions give up their room by their
+#: chance of coming back (``ended_after``), not by the TTL; it only keeps them counted a while.
+MIN_IDLE_TTL_S = 10.0
 #: A quiet session whose chance of coming back has fallen below this has most likely ended.
 P_ENDED = 0.05
 

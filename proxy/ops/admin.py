@@ -99,11 +99,18 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
 
     @router.get("/admin/sessions/{session_id:path}")
     async def show_session(request: Request, session_id: str) -> Response:
-        table = gateway().sessions
+        """The session's record with its breaks, its turn log and its threads (this replica's)."""
+        gw = gateway()
+        table = gw.sessions
         session = visible_session(request, table, session_id)
         if session is None:
             return session_not_found(session_id)
-        return _json(_row(session, table.clock(), table.idle_ttl, with_breaks=True))
+        row = _row(session, table.clock(), table.idle_ttl, with_breaks=True)
+        # Redis loads a record without its breaks: this replica's explainer has the recent ones
+        row["breaks"] = session.breaks or gw.explainer.breaks(session.key)
+        row["turns_log"] = gw.dashboard.recorder.turns.as_json(session.key)
+        row["threads"] = gw.threads_of(session.key)
+        return _json(row)
 
     @router.delete("/admin/sessions/{session_id:path}")
     async def end_session(request: Request, session_id: str) -> Response:
@@ -131,7 +138,16 @@ def visible_session(request: Request, table: SessionTable, session_id: str) -> S
 
 
 def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> dict[str, object]:
-    data = session.to_dict(with_breaks=with_breaks)
+    """A session as the admin API shows it: ``breaks`` is always the list of break records (only in
+    a single session's answer), ``break_count`` their number (in every row)."""
+    data = session.to_dict()
+    breaks = data.pop("breaks")
+    data["break_count"] = len(breaks)
+    if with_breaks:
+        data["breaks"] = breaks
+    elif session.admission is not None:
+        # a page of the table: the decision's summary, the detail is per session
+        data["admission"] = {k: session.admission.get(k) for k in ("decision", "waited_s", "rank")}
     data["id"] = session.key
     data["active"] = session.is_active(now, idle_ttl)
     return data

@@ -111,10 +111,8 @@ class Session:
     def to_dict(self, with_breaks: bool = True) -> dict[str, Any]:
         data = asdict(self)
         data["hit_rate"] = self.hit_rate
-        if not with_breaks:  # a page of the table: counts and summaries, the detail is per session
+        if not with_breaks:
             data["breaks"] = len(self.breaks)
-            if self.admission is not None:
-                data["admission"] = {k: self.admission.get(k) for k in ("decision", "waited_s", "rank")}
         return data
 
     def dumps(self) -> bytes:
