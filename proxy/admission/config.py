@@ -5,17 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.admission.think_gaps import OWN_EVIDENCE
+from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
 from proxy.state.sessions import Session
 
 DEFAULT_TARGET_FRACTION = 0.8
-#: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
-#: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. Until the traffic has shown
-#: enough think gaps of its own (``think_gaps.MIN_SAMPLES``), a session quiet for longer has most
-#: likely ended.
-DEFAULT_IDLE_TTL_S = 300.0
-#: Until the traffic has shown enough request durations, a new session waits for room at most this
-#: long (then the learned bound: a long request's duration, see ``timing.py``).
-DEFAULT_WAIT_S = 30.0
 #: A session quiet for longer than this many times its longest think gap so far has most likely ended:
 #: in those traces a session's next gap exceeds twice its longest earlier gap for ~5 % of gaps.
 DEFAULT_RELEASE_FACTOR = 2.0
