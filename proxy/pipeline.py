@@ -201,7 +201,7 @@ class Pipeline:
                     outcome = Outcome(ctx, rank.name, 200, usage, stored, stream.error)
                 self.observers.finished(outcome)
 
-            relay = RelayResponse(opened, done, api.sse_error, translation)
+            relay = RelayResponse(opened, done, api.sse_error, translation, api.stream_end)
             relay.headers.update(session_headers)
             return relay
 
