@@ -72,15 +72,22 @@ def wait_until_up(url: str, timeout: float = 30.0) -> None:
 class Subprocess:
     """A server in its own process (so it does not share the benchmark client's GIL)."""
 
-    def __init__(self, args: list[str], health_url: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        health_url: str,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.args = args
         self.health_url = health_url
         self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Subprocess:
         self.proc = subprocess.Popen(
-            self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            self.args, env=self.env, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         try:
             wait_until_up(self.health_url)
@@ -107,17 +114,22 @@ def stub_rank_process(port: int | None = None, chunks: int = 3) -> tuple[Subproc
 
 
 def proxy_process(
-    rank_specs: Sequence[str], port: int | None = None, extra: Sequence[str] = ()
+    rank_specs: Sequence[str],
+    port: int | None = None,
+    extra: Sequence[str] = (),
+    root: Path | None = None,
 ) -> tuple[Subprocess, str]:
     """``prefixgate serve`` in its own process in front of ``rank_specs`` (``--backend`` values:
-    ``NAME=URL`` or ``URL``), plus ``extra`` flags; returns it (not started) and its URL."""
+    ``NAME=URL`` or ``URL``), plus ``extra`` flags; returns it (not started) and its URL.
+    ``root``: run prefixgate from that source tree (e.g. a worktree of another commit)."""
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--log-level", "warning"]
     for spec in rank_specs:
         args += ["--backend", spec]
     args += list(extra)
-    return Subprocess(args, url + "/health"), url
+    env = {"PYTHONPATH": str(root)} if root is not None else None
+    return Subprocess(args, url + "/health", env=env, cwd=root), url
 
 
 @contextlib.contextmanager

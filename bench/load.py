@@ -11,12 +11,15 @@ checks it ends with ``data: [DONE]``. Phases, all at the same concurrency:
 
 Per phase: requests completed, errors (must be 0), p50/p99 time to last byte, and for the proxied
 phases the latency added over ``direct`` plus each proxy's RSS and open file descriptors sampled
-every 2 s (RSS must stay flat: growth past the warm-up is reported per minute). The machine has 2
+every 2 s (RSS must stay flat: growth past the warm-up is reported per minute) and its event-loop
+lag (``prefixgate_event_loop_lag_seconds``, read before and after the phase). During the proxied
+phases a new session's first turn of ``--first-turn-tokens`` tokens (50k) arrives every
+``--first-turn-every`` seconds: tokenizing it must not hold up the small requests. The machine has 2
 cores shared by the client, the ranks and the proxies, so the absolute latencies are queueing; the
 comparison between phases is what matters.
 
     python -m bench.load [--sessions 1000] [--seconds 45] [--direct-seconds 15] [--two-seconds 30]
-        [--proxy-yaml FILE] [--pool-tokens N] [--proxy-arg=--FLAG ...]
+        [--proxy-yaml FILE] [--pool-tokens N] [--proxy-arg=--FLAG ...] [--proxy-root DIR]
 
 ``--proxy-yaml`` merges a YAML file (e.g. ``session_memory_mb: 16``) into a generated
 ``--config`` whose backends are the stub ranks (with ``pool_tokens`` when ``--pool-tokens`` is
@@ -43,6 +46,7 @@ import orjson
 import psutil
 import yaml
 
+from bench import loop_lag
 from bench.common import (
     Subprocess,
     machine,
@@ -77,6 +81,8 @@ class PhaseStats:
     completed: int = 0
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
+    #: Seconds each large first turn took (``--first-turn-tokens``).
+    first_turns: list[float] = field(default_factory=list)
 
     def error(self, kind: str) -> None:
         self.errors += 1
@@ -115,15 +121,45 @@ async def session(http: aiohttp.ClientSession, url: str, sid: int, stats: PhaseS
         messages.append({"role": "assistant", "content": "Done; the test passes now."})
 
 
-async def run_phase(urls: list[str], sessions: int, seconds: float) -> PhaseStats:
+async def first_turns(
+    http: aiohttp.ClientSession, urls: list[str], tokens: int, every: float, stats: PhaseStats, stop_at: float
+) -> None:
+    """A new session's ~``tokens``-token first turn every ``every`` seconds (streamed to the end),
+    over ``urls`` in turn: the tokenization that must not hold up everybody else's requests."""
+    from bench.side_by_side import growing_conversation
+
+    n = 0
+    while time.monotonic() + every < stop_at:
+        await asyncio.sleep(every)
+        body = growing_conversation(tokens, 500, 1, seed=10_000 + n, stream=True)[0]
+        headers = {"content-type": "application/json", "x-session-id": f"first-turn-{n}"}
+        sent = time.monotonic()
+        try:
+            async with http.post(
+                urls[n % len(urls)] + "/v1/chat/completions", data=body, headers=headers
+            ) as r:
+                data = await r.read()
+                if r.status != 200 or not data.rstrip().endswith(DONE):
+                    stats.error(f"first_turn_http_{r.status}")
+                else:
+                    stats.first_turns.append(time.monotonic() - sent)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            stats.error(f"first_turn_{type(exc).__name__}")
+        n += 1
+
+
+async def run_phase(
+    urls: list[str], sessions: int, seconds: float, first_turn_tokens: int = 0, first_turn_every: float = 2.0
+) -> PhaseStats:
     stats = PhaseStats(started=time.monotonic())
     stop_at = stats.started + seconds
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        await asyncio.gather(
-            *(session(http, urls[i % len(urls)], i, stats, stop_at) for i in range(sessions))
-        )
+        tasks = [session(http, urls[i % len(urls)], i, stats, stop_at) for i in range(sessions)]
+        if first_turn_tokens:
+            tasks.append(first_turns(http, urls, first_turn_tokens, first_turn_every, stats, stop_at))
+        await asyncio.gather(*tasks)
     return stats
 
 
@@ -186,7 +222,7 @@ def rss_windows(samples: list[dict[str, Any]], index: int, window: float = WINDO
 
 def summarize(stats: PhaseStats, seconds: float) -> dict[str, Any]:
     lat = stats.latencies
-    return {
+    out = {
         "seconds": seconds,
         "completed": stats.completed,
         "requests_per_s": round(stats.completed / seconds, 1),
@@ -195,20 +231,31 @@ def summarize(stats: PhaseStats, seconds: float) -> dict[str, Any]:
         "p50_ms": round(median(lat) * 1000, 2),
         "p99_ms": round(percentile(lat, 99) * 1000, 2),
     }
+    if stats.first_turns:
+        out["first_turns"] = len(stats.first_turns)
+        out["first_turn_p50_ms"] = round(median(stats.first_turns) * 1000, 1)
+    return out
 
 
 def proxied_phase(
-    proxies: list[tuple[Subprocess, str]], sessions: int, seconds: float
+    proxies: list[tuple[Subprocess, str]], sessions: int, seconds: float, args: argparse.Namespace
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     pids = [p.proc.pid for p, _ in proxies if p.proc is not None]
+    urls = [url for _, url in proxies]
     sampler = Sampler(pids)
+    lag_before = [loop_lag.scrape(url) for url in urls]
     sampler.start()
-    stats = asyncio.run(run_phase([url for _, url in proxies], sessions, seconds))
+    stats = asyncio.run(run_phase(urls, sessions, seconds, args.first_turn_tokens, args.first_turn_every))
+    lag = [loop_lag.summary(b, loop_lag.scrape(url)) for b, url in zip(lag_before, urls, strict=True)]
     time.sleep(SAMPLE_EVERY_S)  # one sample after the load, with the sessions' sockets closed
     sampler.stop()
     result = summarize(stats, seconds)
     result["proxies"] = [
-        {**memory_summary(sampler.samples, i), "rss_windows": rss_windows(sampler.samples, i)}
+        {
+            **memory_summary(sampler.samples, i),
+            "rss_windows": rss_windows(sampler.samples, i),
+            "loop_lag": lag[i],
+        }
         for i in range(len(pids))
     ]
     return result, sampler.samples
@@ -226,7 +273,15 @@ def print_table(results: dict[str, Any]) -> None:
             f"{name:<12} {r['completed']:>7} {r['requests_per_s']:>7} {r['errors']:>6} {r['p50_ms']:>8} "
             f"{r['p99_ms']:>8} {r.get('added_p50_ms', ''):>7} {r.get('added_p99_ms', ''):>7}"
         )
+        if "first_turns" in r:
+            print(f"   first turns of {r['first_turns']} sessions, p50 {r['first_turn_p50_ms']} ms")
         for i, mem in enumerate(r.get("proxies", [])):
+            lag = mem["loop_lag"]
+            print(
+                f"   proxy {i}: event-loop lag p50 <= {lag['p50_ms_at_most']} ms, p99 <= "
+                f"{lag['p99_ms_at_most']} ms, max <= {lag['max_ms_at_most']} ms "
+                f"({lag['samples']:.0f} samples)"
+            )
             print(
                 f"   proxy {i}: RSS {mem['rss_mb_start']} -> {mem['rss_mb_after_warmup']} -> "
                 f"{mem['rss_mb_end']} MB "
@@ -265,6 +320,14 @@ def main() -> int:
     parser.add_argument(
         "--proxy-arg", action="append", default=[], help="extra prefixgate serve flag (repeat; use =)"
     )
+    parser.add_argument(
+        "--first-turn-tokens",
+        type=int,
+        default=50_000,
+        help="during the proxied phases, a new session's first turn of this many tokens (0: none)",
+    )
+    parser.add_argument("--first-turn-every", type=float, default=2.0, help="seconds between them")
+    parser.add_argument("--proxy-root", type=Path, help="run prefixgate from this source tree (a baseline)")
     args = parser.parse_args()
     fd_limit = raise_fd_limit()
     results: dict[str, Any] = {
@@ -298,11 +361,11 @@ def main() -> int:
 
         print(f"one_proxy: {args.sessions} sessions through one prefixgate for {args.seconds:.0f} s")
         with contextlib.ExitStack() as proxies:
-            one = [proxy_process(rank_specs, extra=proxy_extra)]
+            one = [proxy_process(rank_specs, extra=proxy_extra, root=args.proxy_root)]
             for proc, _ in one:
                 proxies.enter_context(proc)
             results["one_proxy"], results["one_proxy_samples"] = proxied_phase(
-                one, args.sessions, args.seconds
+                one, args.sessions, args.seconds, args
             )
 
         with redis_server() as redis_url:
@@ -314,11 +377,11 @@ def main() -> int:
                 f"for {args.two_seconds:.0f} s"
             )
             with contextlib.ExitStack() as proxies:
-                two = [proxy_process(rank_specs, extra=extra) for _ in range(2)]
+                two = [proxy_process(rank_specs, extra=extra, root=args.proxy_root) for _ in range(2)]
                 for proc, _ in two:
                     proxies.enter_context(proc)
                 results["two_proxies"], results["two_proxies_samples"] = proxied_phase(
-                    two, args.sessions, args.two_seconds
+                    two, args.sessions, args.two_seconds, args
                 )
 
     for name in ("one_proxy", "two_proxies"):

@@ -1,26 +1,36 @@
 """Latency the proxy adds, measured side by side against a fast stub rank.
 
-Each sample sends the same request once directly to the rank and once through prefixgate
-(alternating, so both see the same machine noise). The rank and the proxy run in their own
-processes. Reports medians and p99 of both and their difference, for a small chat request and a
-100k-token one (~400 KB of JSON), non-streaming (full response) and streaming (time to first
-byte), then requests per second at concurrency 64 through the proxy and directly.
+Each sample sends the same request straight to the rank and through every proxy under test, in
+turn (``bench/side_by_side.py``: interleaved, so all see the same machine noise). The rank and the
+proxies run in their own processes. Reports medians and p99 and the added p50 over the rank, for a
+small chat request and a 100k-token one (~400 KB of JSON), non-streaming (full response) and
+streaming (time to first byte); then the growing conversation agents send most: a ~100k-token
+conversation growing by ~1k tokens a turn, every turn to each system (each keeps its own session);
+then requests per second at concurrency 64 through prefixgate and directly.
 
-    python -m bench.overhead [--samples 300] [--seconds 5]
+Systems: prefixgate from this tree; with ``--baseline-root DIR`` also prefixgate from that source
+tree (the "before" of a change, e.g. a worktree of main); with ``--peers`` also sglang-router
+cache_aware (``bench/peers/install.sh``).
+
+    python -m bench.overhead [--samples 300] [--large-samples 60] [--seconds 5]
+        [--growing-turns 30] [--growing-conversations 2] [--baseline-root DIR] [--peers]
+        [--cases small,100k,growing,throughput]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import shlex
 import time
+from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
-from bench.common import machine, median, percentile, proxy_process, stub_rank_process, write_json
+from bench.common import machine, stub_rank_process, write_json
+from bench.side_by_side import growing_conversation, interleaved, proxies
 
 TARGET_ADDED_P50_MS = {"small": 1.0, "100k": 3.0}
 
@@ -48,47 +58,6 @@ def large_request(stream: bool, approx_tokens: int = 100_000) -> bytes:
         turn += 1
     body = {"model": "stub-model", "messages": messages, "max_tokens": 16, "stream": stream}
     return orjson.dumps(body)
-
-
-def time_request(client: httpx.Client, url: str, body: bytes, stream: bool) -> float:
-    """Seconds until the full response (non-streaming) or its first byte (streaming)."""
-    headers = {"content-type": "application/json"}
-    start = time.perf_counter()
-    if not stream:
-        response = client.post(url, content=body, headers=headers)
-        elapsed = time.perf_counter() - start
-        response.raise_for_status()
-        return elapsed
-    with client.stream("POST", url, content=body, headers=headers) as response:
-        response.raise_for_status()
-        elapsed = 0.0
-        for _ in response.iter_raw():
-            if not elapsed:
-                elapsed = time.perf_counter() - start
-    return elapsed
-
-
-def side_by_side(direct: str, proxied: str, body: bytes, stream: bool, samples: int) -> dict[str, float]:
-    path = "/v1/chat/completions"
-    with httpx.Client(timeout=30) as client:
-        for _ in range(10):  # warm up both paths
-            time_request(client, direct + path, body, stream)
-            time_request(client, proxied + path, body, stream)
-        direct_s: list[float] = []
-        proxied_s: list[float] = []
-        for _ in range(samples):
-            direct_s.append(time_request(client, direct + path, body, stream))
-            proxied_s.append(time_request(client, proxied + path, body, stream))
-    ms = 1000.0
-    result = {
-        "direct_p50_ms": median(direct_s) * ms,
-        "proxy_p50_ms": median(proxied_s) * ms,
-        "direct_p99_ms": percentile(direct_s, 99) * ms,
-        "proxy_p99_ms": percentile(proxied_s, 99) * ms,
-        "added_p50_ms": median([p - d for p, d in zip(proxied_s, direct_s, strict=True)]) * ms,
-    }
-    result["added_p99_ms"] = result["proxy_p99_ms"] - result["direct_p99_ms"]
-    return result
 
 
 async def throughput(url: str, body: bytes, concurrency: int, seconds: float) -> dict[str, float]:
@@ -126,9 +95,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--samples", type=int, default=300, help="pairs of requests per case (default 300)")
+    parser.add_argument("--samples", type=int, default=300, help="samples per small case (default 300)")
     parser.add_argument(
-        "--large-samples", type=int, default=60, help="pairs for the 100k-token case (default 60)"
+        "--large-samples", type=int, default=60, help="samples per 100k-token case (default 60)"
+    )
+    parser.add_argument("--growing-turns", type=int, default=30, help="turns per conversation (default 30)")
+    parser.add_argument(
+        "--growing-conversations", type=int, default=2, help="growing conversations (default 2)"
     )
     parser.add_argument(
         "--seconds", type=float, default=5.0, help="duration of each throughput run (default 5)"
@@ -140,60 +113,104 @@ def main() -> None:
         help="extra 'prefixgate serve' flags, e.g. '--policy round_robin --no-canonicalize --no-admission' "
         "(the pass-through pipeline); default: prefixgate's defaults",
     )
+    parser.add_argument("--baseline-root", type=Path, help="also run prefixgate from this source tree")
+    parser.add_argument("--peers", action="store_true", help="also run sglang-router cache_aware")
+    parser.add_argument("--cases", default="small,100k,growing,throughput", help="which parts to run")
     args = parser.parse_args()
+    parts = {c.strip() for c in args.cases.split(",")}
 
     rank, rank_url = stub_rank_process()
-    with rank:
-        proxy, proxy_url = proxy_process([rank_url], extra=shlex.split(args.proxy_args))
-        with proxy:
-            cases: dict[str, dict[str, float]] = {}
-            for size, build, samples in (
-                ("small", small_request, args.samples),
-                ("100k", large_request, args.large_samples),
-            ):
-                for stream in (False, True):
-                    name = f"{size} {'stream ttfb' if stream else 'non-stream'}"
-                    cases[name] = side_by_side(rank_url, proxy_url, build(stream), stream, samples)
+    cases: dict[str, dict[str, dict[str, float]]] = {}
+    rps: dict[str, Any] = {}
+    with rank, proxies(rank_url, shlex.split(args.proxy_args), args.baseline_root, args.peers) as systems:
+        for size, build, samples in (
+            ("small", small_request, args.samples),
+            ("100k", large_request, args.large_samples),
+        ):
+            if size not in parts:
+                continue
+            for stream in (False, True):
+                body = build(stream)
+                interleaved(rank_url, systems, [body] * 10, stream)  # warm up every path
+                name = f"{size} {'stream ttfb' if stream else 'non-stream'}"
+                cases[name] = interleaved(rank_url, systems, [body] * samples, stream)
+        if "growing" in parts:
+            bodies: list[bytes] = []
+            labels: list[str] = []
+            for c in range(args.growing_conversations):
+                turns = growing_conversation(100_000, 1_000, args.growing_turns, seed=c)
+                bodies += turns
+                labels += [f"conversation-{c}"] * len(turns)
+            cases["growing non-stream"] = interleaved(rank_url, systems, bodies, False, labels)
+        if "throughput" in parts:
             small = small_request(False)
             rps = {
-                "proxy": asyncio.run(throughput(proxy_url, small, args.concurrency, args.seconds)),
+                "proxy": asyncio.run(throughput(systems[0].url, small, args.concurrency, args.seconds)),
                 "direct": asyncio.run(throughput(rank_url, small, args.concurrency, args.seconds)),
             }
+    report(args, [s.name for s in systems], cases, rps)
 
+
+def report(
+    args: argparse.Namespace,
+    names: list[str],
+    cases: dict[str, dict[str, dict[str, float]]],
+    rps: dict[str, Any],
+) -> None:
     print(f"prefixgate serve {args.proxy_args or '(defaults)'}")
-    print(
-        f"{'case':<24}{'direct p50':>11}{'proxy p50':>11}{'added p50':>11}{'direct p99':>11}{'proxy p99':>11}"
-    )
-    for name, r in cases.items():
+    print(f"{'case':<22}{'system':<28}{'p50':>9}{'p99':>10}{'added p50':>11}{'added p99':>11}")
+    for case, results in cases.items():
+        direct = results["direct"]
+        print(f"{case:<22}{'direct':<28}{direct['p50_ms']:>7.2f}ms{direct['p99_ms']:>8.2f}ms")
+        for name in names:
+            r = results[name]
+            print(
+                f"{'':<22}{name:<28}{r['p50_ms']:>7.2f}ms{r['p99_ms']:>8.2f}ms"
+                f"{r['added_p50_ms']:>9.2f}ms{r['added_p99_ms']:>9.2f}ms"
+            )
+    if rps:
+        proxy_rps, direct_rps = rps["proxy"], rps["direct"]
         print(
-            f"{name:<24}{r['direct_p50_ms']:>9.2f}ms{r['proxy_p50_ms']:>9.2f}ms{r['added_p50_ms']:>9.2f}ms"
-            f"{r['direct_p99_ms']:>9.2f}ms{r['proxy_p99_ms']:>9.2f}ms"
+            f"\nconcurrency {args.concurrency}, small non-streaming: "
+            f"proxy {proxy_rps['requests_per_s']:.0f} req/s ({proxy_rps['errors']} errors), "
+            f"direct {direct_rps['requests_per_s']:.0f} req/s "
+            "(client, proxy and rank share this machine's cores)"
         )
-    proxy_rps, direct_rps = rps["proxy"], rps["direct"]
-    print(
-        f"\nconcurrency {args.concurrency}, small non-streaming: "
-        f"proxy {proxy_rps['requests_per_s']:.0f} req/s ({proxy_rps['errors']} errors), "
-        f"direct {direct_rps['requests_per_s']:.0f} req/s (client, proxy and rank share this machine's cores)"
-    )
-    verdicts = []
-    for size, target in TARGET_ADDED_P50_MS.items():
-        added = cases[f"{size} non-stream"]["added_p50_ms"]
-        verdict = "OK" if added <= target else "MISSED"
-        verdicts.append(f"{size}: added p50 {added:.2f} ms (target <= {target} ms) {verdict}")
-    print("\n".join(verdicts))
-    suffix = "" if not args.proxy_args else "_" + "_".join(a.strip("-") for a in shlex.split(args.proxy_args))
+    print("\n".join(verdicts(cases)))
+    # a flag's value may be a path: only its file name's safe characters name the JSON
+    words = [re.sub(r"[^A-Za-z0-9_.]+", "_", Path(a).name).strip("_.") for a in shlex.split(args.proxy_args)]
+    suffix = "".join(f"_{w}" for w in words if w)
     path = write_json(
         f"overhead{suffix}.json",
         {
             "machine": machine(),
             "samples": args.samples,
             "proxy_args": args.proxy_args or "(defaults)",
+            "systems": names,
             "cases": cases,
             "throughput": rps,
             "targets_ms": TARGET_ADDED_P50_MS,
         },
     )
     print(f"wrote {path}")
+
+
+def verdicts(cases: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """prefixgate's added p50 against the targets: small <= 1 ms and 100k <= 3 ms (streaming TTFB
+    likewise), and on the growing conversation at or below sglang-router's."""
+    out = []
+    for case, results in cases.items():
+        added = results["prefixgate"]["added_p50_ms"]
+        size = case.split()[0]
+        if size in TARGET_ADDED_P50_MS:
+            target = TARGET_ADDED_P50_MS[size]
+            verdict = "OK" if added <= target else "MISSED"
+            out.append(f"{case}: added p50 {added:.2f} ms (target <= {target} ms) {verdict}")
+        elif "sglang cache_aware" in results:
+            peer = results["sglang cache_aware"]["added_p50_ms"]
+            verdict = "OK" if added <= peer else "MISSED"
+            out.append(f"{case}: added p50 {added:.2f} ms, sglang-router cache_aware {peer:.2f} ms {verdict}")
+    return out
 
 
 if __name__ == "__main__":

@@ -43,6 +43,11 @@ class StubBehavior:
     streams_closed: int = 0  # streams that ended for any reason (finished, dropped, cancelled)
 
 
+# The stub answers any prompt at once, so it says it holds any the benchmarks send (their 100k-token
+# requests): with 8192 admission (issue 17) refused them 400 context_length_exceeded.
+STUB_MAX_MODEL_LEN = 1_048_576
+
+
 def _usage(prompt_tokens: int, completion_tokens: int, cache_details: bool = True) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -114,7 +119,7 @@ def create_stub_app(
     async def models(request: Request) -> Response:
         data = {
             "object": "list",
-            "data": [{"id": model, "object": "model", "owned_by": name, "max_model_len": 8192}],
+            "data": [{"id": model, "object": "model", "owned_by": name, "max_model_len": STUB_MAX_MODEL_LEN}],
         }
         return Response(orjson.dumps(data), media_type="application/json")
 
@@ -123,7 +128,9 @@ def create_stub_app(
         behavior.received.append({"headers": dict(request.headers), "body": body, "path": request.url.path})
         text = body.get("prompt") or orjson.dumps(body.get("messages")).decode()
         tokens = [ord(c) for c in text]
-        return Response(orjson.dumps({"count": len(tokens), "max_model_len": 8192, "tokens": tokens}))
+        return Response(
+            orjson.dumps({"count": len(tokens), "max_model_len": STUB_MAX_MODEL_LEN, "tokens": tokens})
+        )
 
     async def detokenize(request: Request) -> Response:
         body = orjson.loads(await request.body())

@@ -64,9 +64,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.keys = install_auth(app, settings, gateway.metrics, login_page)
     app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)
 
+    # The APIs' endpoints as plain Starlette routes: FastAPI's route machinery (dependency solving,
+    # its exit stack) costs ~45 us a request and these handlers take the bare request.
     for api in APIS:
         for endpoint in api.endpoints:
-            app.add_api_route(endpoint.path, _handler(pipeline, api, endpoint), methods=[endpoint.method])
+            app.add_route(endpoint.path, _handler(pipeline, api, endpoint), methods=[endpoint.method])
 
     models = Models(gateway.fleet, settings.models_cache_ttl, settings.health_timeout)
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.datastructures import Headers
 
+from proxy.stages.splice import spliced_body
+
 if TYPE_CHECKING:
     from proxy.admission import Admitted
     from proxy.apis.base import Api
@@ -49,8 +51,10 @@ class RequestContext:
     local: SessionLocal | None = None
     # -- threads: the conversation of the session this request continues (``proxy.stages.threads``)
     thread: ThreadLocal | None = None
-    # -- canonicalize: when a rule rewrites ``body`` it sets ``body_changed`` and forwarding
-    # re-serializes it; otherwise the client's bytes are forwarded untouched.
+    #: The body as parsed, the one ``raw_body`` encodes (``body`` until canonicalization replaces it).
+    client_body: dict[str, Any] | None = None
+    # -- canonicalize: when a rule rewrites ``body`` it sets ``body_changed`` and forwarding sends
+    # the client's bytes with the changed values re-serialized; otherwise the bytes untouched.
     body_changed: bool = False
     rewrites: dict[str, int] | None = None  # rule -> count, when canonicalization changed the body
     # -- render and hash blocks
@@ -88,9 +92,14 @@ class RequestContext:
         return self.client.label if self.client is not None else None
 
     def upstream_body(self) -> bytes:
-        """The bytes sent to the rank: the client's own unless canonicalization changed the body."""
+        """The bytes sent to the rank: the client's own, with what canonicalization changed
+        re-serialized in place (``proxy/stages/splice.py``), or the whole body when that cannot be."""
         if not self.body_changed:
             return self.raw_body
+        if self.client_body is not None:
+            spliced = spliced_body(self.raw_body, self.client_body, self.body)
+            if spliced is not None:
+                return spliced
         return orjson.dumps(self.body)
 
 

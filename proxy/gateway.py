@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import httpx
@@ -18,6 +19,7 @@ from proxy.admission import Admission, admission_from_settings
 from proxy.admission.config import DEFAULT_IDLE_TTL_S
 from proxy.config import Settings
 from proxy.explain import Explainer
+from proxy.loop_lag import LoopLag
 from proxy.ops.auth import upstream_auth_headers
 from proxy.ops.dashboard import Dashboard
 from proxy.ops.limits import Bounds
@@ -57,6 +59,7 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.loop_lag = LoopLag(self.metrics.registry)
         self.state: StateBackend = open_state(settings)
         #: What this process keeps per session between its turns, for every stage.
         self.locals = SessionLocals(budget_bytes=int(settings.session_memory_mb * 1024 * 1024))
@@ -76,6 +79,7 @@ class Gateway:
         self._kv_feeds: list[KVEventSubscriber] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tokenizer_client: httpx.AsyncClient | None = None
+        self._tokenizer_pool: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
         """Open the upstream client (it needs the running loop), probe every rank, build the stages."""
@@ -156,6 +160,7 @@ class Gateway:
                     admission.observe_rank,
                 )
             ),
+            asyncio.create_task(self.loop_lag.run()),
         ]
         for rank in self.fleet:
             state = "healthy" if rank.healthy else f"DOWN ({rank.last_error})"
@@ -172,6 +177,8 @@ class Gateway:
             await self.client.close()
         if self._tokenizer_client is not None:
             await self._tokenizer_client.aclose()
+        if self._tokenizer_pool is not None:
+            self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
         self.state.close()
 
     def end_session(self, key: str) -> Session | None:
@@ -259,6 +266,16 @@ class Gateway:
         else:
             log.info("tokenizer: %s, as configured (tokenization.kind)", config.kind)
         base_url = rank.url if rank is not None else None
+        # First turns' encoding in threads of their own, one per core (tiktoken and HF tokenizers
+        # release the GIL while encoding): never queued behind other blocking work.
+        self._tokenizer_pool = pool = ThreadPoolExecutor(
+            config.worker_threads, thread_name_prefix="prefixgate-tokenize"
+        )
         return build_incremental(
-            config, block_size=self._block_size(), client=client, base_url=base_url, model=model
+            config,
+            block_size=self._block_size(),
+            client=client,
+            base_url=base_url,
+            model=model,
+            executor=pool,
         )

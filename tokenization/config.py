@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +71,11 @@ class TokenizerConfig(BaseModel):
     offload_tokens: int = Field(
         default=8192, ge=0, description="uncached work above this many (estimated) tokens runs in a thread"
     )
+    workers: int = Field(
+        default=0,
+        ge=0,
+        description="threads that work runs in (prefixgate serve); 0: one per core",
+    )
     backend_cache_entries: int = Field(default=1024, ge=0, description="backend: /tokenize answers kept")
     backend_timeout_s: float = Field(default=10.0, gt=0)
 
@@ -81,6 +87,11 @@ class TokenizerConfig(BaseModel):
                 f"hash_algo must be {AUTO_HASH_ALGO} or one of {', '.join(HASH_ALGOS)}, got {value!r}"
             )
         return value
+
+    @property
+    def worker_threads(self) -> int:
+        """``workers``, or one per core."""
+        return self.workers or os.cpu_count() or 1
 
     @property
     def session_cache_bytes(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
+
 import httpx
 
 from tokenization.base import Tokenizer
@@ -53,12 +55,14 @@ def build_incremental(
     base_url: str | None = None,
     model: str | None = None,
     compare_with_rank: bool = False,
+    executor: Executor | None = None,
 ) -> IncrementalTokenizer:
     """An ``IncrementalTokenizer`` for one backend group.
 
     Block size: ``config.block_size``, else ``block_size`` (learned from the backend's
     ``vllm:cache_config_info``), else 16. Hash algorithm: ``resolve_hash_algo`` (``auto``: xxh3, or
-    vLLM's sha256 when ``compare_with_rank``).
+    vLLM's sha256 when ``compare_with_rank``). ``executor``: where large uncached work runs (see
+    ``IncrementalTokenizer``).
     """
     size = config.block_size or block_size or DEFAULT_BLOCK_SIZE
     algo = resolve_hash_algo(config.hash_algo, compare_with_rank=compare_with_rank)
@@ -70,4 +74,5 @@ def build_incremental(
         cache_bytes=config.session_cache_bytes,
         offload_tokens=config.offload_tokens,
         shared_cache_bytes=config.shared_cache_bytes,
+        executor=executor,
     )

@@ -202,7 +202,12 @@ class HfTokenizer:
 
     def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text`` (from scratch)."""
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._encode(text, add_special_tokens).ids
+
+    def _encode(self, text: str, add_special_tokens: bool) -> Any:
+        # ``encode_batch`` releases the GIL while it encodes (``encode`` holds it throughout): a
+        # long first turn in a worker thread then leaves the event loop running.
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
 
     def encode_chat(self, prompt: ChatPrompt, prev: Encoded | None = None) -> Encoded:
         """Synchronous ``plan_chat(...).finish()``."""
@@ -226,7 +231,7 @@ class HfTokenizer:
         messages = prompt.messages
 
         def finish() -> Encoded:
-            enc = self._tok.encode(text[cut_char:] if cut_char else text, add_special_tokens=False)
+            enc = self._encode(text[cut_char:] if cut_char else text, False)
             ids = enc.ids
             if memo is not None and prev is not None and cut_token:
                 tokens = prev.tokens[:cut_token]
@@ -256,7 +261,7 @@ class HfTokenizer:
         del model
 
         def finish() -> Encoded:
-            return whole_prompt(array("I", self._tok.encode(text, add_special_tokens=True).ids), prev)
+            return whole_prompt(array("I", self._encode(text, True).ids), prev)
 
         return Plan(len(text) // CHARS_PER_TOKEN, finish)
 

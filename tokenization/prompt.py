@@ -16,6 +16,7 @@ import asyncio
 import bisect
 from array import array
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -116,7 +117,9 @@ class IncrementalTokenizer:
 
     One instance per backend group (one tokenizer, one block size, one hash algorithm). CPU-heavy
     uncached work (above ``offload_tokens`` estimated tokens) runs in a worker thread so a 100k-token
-    first turn does not stall the event loop; small increments run inline.
+    first turn does not stall the event loop; small increments run inline. ``executor`` is the pool
+    that work runs in (``prefixgate serve``: one thread per core, for tokenizers that release the GIL
+    while they encode, as tiktoken does); None: the event loop's default executor.
 
     Besides the per-session cache, ``shared`` keeps the block hashes of leading segments that many
     sessions share (``Encoded.shared_tokens``, e.g. one agent's system prompt + tools), keyed by
@@ -131,8 +134,10 @@ class IncrementalTokenizer:
         cache_bytes: int = 256 * 1024 * 1024,
         offload_tokens: int = 8192,
         shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
+        executor: Executor | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.executor = executor
         self.hasher = hasher
         self.block_size = hasher.block_size
         self.sessions = SessionCache(cache_bytes)
@@ -210,9 +215,11 @@ class IncrementalTokenizer:
 
     async def _run(self, work: int, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)``, in a worker thread when ``work`` (tokens) exceeds ``offload_tokens``."""
-        if work > self.offload_tokens:
+        if work <= self.offload_tokens:
+            return fn(*args)
+        if self.executor is None:
             return await asyncio.to_thread(fn, *args)
-        return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def _shared_blocks(
         self, encoded: Encoded, prev: PromptMemo | None, keep: int, salt: str | None
@@ -256,14 +263,14 @@ class IncrementalTokenizer:
         if keep == 0:
             hashes = self.hasher.hash_blocks(encoded.tokens, cache_salt=salt)
         else:
-            if shared is not None:
-                hashes = list(shared)
-            else:
-                assert prev is not None
-                hashes = prev.hashes[:keep]
-            hashes += self.hasher.hash_blocks(
-                encoded.tokens, start_block=keep, parent=hashes[-1], cache_salt=salt
+            base: Sequence[BlockHash] = shared if shared is not None else prev.hashes if prev else ()
+            new = self.hasher.hash_blocks(
+                encoded.tokens, start_block=keep, parent=base[keep - 1], cache_salt=salt
             )
+            if not new and prev is not None and shared is None and keep == len(prev.hashes):
+                hashes = prev.hashes  # the same blocks as the previous turn: its list, shared
+            else:
+                hashes = [*base[:keep], *new]
         if shared is None and keep < encoded.shared_tokens // self.block_size:
             # The shared segment was hashed here (a first turn, a changed system prompt): keep it.
             self._store_shared(encoded, hashes, salt)

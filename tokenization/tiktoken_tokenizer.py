@@ -1,22 +1,21 @@
 """The default tokenizer: cl100k_base + the simulated model's ChatML template, incremental per segment.
 
 Every ChatML segment starts with a special token, and special tokens split tokenization, so a
-conversation's ids are the concatenation of its segments' ids. The memo keeps one xxh3-128 key per
-segment and the token offset where each segment ends: a new turn re-encodes only the segments from
-the first one whose key changed. Keys hash the segment's inputs (each message's JSON bytes, the
-system message with the tools), so unchanged segments are not even rendered again.
+conversation's ids are the concatenation of its segments' ids, and a segment's ids depend on its
+inputs alone. The memo keeps each segment's inputs (the previous turn's own message objects), a key
+where needed and the token offset where each segment ends. A new turn compares each segment with
+the previous turn's at the same index, without serializing what did not change: a plain message
+(one rendered from strings alone, ``plain``) by ``==``, the system turn (system message + tools)
+and other messages by the xxh3-128 of their JSON bytes. Unchanged segments are not rendered again:
+the leading ones keep their ids and block hashes, later ones (after an edit, or a changed system
+prompt) have their ids copied; only changed and new segments are encoded.
 """
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import orjson
-import xxhash
 
 from tokenization.base import (
     DEFAULT_SHARED_CACHE_BYTES,
@@ -24,23 +23,20 @@ from tokenization.base import (
     Encoded,
     Part,
     Plan,
-    common_prefix_len,
     whole_prompt,
 )
 from tokenization.chatml import GENERATION_PROMPT, SYSTEM_ROLES, content_text, render_message, render_system
 from tokenization.encoding import chatml_encoding, encode
 from tokenization.lru import LRU
+from tokenization.segments import SegmentMemo, diff
 
 # Rough chars per token of code and prose, only to size the work for the thread/inline decision.
 CHARS_PER_TOKEN = 4
 # An array object's own size, on top of its items, for the shared cache's budget.
 _ARRAY_BYTES = 80
-
-
-@dataclass(frozen=True, slots=True)
-class _SegmentMemo:
-    keys: tuple[int, ...]  # xxh3-128 of each segment's inputs
-    ends: tuple[int, ...]  # token offset where each segment ends
+# Per segment kept between turns: its input's reference, key, end offset, and the message object
+# itself (the prompt's text is charged as about CHARS_PER_TOKEN bytes per token).
+_SEGMENT_BYTES = 200
 
 
 def segment_labels(
@@ -62,17 +58,6 @@ def _segment_label(j: int, count: int, has_system: bool, has_tools: bool, genera
         return "generation_prompt"
     # Segment index -> message index: a system message is in segment 0, a tools-only segment is not.
     return f"message[{j + int(has_system) - int(system_segment)}]"
-
-
-_GENERATION_KEY = 0  # the generation prompt segment never changes
-
-
-def _canonical(value: Any) -> bytes:
-    """Deterministic bytes of a message or tool list (orjson keeps key order); a cache key only."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # e.g. integers beyond 64 bits, which orjson refuses
-        return json.dumps(value, ensure_ascii=False, default=repr).encode()
 
 
 class TiktokenTokenizer:
@@ -111,46 +96,52 @@ class TiktokenTokenizer:
         messages, tools, generation = prompt.messages, prompt.tools, prompt.add_generation_prompt
         has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
         has_tools = bool(tools)
-        first_message = 1 if has_system else 0
         system_segment = has_system or has_tools
-        # Keys hash each segment's inputs (the message's JSON bytes), not its rendered text: unchanged
-        # segments are then never rendered again, only serialized by orjson.
-        digest = xxhash.xxh3_128_intdigest
-        keys: list[int] = []
-        if system_segment:
-            keys.append(digest(_canonical([messages[0] if has_system else None, tools])))
-        keys.extend(digest(_canonical(m)) for m in messages[first_message:])
-        if generation:
-            keys.append(_GENERATION_KEY)
-        frozen_keys = tuple(keys)
-        memo = prev.memo if prev is not None and isinstance(prev.memo, _SegmentMemo) else None
-        first = reused = 0
-        if memo is not None:
-            first = common_prefix_len(memo.keys, frozen_keys)
-            reused = memo.ends[first - 1] if first else 0
-        offset = first_message - (1 if system_segment else 0)  # segment index -> message index
+        off = 1 if system_segment else 0  # segment index of the first message segment
+        chat = messages[1:] if has_system else messages  # the message segments' messages
+        memo = prev.memo if prev is not None and isinstance(prev.memo, SegmentMemo) else None
+        found = diff(
+            (messages[0] if has_system else None, tools) if system_segment else None, chat, generation, memo
+        )
+        count = off + len(chat) + int(generation)
+        first = found.first
+        reused = memo.ends[first - 1] if memo is not None and first else 0
         # A session's first turn (or a changed system prompt): another session of the same agent
         # may have encoded this system+tools segment already.
-        lead: array | None = self.shared.get(keys[0]) if first == 0 and system_segment else None
+        system_key = found.system_key
+        lead = self.shared.get(system_key) if first == 0 and system_key is not None else None
         encode_from = first if lead is None else 1
-        segments: list[str] = []
-        for j in range(encode_from, len(keys)):
-            if j == 0 and system_segment:
+
+        def copied(j: int) -> bool:  # unchanged after a changed segment: its ids are copied
+            if j < off:
+                return False
+            if j - off < len(chat):
+                return found.same[j - off]
+            return found.generation_same
+
+        texts: dict[int, str] = {}
+        for j in range(encode_from, count):
+            if copied(j):
+                continue
+            if j < off:
                 system_text = content_text(messages[0].get("content")) if has_system else None
-                segments.append(render_system(system_text, tools) or "")
-            elif generation and j == len(keys) - 1:
-                segments.append(GENERATION_PROMPT)
+                texts[j] = render_system(system_text, tools) or ""
+            elif j - off < len(chat):
+                texts[j] = render_message(chat[j - off])
             else:
-                segments.append(render_message(messages[j + offset]))
-        work = sum(map(len, segments)) // CHARS_PER_TOKEN
+                texts[j] = GENERATION_PROMPT
+        work = sum(map(len, texts.values())) // CHARS_PER_TOKEN
 
         def _label(j: int) -> str:
-            return _segment_label(j, len(frozen_keys), has_system, has_tools, generation)
+            return _segment_label(j, count, has_system, has_tools, generation)
 
         def finish() -> Encoded:
-            tokens = prev.tokens[:reused] if prev is not None and reused else array("I")
+            if prev is not None and reused == len(prev.tokens) and encode_from == count:
+                tokens = prev.tokens  # the very same prompt: its ids, shared (never mutated)
+            else:
+                tokens = prev.tokens[:reused] if prev is not None and reused else array("I")
             ends = list(memo.ends[:first]) if memo is not None else []
-            # Unchanged segments keep their labels: same keys up to ``first`` = same message layout.
+            # Unchanged leading segments keep their labels: same inputs up to ``first``, same layout.
             parts: list[Part] = list(prev.parts[:first]) if prev is not None and first else []
             start = reused
             if lead is not None:
@@ -158,23 +149,29 @@ class TiktokenTokenizer:
                 ends.append(len(lead))
                 parts.append((_label(0), 0, len(lead)))
                 start = len(lead)
-            labels = [_label(j) for j in range(encode_from, len(frozen_keys))]
-            for j, (segment, label) in enumerate(zip(segments, labels, strict=True), encode_from):
-                self._encode_into(tokens, segment)
+            for j in range(encode_from, count):
+                if copied(j):
+                    assert prev is not None and memo is not None
+                    old = j - off + memo.offset  # the same message's segment in the previous turn
+                    a, b = memo.span(old if j - off < len(chat) else len(memo.ends) - 1)
+                    tokens.extend(prev.tokens[a:b])
+                else:
+                    self._encode_into(tokens, texts[j])
                 end = len(tokens)
-                if j == 0 and system_segment:
+                if j < off and system_key is not None:
                     ids = tokens[start:end]
-                    self.shared.put(frozen_keys[0], ids, _ARRAY_BYTES + 4 * len(ids))
+                    self.shared.put(system_key, ids, _ARRAY_BYTES + 4 * len(ids))
                 ends.append(end)
-                parts.append((label, start, end))
+                parts.append((_label(j), start, end))
                 start = end
-            memo_bytes = len(frozen_keys) * 90
+            keys = tuple(found.keys)
+            memo_next = SegmentMemo(system_key, tuple(chat), keys, found.plain_head, tuple(ends), generation)
             return Encoded(
                 tokens,
                 tuple(parts),
                 reused,
-                _SegmentMemo(frozen_keys, tuple(ends)),
-                memo_bytes,
+                memo_next,
+                count * _SEGMENT_BYTES + CHARS_PER_TOKEN * len(tokens),
                 shared_tokens=ends[0] if system_segment else 0,
             )
 

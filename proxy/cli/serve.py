@@ -131,7 +131,10 @@ def listen(host: str, port: int) -> socket.socket:
     """The bound listening socket uvicorn serves on: bound here, so a port in use is told plainly
     (uvicorn would log an ``[Errno 98]`` line and exit 1)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP
+    # (they inherit the listener's); without it each response's last write waited ~40 ms for the
+    # client's delayed ACK (Nagle).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

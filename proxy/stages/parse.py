@@ -72,6 +72,7 @@ class Parse:
             headers=request.headers,
             raw_body=raw,
             body=body,
+            client_body=body,
             stream=stream,
             model=model,
             started=started,
