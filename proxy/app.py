@@ -25,6 +25,7 @@ from proxy.ops.limits import HeaderLimitMiddleware
 from proxy.ops.metrics import export_gauges
 from proxy.ops.models import Models, json_response
 from proxy.pipeline import Pipeline
+from proxy.server import ServingOptions
 
 log = logging.getLogger("prefixgate")
 
@@ -45,6 +46,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="prefixgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.state.serving = ServingOptions.from_settings(settings)  # how proxy/server.py serves it
 
     def current() -> Gateway:
         assert gateway.pipeline is not None, "the app's lifespan has not started"

@@ -102,6 +102,9 @@ class SimConfig:
     data_parallel_rank: int = 0
     enable_prompt_tokens_details: bool = True
     force_include_usage: bool = False
+    #: Seconds an idle keep-alive connection stays open: uvicorn's default, which vLLM's API server
+    #: runs with (a client reusing a connection idle this long races the rank's close).
+    keep_alive_s: float = 5.0
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.server import uvicorn_config
+    from proxy.server import prepare_process, serving_options, uvicorn_config
 
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
     flags = {option.field: getattr(args, option.field) for option in OPTIONS}
@@ -86,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"prefixgate: {exc}", file=sys.stderr)
         return 2
-    config = uvicorn_config(app, settings.host, settings.port, settings.log_level, settings.event_loop)
+    prepare_process()
+    config = uvicorn_config(
+        app, settings.host, settings.port, settings.log_level, settings.event_loop, serving_options(app)
+    )
     # SIGTERM: uvicorn stops listening, lets in-flight requests (streams too) finish up to this
     # deadline, then cancels them and runs the app's shutdown
     # (uvicorn annotates it int; it is a number of seconds handed to asyncio.wait_for, so a float works)

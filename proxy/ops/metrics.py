@@ -57,6 +57,13 @@ class Metrics:
         self.retries = Counter(
             "prefixgate_retries", "Requests retried on another backend", ("endpoint",), registry=r
         )
+        self.upstream_reconnects = Counter(
+            "prefixgate_upstream_reconnects",
+            "Requests sent again on a fresh connection to the same backend, their pooled connection "
+            "having been closed by the backend before any response byte (not a backend failure)",
+            ("backend",),
+            registry=r,
+        )
         self.stream_errors = Counter(
             "prefixgate_stream_errors",
             "Streams that broke after bytes were sent (ended with an SSE error event)",

@@ -130,11 +130,8 @@ class RelayResponse(Response):
             return
         self._settled = True
         opened = self.opened
-        opened.rank.in_flight -= 1
-        if self._completed and self._error is None:
-            opened.response.release()
-        else:  # the connection is in an unknown state: never reuse it
-            opened.response.close()
+        # the connection is reused only after a whole stream; else its state is unknown
+        opened.close(reusable=self._completed and self._error is None)
         self.on_done(
             StreamOutcome(
                 opened.first_chunk, tuple(self._tail), self._error, not self._completed, self._first_byte_at
