@@ -247,7 +247,7 @@ OPTIONS: tuple[Option, ...] = (
         "max_connections",
         int,
         "most client connections open at once; past it the longest-idle one is closed, or the new one "
-        "refused with a 503 (0: half the open-files limit)",
+        "refused with a 503 (0: what the open-files limit holds, with a connection to a backend each)",
     ),
     Option(
         "trusted_proxies",

@@ -31,6 +31,8 @@ log = logging.getLogger("prefixgate")
 
 #: Descriptors kept aside from the connection cap's share of the open-files limit (logs, Redis, ZMQ).
 RESERVED_FDS = 64
+#: uvicorn's listen backlog: how many connections may wait to be accepted (and asyncio accepts at once).
+DEFAULT_BACKLOG = 2048
 #: glibc's mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -45,7 +47,7 @@ class ServingOptions:
     keepalive: float = 75.0
     header_timeout: float = 10.0
     body_timeout: float = 30.0
-    #: 0: half the open-files limit (the other half is for connections to the ranks).
+    #: 0: what fits in the open-files limit with a connection to a rank for each (``limits``).
     max_connections: int = 0
     trusted_proxies: str | None = None
 
@@ -59,13 +61,19 @@ class ServingOptions:
             settings.trusted_proxies,
         )
 
-    def connection_cap(self) -> int:
-        if self.max_connections:
-            return self.max_connections
+    def limits(self) -> tuple[int, int]:
+        """The connection cap and the listen backlog, within the open-files limit.
+
+        asyncio accepts up to a backlog's worth of connections at once before any of them is
+        counted, and each client connection may hold one to a rank: the cap, the burst and the
+        connections to the ranks must fit together, else accept() fails with EMFILE, which
+        Python 3.11's loop logs once for every connection it then tries to accept.
+        """
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft == resource.RLIM_INFINITY:
-            return 65_536
-        return max(16, (soft - RESERVED_FDS) // 2)
+        files = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+        backlog = min(DEFAULT_BACKLOG, max(16, (files - RESERVED_FDS) // 4))
+        fitting = max(16, (files - RESERVED_FDS - backlog) // 2)
+        return (self.max_connections or fitting), backlog
 
 
 def prepare_process() -> None:
@@ -120,9 +128,10 @@ def uvicorn_config(
     connection settings (None: uvicorn's defaults, for other apps)."""
     options: dict[str, Any] = {"http": "httptools"}
     if serving is not None:
-        cap = serving.connection_cap()
+        cap, backlog = serving.limits()
         options = {
             "http": protocol_class(serving.header_timeout, serving.body_timeout, cap),
+            "backlog": backlog,
             # uvicorn hands it to call_later: a float works where it annotates an int
             "timeout_keep_alive": serving.keepalive,
             "headers": [("keep-alive", f"timeout={int(serving.keepalive)}")],
