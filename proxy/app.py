@@ -86,15 +86,20 @@ def create_app(settings: Settings) -> FastAPI:
         return await pipeline().passthrough(request, "/detokenize", CHAT)
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
         ranks = [r.status() for r in gateway.fleet]
+        if not (request.scope.get("state") or {}).get("is_admin"):
+            # open to anyone: where the ranks are (their URLs, in their errors too) stays private
+            ranks = [{k: v for k, v in r.items() if k not in ("url", "last_error")} for r in ranks]
         healthy = sum(1 for r in gateway.fleet if r.healthy)
         return json_response({"status": "ok", "healthy_backends": healthy, "backends": ranks})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         gw = current()
-        export_gauges(gw.metrics, gw.fleet, gw.admission, gw.dashboard.recorder.window.rate, gw.sessions)
+        admin = bool((request.scope.get("state") or {}).get("is_admin"))  # per-session series: admin only
+        rate = gw.dashboard.recorder.window.rate
+        export_gauges(gw.metrics, gw.fleet, gw.admission, rate, gw.sessions, per_session=admin)
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.exception_handler(StarletteHTTPException)

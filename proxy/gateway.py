@@ -57,7 +57,9 @@ class Gateway:
         #: What this process keeps per session between its turns, for every stage.
         self.locals = SessionLocals(budget_bytes=int(settings.session_memory_mb * 1024 * 1024))
         self.sessions = SessionTable(self.state.sessions(), settings.session_idle_ttl)
-        self.explainer = Explainer(self.locals, self.metrics, on_break=self.sessions.add_break)
+        self.explainer = Explainer(
+            self.locals, self.metrics, on_break=self.sessions.add_break, keep_text=settings.log_bodies
+        )
         self.dashboard = Dashboard(self.locals)
         self.fleet = Fleet(
             Rank(name=b.name, url=b.url, pool_tokens=b.pool_tokens, block_size=b.block_size)

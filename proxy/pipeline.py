@@ -136,7 +136,8 @@ class Pipeline:
         """A stored answer (``GET``), from the rank that stored it."""
         started = time.perf_counter()
         try:
-            rank = await self.pins.rank_of(stored_id)
+            owner = (request.scope.get("state") or {}).get("client_label")
+            rank = await self.pins.rank_of(stored_id, owner)  # a client retrieves its own answers only
             headers = upstream_headers(request.headers)
             headers.pop("content-type", None)
             url = f"{rank.url}{endpoint.upstream}/{quote(stored_id, safe='')}"

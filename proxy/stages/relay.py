@@ -3,8 +3,10 @@
 Chunks are relayed as they arrive, never buffered or parsed beyond the SSE well-formedness check;
 the last few are kept to read the usage from (vLLM sends it last). A break (the rank dies, stalls
 past ``read_timeout`` or sends an undecodable event) ends the stream with an SSE error event in the
-client API's shape. A client that goes away cancels the upstream request. Whatever happens, the
-rank's in-flight count is released and ``on_done`` runs exactly once.
+client API's shape, and so does a stream the server cuts (the shutdown deadline passed: uvicorn
+cancels the request), so the client knows its answer is incomplete. A client that goes away cancels
+the upstream request. Whatever happens, the rank's in-flight count is released and ``on_done`` runs
+exactly once.
 """
 
 from __future__ import annotations
@@ -70,12 +72,19 @@ class RelayResponse(Response):
         self._completed = False
         self._first_byte_at = time.perf_counter()
         self._settled = False
+        #: Why the server cut the stream (its request was cancelled), if it did.
+        self._cut: str | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = asyncio.ensure_future(self._relay(send))
         watcher = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             done, _ = await asyncio.wait((relay, watcher), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # not the client leaving (the watcher's): the server ended the request, which at
+            # shutdown means the stream outlived --shutdown-timeout
+            self._cut = "prefixgate is shutting down: the stream was cut at its shutdown timeout"
+            raise
         finally:
             if not relay.done():
                 relay.cancel()
@@ -121,6 +130,16 @@ class RelayResponse(Response):
             end = translate.end() if translate is not None else b""
             await send({"type": "http.response.body", "body": end, "more_body": False})
             self._completed = True
+        except asyncio.CancelledError:
+            cut = self._cut
+            if cut is not None:
+                self._error = cut
+                log.warning("%s: %s", rank.name, cut)
+                with contextlib.suppress(Exception):  # best effort: the connection may be gone
+                    await send(
+                        {"type": "http.response.body", "body": self.error_event(cut), "more_body": False}
+                    )
+            raise
         finally:
             self._settle()
 
@@ -132,8 +151,7 @@ class RelayResponse(Response):
         opened = self.opened
         # the connection is reused only after a whole stream; else its state is unknown
         opened.close(reusable=self._completed and self._error is None)
+        left = not self._completed and self._cut is None  # a cut stream is an error, not a departure
         self.on_done(
-            StreamOutcome(
-                opened.first_chunk, tuple(self._tail), self._error, not self._completed, self._first_byte_at
-            )
+            StreamOutcome(opened.first_chunk, tuple(self._tail), self._error, left, self._first_byte_at)
         )

@@ -146,3 +146,19 @@ def test_the_simulated_rank_closes_idle_connections_like_uvicorn():
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
             # then nothing: the rank closes the idle connection
             wait_until(lambda: sock.recv(4096) == b"", "the rank kept an idle connection open", timeout=10)
+
+
+def test_a_rank_that_never_starts_a_stream_is_left_after_the_first_byte_timeout(rank_servers, gateway):
+    ranks = rank_servers.sim(2)
+    # the read timeout (between chunks) stays long: only the first byte is waited for briefly
+    proxy = gateway(ranks, retries=1, first_byte_timeout=0.5, read_timeout=300)
+    ranks[0].set_faults(hang=True)  # accepts, and answers /health, but never starts an answer
+    for i in range(4):
+        response = httpx.post(
+            proxy.url + "/v1/chat/completions", json=chat(f"hung {i}", stream=True), timeout=30
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-prefixgate-backend"] == "sim-1"
+        assert sse_events(response.text)[-1] == "[DONE]"
+    metrics = httpx.get(proxy.url + "/metrics", timeout=5).text
+    assert 'prefixgate_upstream_failures_total{backend="sim-0",reason="timeout"}' in metrics
