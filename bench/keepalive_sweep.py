@@ -2,7 +2,7 @@
 
 Simulated ranks run like vLLM's API server (uvicorn, idle connections closed after 5 s); prefixgate
 runs in front of them in its own process, and agent-like sessions (an httpx client with its default
-pool, like the openai SDK's) send turns of ~100 KB separated by idle gaps swept from ``--low`` to
+pool, like the openai SDK's) send turns of ``--prompt-kb`` separated by idle gaps swept from ``--low`` to
 ``--high`` seconds. A request is lost when it gets no answer (a transport error at the client, a
 5xx); a session that changes rank between turns is counted apart (its cache is lost, not its
 request). Also reported: latency p50/p99 and the ranks' hit rate over the run.
@@ -27,7 +27,7 @@ import httpx
 
 from bench.common import Subprocess, free_port_run, machine, median, percentile, proxy_process, write_json
 
-SYSTEM = "You are a coding agent working in a large repository. Follow the rules below.\n" * 1200
+RULE = "You are a coding agent working in a large repository. Follow the rules below.\n"
 
 
 def sweep_gaps(low: float, high: float, steps: int) -> list[float]:
@@ -40,9 +40,13 @@ async def session(
     turns: int,
     gaps: list[float],
     results: list[dict[str, Any]],
+    prompt_kb: int,
 ) -> None:
     await asyncio.sleep(index * 0.01)  # sessions spread over a second, as agents start
-    messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
+    # each session its own ~prompt_kb prompt: the proxy parses and hashes it all (a busy loop, as in
+    # production, is what lets a rank's FIN wait unread while a request picks its connection)
+    context = f"session {index}: " + RULE * (prompt_kb * 1024 // len(RULE))
+    messages: list[dict[str, str]] = [{"role": "system", "content": context}]
     rank = None
     for turn in range(turns):
         messages.append({"role": "user", "content": f"session {index} turn {turn}: read the next file"})
@@ -74,13 +78,34 @@ async def session(
             await asyncio.sleep(gap)
 
 
-async def drive(url: str, sessions: int, turns: int, gaps: list[float]) -> list[dict[str, Any]]:
+async def drive(
+    url: str, sessions: int, turns: int, gaps: list[float], prompt_kb: int
+) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     # httpx's default pool (5 s keep-alive expiry), as the openai SDK uses it
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
     async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits, trust_env=False) as client:
-        await asyncio.gather(*(session(client, i, turns, gaps, results) for i in range(sessions)))
+        await asyncio.gather(*(session(client, i, turns, gaps, results, prompt_kb) for i in range(sessions)))
     return results
+
+
+#: prefixgate's counters read at the end of a run: what happened between it and the ranks.
+UPSTREAM_COUNTERS = (
+    "prefixgate_upstream_failures_total",
+    "prefixgate_retries_total",
+    "prefixgate_upstream_reconnects_total",
+)
+
+
+def upstream_counters(url: str) -> dict[str, float]:
+    """Each of ``UPSTREAM_COUNTERS`` summed over its labels (0 when prefixgate does not have it)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    totals = dict.fromkeys(UPSTREAM_COUNTERS, 0.0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--low", type=float, default=4.95, help="shortest idle gap, seconds")
     parser.add_argument("--high", type=float, default=5.05, help="longest idle gap, seconds")
     parser.add_argument("--steps", type=int, default=21, help="gaps between --low and --high")
+    parser.add_argument("--prompt-kb", type=int, default=400, help="size of each session's prompt")
     parser.add_argument(
         "--rank-keep-alive", type=float, default=5.0, help="the ranks' keep-alive (uvicorn's)"
     )
@@ -138,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     proxy, url = proxy_process(specs, extra=extra)
     with ranks, proxy:
         started = time.perf_counter()
-        results = asyncio.run(drive(url, args.sessions, args.turns, gaps))
+        results = asyncio.run(drive(url, args.sessions, args.turns, gaps, args.prompt_kb))
         elapsed = time.perf_counter() - started
+        counters = upstream_counters(url)
     summary = summarize(results)
     report = {
         "benchmark": "keepalive_sweep",
@@ -149,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         "turns": args.turns,
         "gaps_s": gaps,
         "rank_keep_alive_s": args.rank_keep_alive,
+        "prompt_kb": args.prompt_kb,
         "proxy_flags": extra,
         "seconds": elapsed,
+        "upstream": counters,
         **summary,
     }
     path = write_json(f"keepalive_sweep_{args.label}.json", report)
@@ -159,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         f"lost {summary['lost']} ({summary['lost_per_1000']:.1f} per 1,000: {summary['lost_by_kind']}), "
         f"moved {summary['moved']} ({summary['moved_per_1000']:.1f} per 1,000), "
         f"latency p50 {summary['latency_p50_s'] * 1e3:.0f} ms p99 {summary['latency_p99_s'] * 1e3:.0f} ms, "
-        f"hit rate {summary['hit_rate'] or 0:.3f} -> {path}"
+        f"hit rate {summary['hit_rate'] or 0:.3f}; upstream failures "
+        f"{counters['prefixgate_upstream_failures_total']:.0f}, retries on another rank "
+        f"{counters['prefixgate_retries_total']:.0f}, fresh-connection resends "
+        f"{counters['prefixgate_upstream_reconnects_total']:.0f} -> {path}"
     )
     return 0
 
