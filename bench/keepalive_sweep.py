@@ -21,6 +21,7 @@ import shlex
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -34,26 +35,35 @@ def sweep_gaps(low: float, high: float, steps: int) -> list[float]:
     return [low + (high - low) * i / max(steps - 1, 1) for i in range(steps)]
 
 
+#: ``gap_of(session, turn)``: the idle seconds after that turn.
+GapOf = Callable[[int, int], float]
+
+
 async def session(
     client: httpx.AsyncClient,
     index: int,
     turns: int,
-    gaps: list[float],
+    gap_of: GapOf,
     results: list[dict[str, Any]],
     prompt_kb: int,
+    until: float | None = None,
 ) -> None:
+    """One agent-like session: ``turns`` turns (or turns until the monotonic time ``until``), each
+    re-sending the conversation, idle ``gap_of(index, turn)`` seconds between them."""
     await asyncio.sleep(index * 0.01)  # sessions spread over a second, as agents start
     # each session its own ~prompt_kb prompt: the proxy parses and hashes it all (a busy loop, as in
     # production, is what lets a rank's FIN wait unread while a request picks its connection)
     context = f"session {index}: " + RULE * (prompt_kb * 1024 // len(RULE))
     messages: list[dict[str, str]] = [{"role": "system", "content": context}]
     rank = None
+    idle_before = 0.0  # the first turn opens its connection: no idle gap raced
     for turn in range(turns):
         messages.append({"role": "user", "content": f"session {index} turn {turn}: read the next file"})
         body = {"model": "prefixgate-sim", "messages": messages, "max_tokens": 8}
-        gap = gaps[(index + turn) % len(gaps)]
+        gap = gap_of(index, turn)
         started = time.perf_counter()
-        outcome: dict[str, Any] = {"gap": gap, "turn": turn}
+        # a request is raced by the gap it follows, so that is the gap it is counted under
+        outcome: dict[str, Any] = {"gap": idle_before, "turn": turn}
         try:
             response = await client.post(
                 "/v1/chat/completions", json=body, headers={"x-session-id": f"s{index}"}
@@ -74,18 +84,41 @@ async def session(
                 rank = now
                 messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
         results.append(outcome)
-        if turn + 1 < turns:
-            await asyncio.sleep(gap)
+        if turn + 1 == turns or (until is not None and time.monotonic() + gap >= until):
+            return
+        await asyncio.sleep(gap)
+        idle_before = gap
 
 
 async def drive(
-    url: str, sessions: int, turns: int, gaps: list[float], prompt_kb: int
+    url: str,
+    sessions: int,
+    turns: int,
+    gap_of: GapOf,
+    prompt_kb: int,
+    pool_expiries: tuple[float, ...] = (5.0,),
+    until: float | None = None,
 ) -> list[dict[str, Any]]:
+    """``sessions`` sessions through prefixgate at ``url``; session i's client keeps idle connections
+    ``pool_expiries[i % n]`` seconds (httpx's and the openai SDK's default: 5 s)."""
     results: list[dict[str, Any]] = []
-    # httpx's default pool (5 s keep-alive expiry), as the openai SDK uses it
-    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-    async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits, trust_env=False) as client:
-        await asyncio.gather(*(session(client, i, turns, gaps, results, prompt_kb) for i in range(sessions)))
+    limits = [
+        httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions, keepalive_expiry=expiry)
+        for expiry in pool_expiries
+    ]
+    clients = [
+        httpx.AsyncClient(base_url=url, timeout=60.0, limits=limit, trust_env=False) for limit in limits
+    ]
+    try:
+        await asyncio.gather(
+            *(
+                session(clients[i % len(clients)], i, turns, gap_of, results, prompt_kb, until)
+                for i in range(sessions)
+            )
+        )
+    finally:
+        for client in clients:
+            await client.aclose()
     return results
 
 
@@ -97,14 +130,20 @@ UPSTREAM_COUNTERS = (
 )
 
 
-def upstream_counters(url: str) -> dict[str, float]:
-    """Each of ``UPSTREAM_COUNTERS`` summed over its labels (0 when prefixgate does not have it)."""
+def upstream_counters(url: str) -> dict[str, Any]:
+    """Each of ``UPSTREAM_COUNTERS`` summed over its labels (0 when prefixgate does not have it), and
+    the failures by reason."""
     text = httpx.get(url + "/metrics", timeout=10).text
-    totals = dict.fromkeys(UPSTREAM_COUNTERS, 0.0)
+    totals: dict[str, Any] = dict.fromkeys(UPSTREAM_COUNTERS, 0.0)
+    reasons: Counter[str] = Counter()
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
+        if name in UPSTREAM_COUNTERS:
+            value = float(line.rsplit(" ", 1)[1])
+            totals[name] += value
+            if name == UPSTREAM_COUNTERS[0] and 'reason="' in line:
+                reasons[line.split('reason="', 1)[1].split('"', 1)[0]] += int(value)
+    totals["failures_by_reason"] = dict(reasons)
     return totals
 
 
@@ -135,6 +174,62 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def add_fleet_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the ranks and prefixgate a run goes through (shared with ``bench.soak``)."""
+    parser.add_argument("--prompt-kb", type=int, default=100, help="size of each session's prompt")
+    parser.add_argument(
+        "--rank-kv-tokens",
+        type=int,
+        default=4_000_000,
+        help="each simulated rank's KV pool: large, so that admission admits every session (the run "
+        "is about connections, not capacity)",
+    )
+    parser.add_argument(
+        "--rank-keep-alive", type=float, default=5.0, help="the ranks' keep-alive (uvicorn's)"
+    )
+    parser.add_argument(
+        "--proxy-flag", action="append", default=[], help="an extra `prefixgate serve` flag (repeatable)"
+    )
+    parser.add_argument("--label", default="prefixgate", help="name of this run in the output")
+
+
+def through_fleet(
+    args: argparse.Namespace, run: Callable[[str], list[dict[str, Any]]]
+) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
+    """Two simulated ranks and prefixgate in their own processes; ``run(url)``'s results, prefixgate's
+    upstream counters after it, and its seconds."""
+    base = free_port_run(2)
+    sim_args = [sys.executable, "-m", "proxy.cli", "sim", "--ranks", "2", "--base-port", str(base)]
+    sim_args += ["--time-scale", "0.001", "--keep-alive", str(args.rank_keep_alive)]
+    sim_args += ["--kv-tokens", str(args.rank_kv_tokens)]
+    specs = [f"sim-{i}=http://127.0.0.1:{base + i}" for i in range(2)]
+    ranks = Subprocess(sim_args, f"http://127.0.0.1:{base}/health")
+    proxy, url = proxy_process(specs, extra=proxy_flags(args))
+    with ranks, proxy:
+        started = time.perf_counter()
+        results = run(url)
+        elapsed = time.perf_counter() - started
+        counters = upstream_counters(url)
+    return results, counters, elapsed
+
+
+def proxy_flags(args: argparse.Namespace) -> list[str]:
+    return [flag for value in args.proxy_flag for flag in shlex.split(value)]
+
+
+def outcome_line(summary: dict[str, Any], counters: dict[str, Any]) -> str:
+    """Lost and moved requests, latency, hit rate and prefixgate's upstream counters, on one line."""
+    return (
+        f"lost {summary['lost']} ({summary['lost_per_1000']:.1f} per 1,000: {summary['lost_by_kind']}), "
+        f"moved {summary['moved']} ({summary['moved_per_1000']:.1f} per 1,000), "
+        f"latency p50 {summary['latency_p50_s'] * 1e3:.0f} ms p99 {summary['latency_p99_s'] * 1e3:.0f} ms, "
+        f"hit rate {summary['hit_rate'] or 0:.3f}; upstream failures "
+        f"{counters['prefixgate_upstream_failures_total']:.0f} {counters['failures_by_reason']}, "
+        f"retries on another rank {counters['prefixgate_retries_total']:.0f}, fresh-connection resends "
+        f"{counters['prefixgate_upstream_reconnects_total']:.0f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -144,29 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--low", type=float, default=4.95, help="shortest idle gap, seconds")
     parser.add_argument("--high", type=float, default=5.05, help="longest idle gap, seconds")
     parser.add_argument("--steps", type=int, default=21, help="gaps between --low and --high")
-    parser.add_argument("--prompt-kb", type=int, default=400, help="size of each session's prompt")
-    parser.add_argument(
-        "--rank-keep-alive", type=float, default=5.0, help="the ranks' keep-alive (uvicorn's)"
-    )
-    parser.add_argument(
-        "--proxy-flag", action="append", default=[], help="an extra `prefixgate serve` flag (repeatable)"
-    )
-    parser.add_argument("--label", default="prefixgate", help="name of this run in the output")
+    add_fleet_options(parser)
     args = parser.parse_args(argv)
-
-    base = free_port_run(2)
-    sim_args = [sys.executable, "-m", "proxy.cli", "sim", "--ranks", "2", "--base-port", str(base)]
-    sim_args += ["--time-scale", "0.001", "--keep-alive", str(args.rank_keep_alive)]
-    specs = [f"sim-{i}=http://127.0.0.1:{base + i}" for i in range(2)]
     gaps = sweep_gaps(args.low, args.high, args.steps)
-    ranks = Subprocess(sim_args, f"http://127.0.0.1:{base}/health")
-    extra = [flag for value in args.proxy_flag for flag in shlex.split(value)]
-    proxy, url = proxy_process(specs, extra=extra)
-    with ranks, proxy:
-        started = time.perf_counter()
-        results = asyncio.run(drive(url, args.sessions, args.turns, gaps, args.prompt_kb))
-        elapsed = time.perf_counter() - started
-        counters = upstream_counters(url)
+
+    def gap_of(index: int, turn: int) -> float:
+        return gaps[(index + turn) % len(gaps)]
+
+    def run(url: str) -> list[dict[str, Any]]:
+        return asyncio.run(drive(url, args.sessions, args.turns, gap_of, args.prompt_kb))
+
+    results, counters, elapsed = through_fleet(args, run)
     summary = summarize(results)
     report = {
         "benchmark": "keepalive_sweep",
@@ -177,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "gaps_s": gaps,
         "rank_keep_alive_s": args.rank_keep_alive,
         "prompt_kb": args.prompt_kb,
-        "proxy_flags": extra,
+        "proxy_flags": proxy_flags(args),
         "seconds": elapsed,
         "upstream": counters,
         **summary,
@@ -185,13 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_json(f"keepalive_sweep_{args.label}.json", report)
     print(
         f"{args.label}: {summary['requests']} requests over gaps {args.low:.3f}-{args.high:.3f} s: "
-        f"lost {summary['lost']} ({summary['lost_per_1000']:.1f} per 1,000: {summary['lost_by_kind']}), "
-        f"moved {summary['moved']} ({summary['moved_per_1000']:.1f} per 1,000), "
-        f"latency p50 {summary['latency_p50_s'] * 1e3:.0f} ms p99 {summary['latency_p99_s'] * 1e3:.0f} ms, "
-        f"hit rate {summary['hit_rate'] or 0:.3f}; upstream failures "
-        f"{counters['prefixgate_upstream_failures_total']:.0f}, retries on another rank "
-        f"{counters['prefixgate_retries_total']:.0f}, fresh-connection resends "
-        f"{counters['prefixgate_upstream_reconnects_total']:.0f} -> {path}"
+        f"{outcome_line(summary, counters)} -> {path}"
     )
     return 0
 
