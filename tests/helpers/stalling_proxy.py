@@ -6,53 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
+
+from tests.helpers.tcp_server import ThreadedTcpServer
 
 
-class StallingProxy:
+class StallingProxy(ThreadedTcpServer):
     """Forwards 127.0.0.1:``port`` to ``target_port``; ``stall()`` holds everything from then on."""
 
     def __init__(self, target_port: int) -> None:
+        super().__init__("stalling-proxy")
         self.target_port = target_port
-        self.port = 0
         self.stalled = False
         #: Bytes clients sent while stalled (what they tried on a server that does not answer).
         self.stalled_bytes = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="stalling-proxy", daemon=True)
-        self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> StallingProxy:
-        self._thread.start()
-        assert self._ready.wait(10), "the stalling proxy did not start"
-        return self
-
     def stall(self) -> None:
         self.stalled = True
-
-    def stop(self) -> None:
-        async def close() -> None:
-            assert self._server is not None
-            self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)

@@ -11,11 +11,13 @@ least 10,000 inputs in a couple of minutes).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
 import socket
 import string
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,12 +34,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.server import ServerThread
+from tests.helpers import fuzz_values
 from tests.helpers.gateway import start_gateway
 
 OUT = Path(__file__).resolve().parents[2] / "bench" / "out" / "fuzz_apis.json"
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))
 EXAMPLES = {"chat": 2200, "completions": 1200, "messages": 2000, "responses": 2000, "raw": 3000}
 MODEL = "fuzz-model"
+#: Seconds one fuzz test may take before the run is aborted with stack dumps (scaled with FUZZ_SCALE).
+FUZZ_TEST_DEADLINE_S = 240.0 * max(SCALE, 1.0)
 TRIED: Counter[str] = Counter()
 STATUSES: Counter[str] = Counter()
 
@@ -147,6 +152,15 @@ def target() -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(autouse=True)
+def deadline() -> Iterator[None]:
+    """The suite's hang guard (conftest.py), sized for a test that sends a few thousand requests: the
+    suite's 60 s is what one of them takes on a loaded 2-core machine."""
+    faulthandler.dump_traceback_later(FUZZ_TEST_DEADLINE_S, exit=True, file=sys.stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(autouse=True)
 def no_unhandled_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     caplog.set_level(logging.ERROR)
     yield
@@ -172,18 +186,7 @@ def check(response: httpx.Response, kind: str) -> None:
 
 # -- strategies ------------------------------------------------------------------------------------
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=16)
-)
-anything = st.recursive(
-    scalars,
-    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
-    max_leaves=6,
-)
+anything = fuzz_values.json_values(text_size=16, items=3, leaves=6)
 
 
 def either(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:

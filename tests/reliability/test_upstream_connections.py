@@ -12,57 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 
 import httpx
 import orjson
 
 from bench.sim import SimConfig, SimRankServer
+from tests.helpers.tcp_server import ThreadedTcpServer
 from tests.helpers.wait import wait_until
 from tests.reliability.conftest import SIM_MODEL, chat, sse_events
 
 
-class ClosingRank:
+class ClosingRank(ThreadedTcpServer):
     """A minimal OpenAI-compatible rank over raw HTTP/1.1 that drops reused connections carrying a
     completion (as a FIN racing the request would), and answers everything else."""
 
     def __init__(self, name: str) -> None:
+        super().__init__(name)
         self.name = name
         self.dropped = 0
         self.answered = 0
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._server: asyncio.Server | None = None
-        self.port = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> ClosingRank:
-        self._thread.start()
-        assert self._started.wait(10)
-        return self
-
-    def stop(self) -> None:
-        async def close() -> None:
-            assert self._server is not None
-            self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._started.set()
-        self._loop.run_forever()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         served = 0
