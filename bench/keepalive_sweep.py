@@ -73,7 +73,7 @@ async def session(
         else:
             outcome["seconds"] = time.perf_counter() - started
             if response.status_code != 200:
-                outcome["lost"] = f"HTTP {response.status_code}"
+                outcome["lost"] = f"HTTP {response.status_code} {error_code(response)}".rstrip()
             else:
                 answer = response.json()
                 usage = answer.get("usage") or {}
@@ -88,6 +88,15 @@ async def session(
             return
         await asyncio.sleep(gap)
         idle_before = gap
+
+
+def error_code(response: httpx.Response) -> str:
+    """The error body's code (or type): which of prefixgate's refusals, or the rank's, it was."""
+    try:
+        error = response.json().get("error") or {}
+    except (ValueError, AttributeError):
+        return ""
+    return str(error.get("code") or error.get("type") or "") if isinstance(error, dict) else ""
 
 
 async def drive(
@@ -199,13 +208,20 @@ def through_fleet(
     """Two simulated ranks and prefixgate in their own processes; ``run(url)``'s results, prefixgate's
     upstream counters after it, and its seconds."""
     base = free_port_run(2)
-    sim_args = [sys.executable, "-m", "proxy.cli", "sim", "--ranks", "2", "--base-port", str(base)]
-    sim_args += ["--time-scale", "0.001", "--keep-alive", str(args.rank_keep_alive)]
-    sim_args += ["--kv-tokens", str(args.rank_kv_tokens)]
+    # a process per rank, as vLLM's ranks are, each with uvicorn's keep-alive
+    sim_args = [sys.executable, "-m", "proxy.cli", "sim", "--ranks", "1", "--time-scale", "0.001"]
+    sim_args += ["--keep-alive", str(args.rank_keep_alive), "--kv-tokens", str(args.rank_kv_tokens)]
+    ranks = [
+        Subprocess([*sim_args, "--base-port", str(base + i)], f"http://127.0.0.1:{base + i}/health")
+        for i in range(2)
+    ]
     specs = [f"sim-{i}=http://127.0.0.1:{base + i}" for i in range(2)]
-    ranks = Subprocess(sim_args, f"http://127.0.0.1:{base}/health")
-    proxy, url = proxy_process(specs, extra=proxy_flags(args))
-    with ranks, proxy:
+    # a simulated rank answers /health from the loop that also hashes every prompt; vLLM's API server
+    # answers it apart from the engine. On a loaded machine the sim's answer can take seconds, and a
+    # rank marked down for it would count here as a lost request that has nothing to do with keep-alive.
+    health = ["--health-timeout", "10"]
+    proxy, url = proxy_process(specs, extra=health + proxy_flags(args))
+    with ranks[0], ranks[1], proxy:
         started = time.perf_counter()
         results = run(url)
         elapsed = time.perf_counter() - started

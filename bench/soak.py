@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     summary["lost_by_gap_band"] = by_band
     summary.pop("by_gap")  # per distinct gap: every gap is distinct here
-    summary["http_429"] = sum(1 for r in results if r.get("lost") == "HTTP 429")
+    summary["http_429"] = sum(1 for r in results if r.get("lost", "").startswith("HTTP 429"))
     report = {
         "benchmark": "soak",
         "label": args.label,
