@@ -1,136 +1,171 @@
-"""``prefixgate demo``: simulated vLLM ranks, prefixgate in front, a short agent workload.
+"""``prefixgate demo``: what prefixgate does, three effects side by side, on simulated vLLM ranks.
 
-Starts 4 simulated ranks and prefixgate in this process, replays the same built-in agent
-workload once through round robin and once through prefixgate's default policy (fresh ranks each
-time), and prints the hit rate, prefill and time to first token the ranks reported, next to the
-workload's infinite-cache bound. Needs nothing from outside the repository; takes well under a
-minute.
+Each effect replays the same built-in agent workload twice, each time on fresh simulated ranks
+with prefixgate in this process: without and with one of prefixgate's parts.
+
+1. routing: sessions of one agent through a plain round robin, then prefixgate's routing policy;
+2. drifting agents: Claude Code and Codex sessions whose system prompt and tools drift between
+   requests (a per-request billing hash, MCP tools reordered), canonicalization off, then on;
+3. more sessions than the KV pools hold: admission off, then on (new sessions wait for room).
+
+It prints, per replay, what the ranks reported: hit rate next to the workload's infinite-cache bound,
+prefill (prompt tokens the ranks computed), time to first token, the replay's wall time, 429s and
+errors; and says when a TTFT difference is within noise. Needs nothing from outside the
+repository; under a minute on two cores. Writes ``bench/out/demo.json`` (``effects``: every replay;
+``results``: effect 1 by policy) and, with matplotlib, plots per effect.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import logging
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from bench.common import OUT_DIR, write_json
-from bench.replay import infinite_cache_bound, replay
-from bench.sim import SimConfig, start_fleet, stop_fleet
+from bench.demo_effects import Effect, effects, run_arm, within_noise
+from bench.sim import SimConfig
 from bench.sim.config import DEFAULT_KV_TOKENS
-from bench.workload import agent_sessions
-from proxy.app import create_app
-from proxy.config import Settings, load_settings
-from proxy.server import ServerThread
+
+NAME = 22
+HEADER = (
+    f"{'':<{NAME}}{'hit rate':>8}{'bound':>7}{'prefill':>9}{'TTFT p50':>9}{'p99':>9}"
+    f"{'wall':>6}{'429':>4}{'err':>4}"
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--ranks", type=int, default=4, help="simulated ranks (default 4)")
-    parser.add_argument("--sessions", type=int, default=12, help="concurrent agent sessions (default 12)")
+    parser.add_argument("--ranks", type=int, default=4, help="simulated ranks of effects 1 and 2 (default 4)")
+    parser.add_argument(
+        "--sessions", type=int, default=12, help="agent sessions of effects 1 and 2 (default 12)"
+    )
     parser.add_argument("--turns", type=int, default=6, help="turns per session (default 6)")
     parser.add_argument(
         "--kv-tokens",
         type=int,
         default=DEFAULT_KV_TOKENS,
-        help="KV pool of each rank in tokens (default %(default)s)",
+        help="KV pool of each rank in effects 1 and 2, in tokens (default %(default)s)",
+    )
+    parser.add_argument(
+        "--small-kv-tokens",
+        type=int,
+        default=40_000,
+        help="KV pool of each of the 2 ranks of effect 3, in tokens (default %(default)s)",
     )
     parser.add_argument(
         "--time-scale", type=float, default=0.05, help="simulated-time factor of the ranks (default 0.05)"
     )
     parser.add_argument(
-        "--policies",
-        default=None,
-        help="comma-separated policies to compare (default: round_robin and prefixgate's default)",
+        "--effects", default="1,2,3", help="which effects to run, comma-separated (default 1,2,3)"
     )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
 
 
-def run_one(policy: str, args: argparse.Namespace, sim: SimConfig) -> dict[str, Any]:
-    fleet = start_fleet(args.ranks, sim)
-    flags: dict[str, Any] = {"policy": policy, "log_level": "warning"}
-    if policy == "round_robin":
-        # the baseline is what a fleet has without prefixgate: a plain load balancer, every stage off
-        flags.update(no_admission=True, no_canonicalize=True)
+def row(label: str, r: dict[str, Any]) -> str:
+    """One replay's line (78 columns)."""
+    return (
+        f"  {label:<{NAME - 2}}{r['hit_rate']:>8.1%}{r['bound']:>7.1%}{r['prefill_tokens'] / 1000:>8.1f}k"
+        f"{r['ttft_p50_ms']:>7.0f}ms{r['ttft_p99_ms']:>7.0f}ms{r['wall_s']:>5.1f}s{r['refused']:>4}"
+        f"{r['errors'] - r['refused']:>4}"
+    )
+
+
+def noise_line(without: dict[str, Any], with_: dict[str, Any]) -> str | None:
+    """A warning when a TTFT difference is no larger than what resampling the requests moves it."""
+    noisy = []
+    for name, q in (("p50", 50), ("p99", 99)):
+        inside, low, high = within_noise(without["ttft_s"], with_["ttft_s"], q)
+        if inside:
+            noisy.append(f"{name} {1000 * low:+.0f}..{1000 * high:+.0f} ms")
+    if not noisy:
+        return None
+    return f"  ~ TTFT difference within noise (95%): {', '.join(noisy)}"
+
+
+def run_effect(number: int, effect: Effect, sim: SimConfig) -> dict[str, Any]:
+    print(f"{number}. {effect.title}", flush=True)
+    arms: dict[str, dict[str, Any]] = {}
+    for arm in effect.arms:
+        arms[arm.label] = r = run_arm(effect, arm, sim)
+        print(row(arm.label, r), flush=True)
+    without, with_ = arms.values()
+    warning = noise_line(without, with_)
+    for line in (*(f"  {note}" for note in effect.notes), warning):
+        if line:
+            print(line)
+    return {"title": effect.title, "arms": arms}
+
+
+def _figures(replay: dict[str, Any]) -> dict[str, Any]:
+    """A replay's summary as demo.json keeps it (not its per-request lists)."""
+    return {k: v for k, v in replay.items() if k not in ("turns", "ttft_s")}
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it (shorter on screen)."""
     try:
-        settings: Settings = load_settings(
-            flags=flags,
-            backend_specs=[f"{r.name}={r.url}" for r in fleet],
-            environ={},
-        )
-        with ServerThread(create_app(settings)) as proxy:
-            sessions = agent_sessions(args.sessions, args.turns, seed=args.seed)
-            result = asyncio.run(replay(proxy.url, sessions, sim.model))
-    finally:
-        stop_fleet(fleet)
-    summary = result.summary()
-    summary["bound"] = infinite_cache_bound(result.requests, sim.block_size)
-    summary["first_errors"] = result.errors[:3]
-    summary["turns"] = [
-        {
-            "sent_s": t.sent_s,
-            "prompt_tokens": t.prompt_tokens,
-            "cached_tokens": t.cached_tokens,
-            "ttft_s": t.ttft_s,
-        }
-        for t in result.turns
-    ]
-    return summary
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
-def _plots(results: dict[str, dict[str, Any]], turns: dict[str, list[dict[str, Any]]]) -> None:
-    """Hit rate over the replay, prefill and TTFT CDF as PNGs, when matplotlib is installed."""
+def _plots(results: list[dict[str, Any]]) -> None:
+    """Hit rate over the replay, prefill and TTFT CDF per effect as PNGs, when matplotlib is there."""
     try:
         from bench.plots import write_plots
 
-        data = {policy: {**r, "turns": turns[policy]} for policy, r in results.items()}
-        bound = next(iter(results.values()))["bound"]
-        paths = write_plots("demo", data, bound, OUT_DIR / "demo")
-    except RuntimeError as exc:  # matplotlib missing: the table above is the result
-        print(f"no plots: {exc}")
+        paths = []
+        for number, effect in enumerate(results, 1):
+            arms = effect["arms"]
+            bound = next(iter(arms.values()))["bound"]
+            paths += write_plots(f"demo-{number}", arms, bound, OUT_DIR / "demo")
+    except RuntimeError:  # matplotlib missing: the table above is the result
+        print("no plots: matplotlib is not installed (in a checkout: pip install -e '.[bench]')")
         return
-    print("plots: " + ", ".join(str(p) for p in paths))
+    print(f"plots: {shown(OUT_DIR / 'demo')}/demo-N_*.png ({len(paths)} files)")
 
 
 def run(args: argparse.Namespace) -> int:
-    sim = replace(SimConfig(), kv_tokens=args.kv_tokens, time_scale=args.time_scale)
-    default_policy = Settings().policy
-    policies = args.policies.split(",") if args.policies else ["round_robin", default_policy]
-    policies = list(dict.fromkeys(policies))
+    started = time.perf_counter()
+    # prefixgate runs in this process: its operator log (a pool overrun in effect 3, by design)
+    # would interleave with the table
+    logging.getLogger("prefixgate").setLevel(logging.ERROR)
+    sim = replace(SimConfig(), time_scale=args.time_scale)
+    chosen = {int(n) for n in args.effects.split(",") if n.strip()}
+    print("prefixgate demo: each effect replays one workload twice on fresh simulated vLLM")
+    print("ranks: without, then with one part of prefixgate (as the ranks reported it).\n")
+    print(HEADER)
+    results = []
+    for number, effect in enumerate(effects(args), 1):
+        if number in chosen:
+            results.append(run_effect(number, effect, sim))
     print(
-        f"prefixgate demo: {args.ranks} simulated vLLM ranks ({args.kv_tokens:,} KV tokens each), "
-        f"{args.sessions} agent sessions x {args.turns} turns, shared system prompt and tools"
+        "\nhit rate: prompt tokens the ranks found in their prefix cache, of those sent"
+        "\nbound: the same requests on one rank with an unlimited KV pool (the best case)"
+        "\nprefill: prompt tokens the ranks had to compute, in thousands (less GPU work)"
+        "\nTTFT: time to first token as the client saw it; wall: the whole replay"
     )
-    results: dict[str, dict[str, Any]] = {}
-    for policy in policies:
-        started = time.perf_counter()
-        how = (
-            "a plain round robin (prefixgate with every stage off)"
-            if policy == "round_robin"
-            else (f"prefixgate --policy {policy}")
-        )
-        print(f"  replaying through {how} ...", flush=True)
-        results[policy] = run_one(policy, args, sim)
-        print(f"    done in {time.perf_counter() - started:.1f}s", flush=True)
-    print()
-    header = f"{'policy':<18}{'requests':>9}{'errors':>7}{'hit rate':>10}{'bound':>8}{'prefill tok':>13}"
-    print(header + f"{'TTFT p50':>10}{'TTFT p99':>10}")
-    for policy, r in results.items():
-        print(
-            f"{policy:<18}{r['requests']:>9}{r['errors']:>7}{r['hit_rate']:>10.1%}{r['bound']:>8.1%}"
-            f"{r['prefill_tokens']:>13,}{r['ttft_p50_ms']:>8.1f}ms{r['ttft_p99_ms']:>8.1f}ms"
-        )
-    print("\nhit rate = cached tokens / prompt tokens as the ranks reported them (usage.cached_tokens);")
-    print("bound = the same workload on one rank with an unlimited KV pool.")
-    options = {k: v for k, v in vars(args).items() if k != "handler" and not k.startswith("_")}
-    turns = {policy: r.pop("turns") for policy, r in results.items()}
-    path = write_json("demo.json", {"args": options, "results": results})
-    print(f"wrote {path}")
-    _plots(results, turns)
-    failed = [p for p, r in results.items() if r["errors"]]
-    for policy in failed:
-        print(f"errors with {policy}: {results[policy]['first_errors']}", file=sys.stderr)
+    options = {k: v for k, v in vars(args).items() if k not in ("handler", "command_parser")}
+    report = [
+        {"title": e["title"], "arms": {label: _figures(r) for label, r in e["arms"].items()}} for e in results
+    ]
+    # "results": the routing effect by policy, as the demo's JSON has always had it
+    routing = report[0]["arms"] if report and 1 in chosen else {}
+    path = write_json("demo.json", {"args": options, "results": routing, "effects": report})
+    print(f"wrote {shown(path)}")
+    _plots(results)
+    print(f"done in {time.perf_counter() - started:.0f} s")
+    failed = [
+        (e["title"], label, r)
+        for e in results
+        for label, r in e["arms"].items()
+        if r["errors"] > r["refused"]
+    ]
+    for title, label, r in failed:
+        print(f"errors in {title} / {label}: {r['first_errors']}", file=sys.stderr)
     return 1 if failed else 0

@@ -66,6 +66,8 @@ class ReplayResult:
     working_set: list[int] = field(default_factory=list)
     #: 429/503 answers that a retry later got past.
     rejections: int = 0
+    #: Requests answered 429 or 503 and not retried (each also in ``errors``; its session stopped).
+    refused: int = 0
 
     def summary(self) -> dict[str, Any]:
         """Totals and percentiles over the answered requests, as the ranks reported them."""
@@ -77,6 +79,7 @@ class ReplayResult:
             "requests": len(self.turns),
             "errors": len(self.errors),
             "rejections": self.rejections,
+            "refused": self.refused,
             "prompt_tokens": prompt,
             "cached_tokens": cached,
             "hit_rate": cached / prompt if prompt else 0.0,
@@ -187,8 +190,15 @@ async def _turn(
     sent.append(body)
     out = await post_chat_stream(http, url, body, session.key)
     session.answer(out.content)
+    return turn_result(session.key, turn, out, sent_s)
+
+
+def turn_result(
+    session: str, turn: int, out: StreamOutcome, sent_s: float, bound_hit_tokens: int = 0
+) -> TurnResult:
+    """The record of one answered turn, from what its stream gave."""
     return TurnResult(
-        session.key,
+        session,
         turn,
         out.prompt_tokens,
         out.cached_tokens,
@@ -196,6 +206,7 @@ async def _turn(
         out.latency_s,
         out.rank,
         sent_s,
+        bound_hit_tokens,
     )
 
 
@@ -213,6 +224,7 @@ async def replay(url: str, sessions: Sequence[Session], model: str, time_scale: 
                     sent_s = time.perf_counter() - start
                     result.turns.append(await _turn(http, url, session, turn, model, result.requests, sent_s))
                 except Exception as exc:  # recorded, and the session stops: its history is now unknown
+                    result.refused += isinstance(exc, Rejected)
                     result.errors.append(f"{session.key} turn {turn}: {exc}")
                     return
 
@@ -311,17 +323,7 @@ async def replay_trace(
                     result.errors.append(f"{session.key} request {index}: {exc}")
                     ok = False
                     continue
-                turn = TurnResult(
-                    session.key,
-                    index,
-                    out.prompt_tokens,
-                    out.cached_tokens,
-                    out.ttft_s,
-                    out.latency_s,
-                    out.rank,
-                    sent,
-                    bound_hits,
-                )
+                turn = turn_result(session.key, index, out, sent, bound_hits)
                 result.turns.append(turn)
                 if on_turn is not None:
                     on_turn(turn)

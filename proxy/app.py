@@ -21,6 +21,7 @@ from proxy.gateway import Gateway
 from proxy.ops.admin import admin_router
 from proxy.ops.auth import install as install_auth
 from proxy.ops.bodylog import BodyLogMiddleware
+from proxy.ops.dashboard.api import login_page
 from proxy.ops.limits import HeaderLimitMiddleware
 from proxy.ops.metrics import export_gauges
 from proxy.ops.models import Models, json_response
@@ -62,7 +63,7 @@ def create_app(settings: Settings) -> FastAPI:
     # middleware added last runs first: header bound, then auth, then (optional) body logging
     if settings.log_bodies:
         app.add_middleware(BodyLogMiddleware)
-    app.state.keys = install_auth(app, settings, gateway.metrics)
+    app.state.keys = install_auth(app, settings, gateway.metrics, login_page)
     app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)
 
     for api in APIS:
@@ -87,12 +88,26 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/health")
     async def health(request: Request) -> Response:
+        """Liveness: 200 while the process serves, whatever the ranks' state (the body tells it)."""
         ranks = [r.status() for r in gateway.fleet]
         if not (request.scope.get("state") or {}).get("is_admin"):
             # open to anyone: where the ranks are (their URLs, in their errors too) stays private
             ranks = [{k: v for k, v in r.items() if k not in ("url", "last_error")} for r in ranks]
         healthy = sum(1 for r in gateway.fleet if r.healthy)
-        return json_response({"status": "ok", "healthy_backends": healthy, "backends": ranks})
+        status = "ok" if healthy else "no_healthy_backend"
+        return json_response({"status": status, "healthy_backends": healthy, "backends": ranks})
+
+    @app.get("/ready")
+    async def ready(request: Request) -> Response:
+        """Readiness: 503 until at least one rank is healthy (a load balancer sends nothing here
+        that could only be answered 503)."""
+        healthy = [r.name for r in gateway.fleet if r.healthy]
+        if healthy and gateway.pipeline is not None:
+            return json_response({"status": "ready", "healthy_backends": healthy})
+        admin = (request.scope.get("state") or {}).get("is_admin")
+        # the ranks' errors name their addresses: the admin's to see, as in /health
+        down = {r.name: r.last_error if admin else "down" for r in gateway.fleet}
+        return json_response({"status": "not_ready", "healthy_backends": [], "down": down}, status=503)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

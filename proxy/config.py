@@ -15,13 +15,25 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from proxy import config_checks as check
+from proxy.config_checks import describe, setting_of, yaml_problem
 from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
 
 ENV_PREFIX = "PREFIXGATE_"
 KiB = 1024
 MiB = 1024 * 1024
+
+__all__ = ["OPTIONS", "ConfigError", "Option", "Settings", "load_settings", "yaml_problem"]
 
 
 class ConfigError(ValueError):
@@ -75,6 +87,7 @@ class Settings(BaseModel):
     models_cache_ttl: float = Field(default=5.0, ge=0)
     log_level: str = "info"
     event_loop: Literal["asyncio", "uvloop"] = "asyncio"
+    workers: int = Field(default=1, ge=1)
     # security and bounds (proxy/auth.py, proxy/limits.py)
     api_keys: list[SecretStr] = Field(default_factory=list)
     api_keys_file: str | None = None
@@ -112,8 +125,26 @@ class Settings(BaseModel):
     @classmethod
     def _known_policy(cls, policy: str) -> str:
         if policy not in policy_names():
-            raise ValueError(f"unknown routing policy {policy!r}; available: {', '.join(policy_names())}")
+            raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(policy_names())}")
         return policy
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, level: str) -> str:
+        return check.log_level(level)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str | None) -> str | None:
+        return check.redis_url(url)
+
+    @model_validator(mode="after")
+    def _across(self) -> Settings:
+        """What needs other settings or other packages' models: ``kv_events`` against the ranks,
+        the ``tokenization:`` and ``canonical:`` sections (at load, not when a request needs them)."""
+        check.kv_events(self.kv_events, [b.name for b in self.backends])
+        check.sections(self.tokenization, self.canonical)
+        return self
 
     @field_validator("backends")
     @classmethod
@@ -189,6 +220,12 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "asyncio, or uvloop (less CPU per request, but accepts one connection per loop iteration: "
         "a burst of new connections waits)",
+    ),
+    Option(
+        "workers",
+        int,
+        "processes serving the port, sharing state through Redis (--redis-url, else an embedded "
+        "redis-server started and stopped with prefixgate)",
     ),
     Option("no_canonicalize", bool, "forward system prompts and tools as sent (no canonicalization rules)"),
     Option("debug_headers", bool, "add x-prefixgate-canonical-rewrites (rules applied) to responses"),
@@ -274,7 +311,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"config file is not valid YAML: {yaml_problem(path, exc)}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
     listen = data.pop("listen", None)
@@ -307,22 +344,32 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
     api_keys: Sequence[str] | None = None,
 ) -> Settings:
-    """Merge file, environment and flags (in rising precedence) into validated ``Settings``."""
+    """Merge file, environment and flags (in rising precedence) into validated ``Settings``.
+
+    A bad value raises ``ConfigError`` naming the setting, the value, what it may be and where it
+    was set (the file, the environment variable or the flag)."""
     merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
     if config_file is not None:
         merged.update(read_config_file(config_file))
-    merged.update(read_environment(os.environ if environ is None else environ))
+        origin.update(dict.fromkeys(merged, f"in {config_file}"))
+    from_env = read_environment(os.environ if environ is None else environ)
+    merged.update(from_env)
+    origin.update({k: f"from {ENV_PREFIX}{'BACKENDS' if k == 'backends' else k.upper()}" for k in from_env})
     for key, value in (flags or {}).items():
         if value is not None:
             merged[key] = value
+            origin[key] = f"from --{key.replace('_', '-')}"
     if backend_specs:
         merged["backends"] = [parse_backend_spec(s, i) for i, s in enumerate(backend_specs)]
+        origin["backends"] = "from --backend"
     if api_keys:
         merged["api_keys"] = list(api_keys)
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigError(f"invalid configuration: {problems}") from exc
+        problems = []
+        for err in exc.errors():
+            where = origin.get(setting_of(err))
+            problems.append(describe(err) + (f" ({where})" if where else ""))
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from exc

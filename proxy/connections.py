@@ -84,9 +84,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     operations per chunk.
     """
 
-    guard: ConnectionGuard  # set on the subclass ``protocol_class`` makes
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, guard: ConnectionGuard, *args: Any, **kwargs: Any) -> None:
+        self.guard = guard
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
@@ -211,9 +210,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_class(
-    header_timeout: float, body_timeout: float, max_connections: int
-) -> type[HttpToolsProtocol]:
-    """``GuardedHttpProtocol`` with these limits, for one server (``uvicorn.Config(http=...)``)."""
-    guard = ConnectionGuard(header_timeout, body_timeout, max_connections)
-    return type("GuardedHttpProtocol", (GuardedHttpProtocol,), {"guard": guard})
+class GuardedProtocols:
+    """Makes the ``GuardedHttpProtocol`` of each connection of one server, all sharing its guard
+    (``uvicorn.Config(http=...)``). An instance, not a class made per server: ``serve --workers``
+    pickles the config for the processes it spawns, and a class made at run time does not pickle."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self.guard = guard
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GuardedHttpProtocol:
+        return GuardedHttpProtocol(self.guard, *args, **kwargs)
+
+
+def protocol_factory(header_timeout: float, body_timeout: float, max_connections: int) -> GuardedProtocols:
+    """The protocol factory of one server with these limits."""
+    return GuardedProtocols(ConnectionGuard(header_timeout, body_timeout, max_connections))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from proxy.ops.auth import ClientKey
     from proxy.stages.route import RoutePlan
     from proxy.stages.usage import Usage
-    from proxy.state.local import SessionLocal
+    from proxy.state.local import CachedAnswer, SessionLocal, ThreadLocal
     from routing.ranks import Rank
     from tokenization.prompt import PromptBlocks
 
@@ -47,6 +47,8 @@ class RequestContext:
     session_source: str | None = None
     #: What this process keeps for the session between its turns (``proxy/state/local.py``).
     local: SessionLocal | None = None
+    # -- threads: the conversation of the session this request continues (``proxy.stages.threads``)
+    thread: ThreadLocal | None = None
     # -- canonicalize: when a rule rewrites ``body`` it sets ``body_changed`` and forwarding
     # re-serializes it; otherwise the client's bytes are forwarded untouched.
     body_changed: bool = False
@@ -57,6 +59,9 @@ class RequestContext:
     prompt_tokens: int | None = None
     block_hashes: Sequence[bytes] = ()
     prompt_blocks: PromptBlocks | None = None
+    #: The thread's previous answer carried back in this prompt, and the blocks its rank then holds
+    #: (``proxy.stages.blocks``); the router counts them when ``credited``.
+    cached_answer: CachedAnswer | None = None
     # -- admit: the session's record, and where it may go (``proxy/admission``)
     admitted: Admitted | None = None
     # -- route: the ranked candidates and what the chosen one should hit
@@ -69,6 +74,14 @@ class RequestContext:
     # -- forward: the rank that answered, and how many ranks were tried
     rank: Rank | None = None
     attempts: int = 0
+
+    @property
+    def conversation(self) -> ThreadLocal | None:
+        """The thread whose prefix chain this request extends: ``thread``, else (no thread stage ran)
+        the session's main thread; None without a session."""
+        if self.thread is not None:
+            return self.thread
+        return self.local.main if self.local is not None else None
 
     @property
     def client_label(self) -> str | None:

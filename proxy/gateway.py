@@ -31,6 +31,7 @@ from proxy.stages.observe import Observers, UsageMetrics
 from proxy.stages.parse import Parse
 from proxy.stages.pin import Pins
 from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
+from proxy.stages.threads import Threads
 from proxy.state import StateBackend, open_state
 from proxy.state.kv_feeds import start_kv_event_feeds
 from proxy.state.local import SessionLocals
@@ -41,6 +42,7 @@ from routing.policies import make_policy, needs_of
 from routing.ranks import Fleet, Rank
 from tokenization.backend_info import block_size_of, parse_cache_config_info
 from tokenization.config import TokenizerConfig
+from tokenization.discover import discover
 from tokenization.factory import build_incremental
 from tokenization.prompt import IncrementalTokenizer
 
@@ -86,13 +88,16 @@ class Gateway:
         self._fresh_client = upstream_session(settings.connect_timeout, settings.read_timeout, auth, None)
         await check_all(client, self.fleet, settings.health_timeout)
         await asyncio.gather(*(self._learn_cache_config(r) for r in self.fleet if r.healthy))
-        incremental = self._incremental_tokenizer()
+        incremental = await self._incremental_tokenizer()
         block_size = (incremental.block_size if incremental is not None else self._block_size()) or (
             DEFAULT_BLOCK_SIZE
         )
         algo = incremental.hasher.algo if incremental is not None else "none"
         index = self.state.prefix_index(await self._model_name(), block_size, algo, self._index_state)
-        self.metrics.index_redis_up.set(1 if self.state.name == "redis" else 0)
+        if self.state.name == "redis":
+            self.metrics.index_redis_up.set(1)
+        else:  # a 0 would read as an outage: without Redis the gauge is not exported at all
+            self.metrics.registry.unregister(self.metrics.index_redis_up)
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )
@@ -113,9 +118,11 @@ class Gateway:
         self.admission = admission = admission_from_settings(
             settings, self.sessions, self.fleet, self.metrics, block_size
         )
+        threads = Threads(self.locals)
         self.pipeline = Pipeline(
             Parse(settings.max_body_bytes, Bounds.from_settings(settings)),
             Identify(self.locals),
+            threads,
             Canonicalize.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
             Blocks(incremental, self.locals),
             admission,
@@ -130,6 +137,7 @@ class Gateway:
             Observers(
                 [
                     UsageMetrics(self.metrics),
+                    threads,
                     admission,
                     self.dashboard.recorder,
                     self.explainer,
@@ -176,6 +184,14 @@ class Gateway:
             self.pins.forget(list(local.response_ids))
         self.router.index.forget_session(key)
         return session
+
+    def threads_of(self, key: str) -> list[dict[str, object]]:
+        """The threads this process holds for session ``key`` (main first, then by first request)."""
+        local = self.locals.get(key)
+        if local is None:
+            return []
+        threads = sorted(local.threads.values(), key=lambda t: (t.kind != "main", t.first_seen))
+        return [t.to_dict() for t in threads]
 
     # -- assembly ---------------------------------------------------------------------------------
 
@@ -224,13 +240,24 @@ class Gateway:
                 return str(cards[0]["id"])
         return "default"
 
-    def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
-        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks."""
+    async def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
+        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks: as
+        configured, or (``kind: auto``) the served model's, found at start (one log line says which)."""
         if not needs_of(self.settings.policy).blocks:
             return None
         config = TokenizerConfig.model_validate(self.settings.tokenization)
-        client = base_url = None
-        if config.kind == "backend":
-            self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
-            base_url = next(iter(self.fleet)).url
-        return build_incremental(config, block_size=self._block_size(), client=client, base_url=base_url)
+        healthy = self.fleet.healthy()
+        rank = healthy[0] if healthy else next(iter(self.fleet), None)
+        self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
+        model = None
+        if config.kind == "auto":
+            url = healthy[0].url if healthy else None
+            found = await discover(config, client, url, timeout=self.settings.health_timeout)
+            config, model = found.config, found.model
+            (log.warning if found.warn else log.info)("tokenizer: %s", found.reason)
+        else:
+            log.info("tokenizer: %s, as configured (tokenization.kind)", config.kind)
+        base_url = rank.url if rank is not None else None
+        return build_incremental(
+            config, block_size=self._block_size(), client=client, base_url=base_url, model=model
+        )

@@ -1,6 +1,6 @@
 """The request pipeline, for every API (``proxy/apis/``), stage by stage:
 
-parse -> identify session -> canonicalize -> render and hash blocks -> admit -> route ->
+parse -> identify session -> its thread -> canonicalize -> render and hash blocks -> admit -> route ->
 forward and stream -> observe.
 
 ``handle`` below is that sequence; each stage is one object from ``proxy/stages/`` (admission from
@@ -35,6 +35,7 @@ from proxy.stages.parse import Parse, read_body
 from proxy.stages.pin import Pins
 from proxy.stages.relay import RelayResponse, StreamOutcome
 from proxy.stages.route import Router
+from proxy.stages.threads import Threads
 from proxy.stages.usage import json_or_none, last_event_with
 from proxy.tenants import client_view
 
@@ -48,6 +49,7 @@ class Pipeline:
         self,
         parse: Parse,
         identify: Identify,
+        threads: Threads,
         canonicalize: Canonicalize,
         blocks: Blocks,
         admission: Admission,
@@ -61,6 +63,7 @@ class Pipeline:
     ) -> None:
         self.parse = parse
         self.identify = identify
+        self.threads = threads
         self.canonicalize = canonicalize
         self.blocks = blocks
         self.admission = admission
@@ -78,6 +81,7 @@ class Pipeline:
         try:
             ctx = await self.parse(request, api)
             self.identify(ctx)
+            self.threads(ctx)
             self.canonicalize(ctx)
             await self.blocks(ctx)
             ctx.admitted = await self.admission.admit(
@@ -115,6 +119,7 @@ class Pipeline:
         try:
             ctx = await self.parse(request, api)
             self.identify(ctx)
+            self.threads(ctx)
             self.canonicalize(ctx)
             opened = await until_disconnected(
                 request.receive,
@@ -205,7 +210,7 @@ class Pipeline:
                     outcome = Outcome(ctx, rank.name, 200, usage, stored, stream.error)
                 self.observers.finished(outcome)
 
-            relay = RelayResponse(opened, done, api.sse_error, translation)
+            relay = RelayResponse(opened, done, api.sse_error, translation, api.stream_end)
             relay.headers.update(session_headers)
             return relay
 
@@ -234,8 +239,11 @@ class Pipeline:
         """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""
         key = ctx.session_key
         headers = {"x-prefixgate-session": client_view(key, ctx.client_label)} if key else {}
-        if ctx.estimated_cached_tokens is not None:
-            headers["x-prefixgate-estimated-cached-tokens"] = str(ctx.estimated_cached_tokens)
+        estimated = ctx.estimated_cached_tokens
+        if estimated is None and ctx.prompt_tokens is not None:
+            estimated = 0  # the prompt was rendered, but is under one block: nothing of it can hit
+        if estimated is not None:
+            headers["x-prefixgate-estimated-cached-tokens"] = str(estimated)
         if self.debug_headers:
             headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
         return headers
@@ -256,27 +264,33 @@ class Pipeline:
         self.metrics.ttfb.labels(endpoint).observe(elapsed)
         self.metrics.duration.labels(endpoint).observe(elapsed)
         self.metrics.requests.labels(endpoint, rank, str(status)).inc()
+        self.metrics.traffic.add(status, elapsed if status == 200 else None)
 
     def _count_relayed(self, endpoint: str, rank: str, status: int, started: float) -> None:
         self.metrics.requests.labels(endpoint, rank, str(status)).inc()
         self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        self.metrics.traffic.add(status)
 
     def _count_stream(self, endpoint: str, rank: str, stream: StreamOutcome, started: float) -> None:
         metrics = self.metrics
-        metrics.ttfb.labels(endpoint).observe(stream.first_byte_at - started)
+        first_byte = stream.first_byte_at - started
+        metrics.ttfb.labels(endpoint).observe(first_byte)
         metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
         if stream.disconnected:
             metrics.client_disconnects.labels(endpoint).inc()
             metrics.requests.labels(endpoint, rank, str(CLIENT_CLOSED)).inc()
+            metrics.traffic.add(CLIENT_CLOSED)
             return
         if stream.error is not None:
             metrics.stream_errors.labels(rank).inc()
         metrics.requests.labels(endpoint, rank, "200").inc()
+        metrics.traffic.add(200, first_byte, broken=stream.error is not None)
 
     def _refused(self, api: Api, endpoint: str, exc: ProxyError, started: float) -> Response:
         """A request that failed before (or instead of) reaching a rank, in the API's error shape."""
         self.metrics.requests.labels(endpoint, NO_BACKEND, str(exc.status)).inc()
         self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        self.metrics.traffic.add(exc.status)
         return api.error_response(exc, NO_BACKEND)
 
     def _client_gone(self, endpoint: str, ctx: RequestContext | None) -> Response:
@@ -284,5 +298,6 @@ class Pipeline:
         self.metrics.client_disconnects.labels(endpoint).inc()
         rank = ctx.rank.name if ctx is not None and ctx.rank is not None else NO_BACKEND
         self.metrics.requests.labels(endpoint, rank, str(CLIENT_CLOSED)).inc()
+        self.metrics.traffic.add(CLIENT_CLOSED)
         log.info("client went away before %s completed", endpoint)
         return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": rank})

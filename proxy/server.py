@@ -18,11 +18,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import uvicorn
 
-from proxy.connections import protocol_class
+from proxy.connections import protocol_factory
 
 if TYPE_CHECKING:
     from proxy.config import Settings
@@ -123,14 +123,18 @@ def uvicorn_config(
     log_level: str = "warning",
     event_loop: str = "asyncio",
     serving: ServingOptions | None = None,
+    *,
+    graceful_shutdown: float = 10.0,
 ) -> uvicorn.Config:
     """The serving config of ``prefixgate serve`` (and of ``ServerThread``); ``serving``: prefixgate's
-    connection settings (None: uvicorn's defaults, for other apps)."""
+    connection settings (None: uvicorn's defaults, for other apps). ``graceful_shutdown``: on SIGTERM
+    uvicorn stops listening and lets in-flight requests (streams too) finish this long, then cancels
+    them and runs the app's shutdown."""
     options: dict[str, Any] = {"http": "httptools"}
     if serving is not None:
         cap, backlog = serving.limits()
         options = {
-            "http": protocol_class(serving.header_timeout, serving.body_timeout, cap),
+            "http": protocol_factory(serving.header_timeout, serving.body_timeout, cap),
             "backlog": backlog,
             # uvicorn hands it to call_later: a float works where it annotates an int
             "timeout_keep_alive": serving.keepalive,
@@ -149,7 +153,8 @@ def uvicorn_config(
         # every waiting connection at once, for ~5 % less throughput.
         loop=event_loop,
         access_log=False,
-        timeout_graceful_shutdown=10,
+        # (uvicorn annotates it int; it is seconds handed to asyncio.wait_for, so a float works)
+        timeout_graceful_shutdown=cast(Any, graceful_shutdown),
         lifespan="on",
         **options,
     )

@@ -7,9 +7,12 @@ down at once); a down rank gets no traffic until a health check succeeds again.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+
+log = logging.getLogger("prefixgate.health")
 
 
 @dataclass(slots=True, eq=False)
@@ -26,18 +29,36 @@ class Rank:
     last_error: str | None = None
     last_checked: float | None = None
     models: list[str] = field(default_factory=list)
+    #: When the rank last went down (None while it is up).
+    down_since: float | None = None
 
     def mark_up(self) -> None:
+        now = time.time()
+        if not self.healthy:
+            since = self.down_since
+            log.info(
+                "rank %s at %s is healthy again%s (it was down: %s)",
+                self.name,
+                self.url,
+                f" after {now - since:.1f} s" if since is not None else "",
+                self.last_error or "unknown reason",
+            )
         self.healthy = True
         self.consecutive_failures = 0
         self.last_error = None
-        self.last_checked = time.time()
+        self.last_checked = now
+        self.down_since = None
 
     def mark_down(self, reason: str) -> None:
+        """Take the rank out of routing; logged when it was up (the reason says what failed)."""
+        now = time.time()
+        if self.healthy:
+            log.warning("rank %s at %s is down: %s", self.name, self.url, reason)
+            self.down_since = now
         self.healthy = False
         self.consecutive_failures += 1
         self.last_error = reason
-        self.last_checked = time.time()
+        self.last_checked = now
 
     def status(self) -> dict[str, object]:
         return {
@@ -49,6 +70,7 @@ class Rank:
             "block_size": self.block_size,
             "last_error": self.last_error,
             "last_checked": self.last_checked,
+            "down_since": self.down_since,
         }
 
 

@@ -212,7 +212,6 @@ class RedisLink:
             self._thread.join(5.0)
         self.client.close()
 
-
     def _check_restart(self) -> None:
         """While up: push the mirrors back when Redis is another process than last time."""
         self._next_check = time.monotonic() + self.retry_interval

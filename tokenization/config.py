@@ -34,9 +34,10 @@ class TokenizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["tiktoken", "hf", "backend"] = Field(
-        default="tiktoken",
-        description="tiktoken: embedded cl100k + ChatML (exact for the simulated ranks); hf: a local "
+    kind: Literal["auto", "tiktoken", "hf", "backend"] = Field(
+        default="auto",
+        description="auto: find the served model's (tokenization.discover; standalone: tiktoken); "
+        "tiktoken: embedded cl100k + ChatML (exact for the simulated ranks); hf: a local "
         "model dir's tokenizer.json + chat template; backend: the rank's POST /tokenize",
     )
     path: Path | None = Field(default=None, description="hf: model directory (tokenizer.json, template)")

@@ -19,8 +19,9 @@ def build_tokenizer(
     base_url: str | None = None,
     model: str | None = None,
 ) -> Tokenizer:
-    """The configured ``Tokenizer``. ``backend`` needs ``client`` and the rank's ``base_url``."""
-    if config.kind == "tiktoken":
+    """The configured ``Tokenizer``. ``backend`` needs ``client`` and the rank's ``base_url``; ``auto``
+    is the embedded tokenizer here (the gateway resolves it first: ``tokenization.discover``)."""
+    if config.kind in ("tiktoken", "auto"):
         from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
         return TiktokenTokenizer(config.shared_cache_bytes)

@@ -27,6 +27,14 @@ from bench.sim.connection import drop_connection, wait_finished
 from bench.sim.json_io import json_response, openai_error, read_json_object
 from bench.sim.prompts import Prompt
 from bench.sim.rank import SimRank
+from bench.sim.scripted import (
+    Script,
+    anthropic_block,
+    anthropic_events,
+    responses_events,
+    responses_item,
+    script_for,
+)
 from bench.sim.sequences import OUTPUT_TOKEN_TEXT, OutQueue, RequestTooLarge, SimRequest
 from tokenization.chat_conversion import ConversionError, anthropic_to_chat, responses_to_chat
 from tokenization.lru import LRU
@@ -73,10 +81,17 @@ class AgentApis:
             raise ValueError("cache_salt must be a string")
         return self.rank.processor.chat(messages, chat.get("tools"), True, salt)
 
-    def submit(self, chat: dict[str, Any], max_tokens: Any) -> tuple[list[SimRequest], OutQueue]:
+    def submit(
+        self, chat: dict[str, Any], max_tokens: Any
+    ) -> tuple[list[SimRequest], OutQueue, Script | None]:
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError("max_tokens must be a positive integer")
-        return self.rank.engine.submit(self.prompt(chat), max_tokens, 1, cache_salt=chat.get("cache_salt"))
+        script = script_for(chat, self.rank.config.scripted_tool_calls, self.rank.config.scripted_subagents)
+        tokens = script.token_ids if script is not None else None
+        reqs, out = self.rank.engine.submit(
+            self.prompt(chat), max_tokens, 1, cache_salt=chat.get("cache_salt"), script=tokens
+        )
+        return reqs, out, script
 
     def cached(self, req: SimRequest) -> int | None:
         if not self.rank.config.enable_prompt_tokens_details:
@@ -124,11 +139,24 @@ class AgentApis:
             if not isinstance(data.get("model"), str) or not data["model"]:
                 raise ValueError("model is required")
             chat = anthropic_to_chat(data)
-            reqs, out = self.submit(chat, data.get("max_tokens"))
+            reqs, out, script = self.submit(chat, data.get("max_tokens"))
         except (ValueError, TypeError, ConversionError, RequestTooLarge) as exc:
             return anthropic_error(str(exc), 400)
         mid = f"msg_{uuid.uuid4().hex}"
         model = data["model"]
+        call = script.call if script is not None else None
+        if call is not None:
+            if not await wait_finished(request, self.rank.engine, reqs, out):
+                return Response(status_code=499)
+            req = reqs[0]
+            message = _anthropic_message(mid, model, [], None, self.anthropic_usage(req, 0))
+            usage = self.anthropic_usage(req, len(req.output_token_ids))
+            if data.get("stream"):
+                events = anthropic_events(call, message, usage)
+                return StreamingResponse(iter(events), media_type="text/event-stream")
+            return json_response(
+                {**message, "content": [anthropic_block(call)], "stop_reason": "tool_use", "usage": usage}
+            )
         if data.get("stream"):
             gen = self._anthropic_stream(request.scope, reqs, out, mid, model)
             return StreamingResponse(gen, media_type="text/event-stream")
@@ -136,34 +164,16 @@ class AgentApis:
         if text is None:
             return Response(status_code=499)
         req = reqs[0]
-        return json_response(
-            {
-                "id": mid,
-                "type": "message",
-                "role": "assistant",
-                "content": [{"type": "text", "text": text}],
-                "model": model,
-                "stop_reason": _STOP_REASONS.get(req.finish_reason or "stop", "end_turn"),
-                "stop_sequence": None,
-                "usage": self.anthropic_usage(req, len(req.output_token_ids)),
-            }
-        )
+        stop = _STOP_REASONS.get(req.finish_reason or "stop", "end_turn")
+        usage = self.anthropic_usage(req, len(req.output_token_ids))
+        return json_response(_anthropic_message(mid, model, [{"type": "text", "text": text}], stop, usage))
 
     async def _anthropic_stream(
         self, scope: Scope, reqs: list[SimRequest], out: OutQueue, mid: str, model: str
     ) -> AsyncIterator[bytes]:
         req = reqs[0]
         try:
-            message: dict[str, Any] = {
-                "id": mid,
-                "type": "message",
-                "role": "assistant",
-                "content": [],
-                "model": model,
-                "stop_reason": None,
-                "stop_sequence": None,
-                "usage": self.anthropic_usage(req, 0),
-            }
+            message = _anthropic_message(mid, model, [], None, self.anthropic_usage(req, 0))
             yield _event("message_start", {"type": "message_start", "message": message})
             block = {"type": "text", "text": ""}
             yield _event(
@@ -231,7 +241,7 @@ class AgentApis:
         try:
             chat = responses_to_chat(data, previous.messages if previous is not None else None)
             max_tokens = data.get("max_output_tokens") or self.rank.config.default_max_tokens
-            reqs, out = self.submit(chat, max_tokens)
+            reqs, out, script = self.submit(chat, max_tokens)
         except (ValueError, TypeError, ConversionError, RequestTooLarge) as exc:
             return responses_error(str(exc), 400)
         response = {
@@ -253,6 +263,20 @@ class AgentApis:
             "metadata": data.get("metadata"),
             "usage": None,
         }
+        call = script.call if script is not None else None
+        if call is not None:
+            if not await wait_finished(request, self.rank.engine, reqs, out):
+                return Response(status_code=499)
+            final = {
+                **response,
+                "status": "completed",
+                "output": [responses_item(call)],
+                "usage": self.responses_usage(reqs[0]),
+            }
+            if not data.get("stream"):
+                return json_response(final)
+            events = responses_events(call, response, final)
+            return StreamingResponse(iter(events), media_type="text/event-stream")
         if data.get("stream"):
             gen = self._responses_stream(request.scope, reqs, out, response, chat["messages"])
             return StreamingResponse(gen, media_type="text/event-stream")
@@ -327,6 +351,21 @@ class AgentApis:
         if stored is None:
             return responses_error(f"Response with id '{response_id}' not found.", 404)
         return json_response(stored.response)
+
+
+def _anthropic_message(
+    mid: str, model: str, content: list[dict[str, Any]], stop: str | None, usage: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "content": content,
+        "model": model,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage,
+    }
 
 
 def _output_message(item_id: str, text: str, status: str) -> dict[str, Any]:

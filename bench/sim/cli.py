@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ from bench.sim.runner import SimRankServer, start_fleet, stop_fleet
 from tokenization.block_hash import HashAlgo
 
 _D = SimConfig()
+DEFAULT_SIM_PORT = 8001
 
 
 def _opt(group: argparse._ArgumentGroup, flag: str, kind: type, default: object, help: str) -> None:
@@ -30,7 +32,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("serving")
     _opt(g, "--host", str, _D.host, "address to listen on")
-    _opt(g, "--port", int, 8000, "port of a single rank; 0 = a free port")
+    # not prefixgate serve's 8000: both run side by side on one machine in the quickstart
+    _opt(g, "--port", int, DEFAULT_SIM_PORT, "port of a single rank; 0 = a free port")
     _opt(g, "--ranks", int, 1, "number of ranks in this process")
     g.add_argument(
         "--base-port",
@@ -98,6 +101,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="omit usage.prompt_tokens_details (vLLM without --enable-prompt-tokens-details)",
     )
     g.add_argument("--force-include-usage", action="store_true", help="usage chunk in every stream")
+    g.add_argument(
+        "--record",
+        default=None,
+        metavar="FILE",
+        help="append every POST request (path, headers, body) to FILE",
+    )
+    g = parser.add_argument_group("agents")
+    _opt(
+        g,
+        "--scripted-tools",
+        int,
+        0,
+        "scripted-tool mode: answer with this many calls to the request's shell tool per user turn, "
+        "then a final text; 0 = off",
+    )
+    g.add_argument(
+        "--scripted-subagents",
+        action="store_true",
+        help="scripted-tool mode: a conversation offering a sub-agent tool (Agent, task) calls it once first",
+    )
     g = parser.add_argument_group("faults (also settable at run time: POST /sim/faults)")
     g.add_argument(
         "--fault-latency", type=float, default=0.0, help="seconds added before each inference request"
@@ -107,6 +130,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--fault-die-after-chunks", type=int, default=None, help="drop streams after N SSE chunks")
     g.add_argument("--fault-refuse", action="store_true", help="start refusing connections")
+    g.add_argument(
+        "--fault-refuse-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --fault-refuse: listen again after this many seconds (default: refuse until stopped)",
+    )
     g.add_argument(
         "--fault-malformed-sse", action="store_true", help="emit a malformed SSE line in each stream"
     )
@@ -142,6 +172,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_prompt_tokens_details=not args.no_prompt_tokens_details,
         force_include_usage=args.force_include_usage,
         keep_alive_s=args.keep_alive,
+        scripted_tool_calls=args.scripted_tools,
+        scripted_subagents=args.scripted_subagents,
+        record_path=args.record,
         faults=FaultConfig(
             latency_s=args.fault_latency,
             error_rate=args.fault_error_rate,
@@ -171,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for s in servers:
             if args.fault_refuse:
-                s.set_faults(refuse_connections=True)
+                s.set_faults(refuse_connections=True, refuse_for_s=args.fault_refuse_for)
             info = {
                 "name": s.name,
                 "url": s.url,
@@ -179,6 +212,13 @@ def run(args: argparse.Namespace) -> int:
                 "kv_replay": s.kv_replay_endpoint,
             }
             print(json.dumps(info), flush=True)
+        # stdout stays one JSON line per rank; what to run next goes to stderr, names included (an
+        # unnamed --backend would be called rank-N, not the sim-N its rank reports)
+        backends = " ".join(f"--backend {s.name}={s.url}" for s in servers)
+        print(
+            f"prefixgate sim: {len(servers)} rank(s) up; in front: prefixgate serve {backends}",
+            file=sys.stderr,
+        )
         while not stop.wait(0.5):
             pass
     finally:

@@ -33,6 +33,16 @@ DEFAULT_MODEL = "prefixgate-sim"
 KvEventsVersion = Literal["0.33", "0.11"]
 
 
+#: The JSON values each fault knob's annotation accepts (ints count as floats).
+_KNOB_TYPES: dict[str, tuple[type, ...]] = {
+    "float": (float, int),
+    "int": (int,),
+    "int | None": (int, type(None)),
+    "float | None": (float, int, type(None)),
+    "bool": (bool,),
+}
+
+
 @dataclass
 class FaultConfig:
     """Fault knobs, settable at start-up and at run time (``POST /sim/faults``).
@@ -45,6 +55,9 @@ class FaultConfig:
     - ``hang``: inference requests wait without answering until the fault is cleared.
     - ``refuse_connections``: the rank stops listening (clients get ECONNREFUSED) and listens
       again on the same port once cleared; idle keep-alive connections are closed.
+    - ``refuse_for_s``: with ``refuse_connections``, listen again by itself after this many
+      (real) seconds. ``POST /sim/faults`` cannot reach a rank that refuses connections, so this is
+      how an HTTP client takes a rank away and gets it back (in process: ``set_faults``).
     - ``malformed_sse``: streams emit one undecodable ``data:`` line after the first chunk.
     """
 
@@ -54,15 +67,23 @@ class FaultConfig:
     die_after_chunks: int | None = None
     hang: bool = False
     refuse_connections: bool = False
+    refuse_for_s: float | None = None
     malformed_sse: bool = False
     seed: int = 0
 
     def updated(self, **knobs: Any) -> FaultConfig:
-        """A copy with ``knobs`` changed; unknown knob names raise ``ValueError``."""
-        known = {f.name for f in fields(self)}
-        unknown = set(knobs) - known
+        """A copy with ``knobs`` changed; an unknown knob or a value of the wrong type raises
+        ``ValueError`` naming the knobs there are."""
+        known = {f.name: f for f in fields(self)}
+        unknown = set(knobs) - set(known)
         if unknown:
-            raise ValueError(f"unknown fault knobs: {sorted(unknown)}")
+            raise ValueError(f"unknown fault knobs: {sorted(unknown)}; the knobs are: {', '.join(known)}")
+        for name, value in knobs.items():
+            kinds = _KNOB_TYPES.get(str(known[name].type), (object,))
+            # bool is an int to isinstance, but true is no latency
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                wanted = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+                raise ValueError(f"fault knob {name!r} takes {wanted}, got {value!r}")
         return replace(self, **knobs)
 
     def as_dict(self) -> dict[str, Any]:
@@ -105,6 +126,13 @@ class SimConfig:
     #: Seconds an idle keep-alive connection stays open: uvicorn's default, which vLLM's API server
     #: runs with (a client reusing a connection idle this long races the rank's close).
     keep_alive_s: float = 5.0
+    #: Scripted-tool mode (``bench.sim.scripted``): answer with this many shell-tool calls per user
+    #: turn before a final text; 0: off (words until max_tokens).
+    scripted_tool_calls: int = 0
+    #: Scripted-tool mode: a conversation offering a sub-agent tool calls it once first.
+    scripted_subagents: bool = False
+    #: Append every POST request (path, headers, body) to this JSONL file; None: off.
+    record_path: str | None = None
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:

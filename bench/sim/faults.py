@@ -28,6 +28,8 @@ class Faults:
         self._unhung = asyncio.Event()
         self._unhung.set()
         self._on_refuse_change = on_refuse_change
+        self._listen_again: asyncio.TimerHandle | None = None
+        self._pending: asyncio.Task[FaultConfig] | None = None
         if config.hang:
             self._unhung.clear()
 
@@ -44,7 +46,19 @@ class Faults:
             self._unhung.set()
         if new.refuse_connections != old.refuse_connections and self._on_refuse_change is not None:
             await self._on_refuse_change(new.refuse_connections)
+        if self._listen_again is not None:
+            self._listen_again.cancel()
+            self._listen_again = None
+        if new.refuse_connections and new.refuse_for_s is not None:
+            loop = asyncio.get_running_loop()
+            self._listen_again = loop.call_later(new.refuse_for_s, self._stop_refusing, loop)
         return new
+
+    def _stop_refusing(self, loop: asyncio.AbstractEventLoop) -> None:
+        """``refuse_for_s`` is over: listen again (and forget the duration, so the state reads clean)."""
+        self._listen_again = None
+        task = loop.create_task(self.update(refuse_connections=False, refuse_for_s=None))
+        self._pending = task  # held: the loop keeps only a weak reference to a task
 
     async def before_request(self) -> bool:
         """Apply hang and latency; True when this request must be answered with an error."""

@@ -20,6 +20,7 @@ from bench.sim.connection import drop_connection, wait_finished
 from bench.sim.json_io import bad_request, json_response, openai_error, read_json_object
 from bench.sim.prompts import Prompt
 from bench.sim.rank import SimRank
+from bench.sim.scripted import ToolCall, chat_chunks, chat_message, script_for
 from bench.sim.sequences import OUTPUT_TOKEN_TEXT, OutQueue, RequestTooLarge, SimRequest
 from tokenization.encoding import decode
 
@@ -108,12 +109,16 @@ class OpenAIApi:
                 raise ValueError("max_tokens must be a positive integer")
             if not isinstance(n, int) or n < 1:
                 raise ValueError("n must be a positive integer")
+            script = (
+                script_for(data, cfg.scripted_tool_calls, cfg.scripted_subagents) if kind == "chat" else None
+            )
             reqs, out = rank.engine.submit(
                 prompt,
                 max_tokens,
                 n,
                 cache_salt=data.get("cache_salt"),
                 skip_prefix_cache=data.get("prompt_logprobs") is not None,
+                script=script.token_ids if script is not None else None,
             )
         except (ValueError, TypeError, RequestTooLarge) as exc:
             return bad_request(str(exc))
@@ -121,12 +126,40 @@ class OpenAIApi:
         rid = f"{prefix}-{uuid.uuid4().hex}"
         created = int(time.time())
         model = data.get("model") or cfg.model
+        opts = data.get("stream_options") or {}
+        include_usage = cfg.force_include_usage or bool(opts.get("include_usage"))
+        if script is not None and script.call is not None:
+            return await self._call(
+                request, reqs, out, script.call, rid, created, model, stream, include_usage
+            )
         if stream:
-            opts = data.get("stream_options") or {}
-            include_usage = cfg.force_include_usage or bool(opts.get("include_usage"))
             gen = self._stream(request.scope, kind, reqs, out, rid, created, model, include_usage)
             return StreamingResponse(gen, media_type="text/event-stream")
         return await self._complete(request, kind, reqs, out, rid, created, model)
+
+    async def _call(
+        self,
+        request: Request,
+        reqs: list[SimRequest],
+        out: OutQueue,
+        call: ToolCall,
+        rid: str,
+        created: int,
+        model: str,
+        stream: bool,
+        include_usage: bool,
+    ) -> Response:
+        """A scripted answer calling a tool (``bench.sim.scripted``), once the rank generated it."""
+        if not await wait_finished(request, self.rank.engine, reqs, out):
+            return Response(status_code=499)
+        usage = self._usage(reqs)
+        if stream:
+            head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+            chunks = chat_chunks(call, head, usage if include_usage else None)
+            return StreamingResponse(iter(chunks), media_type="text/event-stream")
+        choice = {"index": 0, "message": chat_message(call), "logprobs": None, "finish_reason": "tool_calls"}
+        body = {"id": rid, "object": "chat.completion", "created": created, "model": model}
+        return json_response({**body, "choices": [choice], "usage": usage})
 
     def _usage(self, reqs: list[SimRequest]) -> dict[str, Any]:
         prompt = reqs[0].num_prompt_tokens

@@ -94,9 +94,13 @@ class Engine:
         *,
         cache_salt: str | None = None,
         skip_prefix_cache: bool = False,
+        script: tuple[int, ...] | None = None,
     ) -> tuple[list[SimRequest], OutQueue]:
         """Queue a request as ``n`` sequences; each sampled token arrives on the returned queue as
-        ``(index, token_id, finish_reason)``, ``finish_reason`` set on a sequence's last token."""
+        ``(index, token_id, finish_reason)``, ``finish_reason`` set on a sequence's last token.
+        ``script``: the tokens each sequence generates, then stops (instead of ``max_tokens`` words)."""
+        if script is not None:
+            max_tokens = max(len(script), 1)
         num_prompt = len(prompt.token_ids)
         if num_prompt == 0:
             raise RequestTooLarge("the prompt is empty")
@@ -126,6 +130,7 @@ class Engine:
                 out=out,
                 cache_salt=cache_salt,
                 skip_prefix_cache=skip_prefix_cache,
+                script=script or None,
                 arrival=now,
             )
             for i in range(n)
@@ -302,7 +307,8 @@ class Engine:
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk: nothing sampled yet
             k = len(req.output_token_ids)
-            token = words[(req.num_prompt_tokens + k) % len(words)]
+            script = req.script
+            token = script[k] if script is not None else words[(req.num_prompt_tokens + k) % len(words)]
             req.output_token_ids.append(token)
             req.all_token_ids.append(token)
             self.counters.generation_tokens += 1
@@ -316,7 +322,10 @@ class Engine:
                         req.all_token_ids, start_block=nb, parent=parent, cache_salt=req.cache_salt
                     )
                 )
-            if k + 1 >= req.max_tokens or n_tok >= self.config.max_model_len:
+            if script is not None and k + 1 >= len(script):
+                req.finish_reason = "stop"
+                finished.append(req)
+            elif k + 1 >= req.max_tokens or n_tok >= self.config.max_model_len:
                 req.finish_reason = "length"
                 finished.append(req)
             req.out.put_nowait((req.index, token, req.finish_reason))

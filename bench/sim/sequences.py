@@ -51,6 +51,8 @@ class SimRequest:
     out: OutQueue
     cache_salt: str | None = None
     skip_prefix_cache: bool = False
+    #: The tokens to generate, ending with a ``stop`` (scripted-tool mode); None: words until max_tokens.
+    script: tuple[int, ...] | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1

@@ -17,6 +17,7 @@ from bench.sim.json_io import bad_request, json_response, read_json_object
 from bench.sim.metrics import RankMetrics
 from bench.sim.openai_api import add_openai_routes
 from bench.sim.rank import SimRank
+from bench.sim.record import RecordRequests
 
 
 def build_app(rank: SimRank) -> FastAPI:
@@ -26,6 +27,8 @@ def build_app(rank: SimRank) -> FastAPI:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RankMetrics(rank))
     add_openai_routes(app, rank)
+    if cfg.record_path:
+        app.add_middleware(RecordRequests, path=cfg.record_path)
 
     @app.get("/v1/models")
     async def models() -> Response:

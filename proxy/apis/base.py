@@ -71,6 +71,9 @@ class Api(Protocol):
     #: How the rank renders the prompt: ``chat`` (messages and tools, through the chat template) or
     #: ``text`` (a completion prompt, tokenized as is).
     prompt_kind: Literal["chat", "text"]
+    #: Bytes that mark a stream's last event (``data: [DONE]``): the answer is observed before that
+    #: chunk reaches the client, so the client's next request finds this one counted.
+    stream_end: bytes
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:
         """Raise ``ProxyError(400)`` when ``body`` is not a request of this API (``stream`` and
@@ -124,7 +127,10 @@ class Api(Protocol):
 
 class NativeApi:
     """What most APIs share: the rank serves them natively (no translation), they continue no stored
-    answer and store none, and their errors take OpenAI's shape. An API overrides what differs."""
+    answer and store none, their errors take OpenAI's shape and their streams end with
+    ``data: [DONE]``. An API overrides what differs."""
+
+    stream_end = b"data: [DONE]"
 
     def continues(self, body: dict[str, Any]) -> str | None:
         return None

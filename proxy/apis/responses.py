@@ -43,6 +43,7 @@ class ResponsesApi(NativeApi):
         Endpoint("GET", PATH + "/{response_id}", "retrieve", PATH),
     )
     prompt_kind: Literal["chat", "text"] = "chat"
+    stream_end = b"response.completed"
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:
         check_stream_and_model(body)

@@ -14,7 +14,7 @@ stays byte-stable; a request with no user message runs the pinning steps' ``with
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,7 @@ class TextSteps:
         pinning = [(name, step.user_anchors) for name, step in self.steps if step.user_anchors]
         # Attaching pinned text to a user message counts as a rewrite of the first rule that pins.
         self.pin_owner: str | None = pinning[0][0] if pinning else None
+        self.pin_joined = next((step.joined for _, step in self.steps if step.user_anchors), False)
         self.max_anchors = max((n for _, n in pinning), default=0)
         self._texts: LRU[str, TextOutcome] = LRU(cache_entries)
         self._without_user: TextSteps | None = None
@@ -127,7 +128,7 @@ def canon_messages(
     base = len(system) + (1 if after else 0)
     edited_rest: dict[int, dict[str, Any]] = {}
     if texts.pin_owner is not None:
-        edited_rest = _attach_pinned(rest, base, to_user, texts.max_anchors, session)
+        edited_rest = _attach_pinned(rest, base, to_user, texts.max_anchors, session, texts.pin_joined)
         if edited_rest:
             rewrites[texts.pin_owner] = rewrites.get(texts.pin_owner, 0) + len(edited_rest)
     if not sys_changed and not after and not edited_rest:
@@ -198,23 +199,50 @@ def _canon_system(
     return out, changed, to_user, after
 
 
-def _attach_lines(message: dict[str, Any], lines: list[str]) -> dict[str, Any] | None:
-    """``message`` with ``lines`` appended to its content, or None when they already are (idempotence)."""
+def _attach_lines(message: dict[str, Any], lines: list[str], joined: bool = False) -> dict[str, Any] | None:
+    """``message`` with ``lines`` appended to its content, or None when they already are (idempotence).
+    ``joined``: into the last text part of a list content (see ``TextStep.joined``)."""
     content = message.get("content")
+    suffix = "".join("\n\n" + line for line in lines)
     if isinstance(content, str):
-        suffix = "".join("\n\n" + line for line in lines)
         if content.endswith(suffix) or content == suffix[2:]:
             return None
         return {**message, "content": content + suffix}
-    if isinstance(content, list):
-        tail = content[-len(lines) :]
-        if len(tail) == len(lines) and all(
-            isinstance(p, dict) and p.get("type") == "text" and p.get("text") == line
-            for p, line in zip(tail, lines, strict=True)
-        ):
+    if not isinstance(content, list):
+        return None
+    last = content[-1] if content else None
+    if joined and isinstance(last, dict) and last.get("type") == "text" and isinstance(last.get("text"), str):
+        text = last["text"]
+        if text.endswith(suffix) or text == suffix[2:]:
             return None
-        return {**message, "content": [*content, *({"type": "text", "text": line} for line in lines)]}
-    return None
+        return {**message, "content": [*content[:-1], {**last, "text": text + suffix}]}
+    tail = content[-len(lines) :]
+    if len(tail) == len(lines) and all(
+        isinstance(p, dict) and p.get("type") == "text" and p.get("text") == line
+        for p, line in zip(tail, lines, strict=True)
+    ):
+        return None
+    return {**message, "content": [*content, *({"type": "text", "text": line} for line in lines)]}
+
+
+def _pin_pieces(
+    anchors: list[tuple[int, str]], pieces: list[str], target: int, valid: Callable[[int], bool]
+) -> None:
+    """Pin each piece on its own (``TextStep.joined``): a piece whose latest attachment still in the
+    history has the same text stays there; a changed one (known by its first line, a section's
+    heading) goes to ``target``, the newest user message, replacing an attachment already there."""
+    latest: dict[str, int] = {}
+    for i, (index, text) in enumerate(anchors):
+        if valid(index):
+            latest[text.split("\n", 1)[0]] = i
+    for piece in pieces:
+        at = latest.get(piece.split("\n", 1)[0])
+        if at is not None and anchors[at][1] == piece:
+            continue
+        if at is not None and anchors[at][0] == target:
+            anchors[at] = (target, piece)
+        else:
+            anchors.append((target, piece))
 
 
 def _attach_pinned(
@@ -223,6 +251,7 @@ def _attach_pinned(
     to_user: list[str],
     max_anchors: int,
     session: SessionCanonState | None,
+    joined: bool = False,
 ) -> dict[int, dict[str, Any]]:
     """Attach pinned text to user messages; returns the edited messages by index in ``rest``.
 
@@ -235,18 +264,20 @@ def _attach_pinned(
     def valid(index: int) -> bool:
         return 0 <= index - base < len(rest) and _is_user(rest[index - base])
 
-    if to_user:
+    newest = next((j for j in range(len(rest) - 1, -1, -1) if _is_user(rest[j])), None) if to_user else None
+    if newest is not None and joined:
+        _pin_pieces(anchors, to_user, base + newest, valid)
+        del anchors[:-max_anchors]
+    elif newest is not None:
         line = "\n".join(to_user)
-        newest = next((j for j in range(len(rest) - 1, -1, -1) if _is_user(rest[j])), None)
-        if newest is not None:
-            target = base + newest
-            if anchors and anchors[-1][1] == line and valid(anchors[-1][0]):
-                pass  # this text is already attached to a message still in the history
-            elif anchors and (anchors[-1][0] == target or not valid(anchors[-1][0])):
-                anchors[-1] = (target, line)
-            else:
-                anchors.append((target, line))
-            del anchors[:-max_anchors]
+        target = base + newest
+        if anchors and anchors[-1][1] == line and valid(anchors[-1][0]):
+            pass  # this text is already attached to a message still in the history
+        elif anchors and (anchors[-1][0] == target or not valid(anchors[-1][0])):
+            anchors[-1] = (target, line)
+        else:
+            anchors.append((target, line))
+        del anchors[:-max_anchors]
     if session is not None and anchors != before:
         session.set_date_anchors(anchors)
 
@@ -258,7 +289,7 @@ def _attach_pinned(
                 lines.append(line)
     edited: dict[int, dict[str, Any]] = {}
     for j, lines in by_index.items():
-        new = _attach_lines(rest[j], lines)
+        new = _attach_lines(rest[j], lines, joined)
         if new is not None:
             edited[j] = new
     return edited

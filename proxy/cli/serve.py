@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
+import socket
 import sys
-from typing import Any, cast
 
-from proxy.config import OPTIONS, ConfigError, load_settings
+from proxy.config import OPTIONS, ConfigError, Option, Settings, load_settings
 
 DESCRIPTION = """\
 Run prefixgate, an OpenAI-compatible proxy, in front of vLLM ranks.
@@ -52,8 +53,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             type=option.type,
             default=None,
             metavar=option.field.upper(),
-            help=f"{option.help} (env {option.env})",
+            help=f"{option.help} ({default_of(option)}env {option.env})",
         )
+
+
+def default_of(option: Option) -> str:
+    """``default X; `` for the help text: the value ``Settings`` takes when nothing sets it (the
+    flags themselves default to None, so that unset flags do not override the file or environment)."""
+    default = Settings.model_fields[option.field].default
+    if default is None or default == "":
+        return ""
+    return f"default {default}; "
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.cli.workers import run_workers
     from proxy.server import prepare_process, serving_options, uvicorn_config
 
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
@@ -82,18 +93,62 @@ def run(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        listener = listen(settings.host, settings.port)
+    except OSError as exc:
+        print(f"prefixgate: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+        return 2
+    prepare_process()  # before the workers start: they inherit the raised open-files limit
+    if settings.workers > 1:
+        try:
+            return run_workers(settings, listener)
+        except ConfigError as exc:
+            print(f"prefixgate: {exc}", file=sys.stderr)
+            return 2
+    try:
         app = create_app(settings)
     except ConfigError as exc:
         print(f"prefixgate: {exc}", file=sys.stderr)
         return 2
-    prepare_process()
     config = uvicorn_config(
-        app, settings.host, settings.port, settings.log_level, settings.event_loop, serving_options(app)
+        app,
+        settings.host,
+        settings.port,
+        settings.log_level,
+        settings.event_loop,
+        serving_options(app),
+        graceful_shutdown=settings.shutdown_timeout,
     )
-    # SIGTERM: uvicorn stops listening, lets in-flight requests (streams too) finish up to this
-    # deadline, then cancels them and runs the app's shutdown
-    # (uvicorn annotates it int; it is a number of seconds handed to asyncio.wait_for, so a float works)
-    config.timeout_graceful_shutdown = cast(Any, settings.shutdown_timeout)
     server = uvicorn.Server(config)
-    server.run()
+    # uvicorn says where it listens only when it binds the socket itself
+    logging.getLogger("prefixgate").info(
+        "listening on http://%s:%d (dashboard: /dashboard, readiness: /ready)", settings.host, settings.port
+    )
+    server.run(sockets=[listener])
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The bound listening socket uvicorn serves on: bound here, so a port in use is told plainly
+    (uvicorn would log an ``[Errno 98]`` line and exit 1)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def cannot_listen(host: str, port: int, exc: OSError) -> str:
+    """Why ``listen`` failed, naming the flag that fixes it."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} on {host} is already in use (another prefixgate, a rank or `prefixgate sim`?): "
+            "stop it or choose another port with --port"
+        )
+    if exc.errno == errno.EACCES:
+        return f"not allowed to listen on port {port}: choose a port above 1023 with --port"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}: check --host and --port"

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import httpx
+from rich.cells import cell_len
 from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.panel import Panel
@@ -23,13 +24,18 @@ from rich.text import Text
 
 SPARKS = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 24
+#: The narrowest pool bar: below it the name column gives way instead.
+MIN_BAR_WIDTH = 8
+#: What the ranks table needs besides its name column and the bar (the other columns at their
+#: widest usual values, one space between columns): the bar gets what is left of the screen.
+RANK_FIXED_WIDTH = 68
 
 
 RANK_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("rank", "left"),
     ("health", "left"),
-    ("pool occupied (| budget)", "left"),
-    ("working set", "right"),
+    ("pool (| budget)", "left"),
+    ("working", "right"),
     ("pool", "right"),
     ("sessions", "right"),
     ("in flight", "right"),
@@ -79,6 +85,10 @@ def num(value: float | None) -> str:
     return "–" if value is None else f"{round(value):,}"
 
 
+def ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f} ms" if value < 100 else f"{round(value):,} ms"
+
+
 def idle(seconds: float) -> str:
     if seconds < 60:
         return f"{int(seconds)} s"
@@ -109,6 +119,8 @@ def occupancy_bar(rank: dict[str, Any], width: int = BAR_WIDTH) -> Text:
     mark = min(width - 1, int(width * budget / pool)) if budget is not None else None
     over_budget = budget is not None and used > budget
     style = "red" if rank.get("over_pool") else ("yellow" if over_budget else "green")
+    if not rank.get("healthy", True):
+        style = "bright_black"  # its sessions still count, but it serves nothing: never green
     text = Text()
     for cell in range(width):
         if cell == mark:
@@ -121,8 +133,11 @@ def occupancy_bar(rank: dict[str, Any], width: int = BAR_WIDTH) -> Text:
     return text
 
 
-def render_frame(overview: dict[str, Any], sessions: dict[str, Any], url: str = "") -> RenderableType:
-    """One screen of ``prefixgate top`` from the two documents the endpoints return."""
+def render_frame(
+    overview: dict[str, Any], sessions: dict[str, Any], url: str = "", width: int = 80
+) -> RenderableType:
+    """One screen of ``prefixgate top`` from the two documents the endpoints return, for a terminal
+    ``width`` columns wide (80 and up: every line fits, only names and keys shorten)."""
     fleet = overview["fleet"]
     window, total = fleet["window"], fleet["cumulative"]
     admission = overview["admission"]
@@ -134,31 +149,48 @@ def render_frame(overview: dict[str, Any], sessions: dict[str, Any], url: str = 
     head.append(pct(window["hit_rate"]), style="bold cyan")
     head.append(f" last {num(window['requests'])} requests · ")
     head.append(pct(total["hit_rate"]), style="bold")
-    head.append(f" since start ({num(total['hit_tokens'])} of {num(total['prompt_tokens'])} tokens)")
+    head.append(" since start")
     computed = window["computed_per_100"]
-    head.append(f"\nprompt tokens computed per 100 sent: {'–' if computed is None else f'{computed:.1f}'}")
-    head.append(f" · active sessions {num(fleet['active_sessions'])}")
+    head.append(f"\nprompt tokens {num(total['hit_tokens'])} of {num(total['prompt_tokens'])} hit · ")
+    head.append(f"{'–' if computed is None else f'{computed:.1f}'} computed per 100 sent")
+    head.append(f"\nactive sessions {num(fleet['active_sessions'])}")
     head.append(f" · ranks healthy {fleet['healthy_ranks']}/{fleet['ranks']}")
+    settings = overview.get("settings")
+    if settings:
+        head.append(f" · policy {settings['policy']}")
+    traffic = overview.get("traffic")
+    if traffic:
+        window, totals = traffic["window"], traffic["total"]
+        head.append(f"\n{traffic['requests_per_s']:.2f} req/s · first byte p50 {ms(window['ttfb_p50_ms'])}")
+        head.append(f" p99 {ms(window['ttfb_p99_ms'])} · errors ")
+        head.append(num(totals["errors"]), style="red" if totals["errors"] else "")
+        head.append(" · 429s ")
+        head.append(num(totals["rate_limited"]), style="yellow" if totals["rate_limited"] else "")
     rates = [p[1] for p in overview["series"]] + [overview["live"][1]]
     head.append("\nhit rate ▕")
-    head.append(sparkline(rates), style="cyan")
+    head.append(sparkline(rates, max(10, min(60, width - 16))), style="cyan")
     head.append("▏")
 
-    ranks = Table(title="ranks", title_justify="left", expand=True, box=None, pad_edge=False)
+    bar_width = max(MIN_BAR_WIDTH, min(BAR_WIDTH, width - RANK_FIXED_WIDTH))
+    ranks = Table(
+        title="ranks", title_justify="left", expand=True, box=None, pad_edge=False, collapse_padding=True
+    )
     for column, justify in RANK_COLUMNS:
-        ranks.add_column(column, justify=justify)
+        ranks.add_column(column, justify=justify, no_wrap=True, overflow="ellipsis")
     for rank in overview["ranks"]:
         health = Text("up", style="green") if rank["healthy"] else Text("DOWN", style="bold red")
         ranks.add_row(
             plain(rank["name"]),
             health,
-            occupancy_bar(rank),
+            occupancy_bar(rank, bar_width),
             num(rank["working_set_tokens"]),
             num(rank["pool_tokens"]),
             num(rank["sessions"]),
             num(rank["in_flight"]),
             pct(rank["hit_rate"]),
         )
+
+    hold_widths(ranks, "rank", width)
 
     adm = Text("admission ")
     adm.append("on" if admission["enabled"] else "off", style="bold")
@@ -181,6 +213,7 @@ def render_frame(overview: dict[str, Any], sessions: dict[str, Any], url: str = 
         expand=True,
         box=None,
         pad_edge=False,
+        collapse_padding=True,
     )
     for column, justify in SESSION_COLUMNS:
         table.add_column(column, justify=justify, overflow="ellipsis", no_wrap=True)
@@ -198,7 +231,37 @@ def render_frame(overview: dict[str, Any], sessions: dict[str, Any], url: str = 
             idle(row["idle_s"]),
             style=None if row["active"] else "dim",
         )
+    hold_widths(table, "session", width)
     return Group(Panel(head, border_style="cyan"), ranks, Text(""), adm, Text(""), table)
+
+
+def hold_widths(table: Table, shrinks: str, width: int) -> None:
+    """Every column but ``shrinks`` keeps the width of its widest cell; ``shrinks`` gets what is left
+    of ``width`` (at least 6): on a narrow terminal the name or key shortens, with an ellipsis, and
+    the figures are never cut or wrapped."""
+    used = len(table.columns) - 1  # one space between columns (collapsed padding)
+    shrinking = None
+    for column in table.columns:
+        cells = [column.header, *column.cells]
+        widest = max(c.cell_len if isinstance(c, Text) else cell_len(str(c)) for c in cells)
+        if column.header == shrinks:
+            shrinking = column
+            continue
+        column.min_width = widest
+        used += widest
+    if shrinking is not None:
+        shrinking.max_width = max(6, width - used)
+
+
+class NotPrefixgate(Exception):
+    """The URL answers, but not as a prefixgate does."""
+
+
+def _json_or_none(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
 
 
 class TopClient:
@@ -212,21 +275,41 @@ class TopClient:
 
     def fetch(self) -> tuple[dict[str, Any], dict[str, Any]]:
         overview = self.client.get("/admin/overview")
-        overview.raise_for_status()
+        if overview.status_code == 401:
+            overview.raise_for_status()
+        document = _json_or_none(overview) if overview.status_code == 200 else None
+        if not isinstance(document, dict) or document.get("object") != "overview":
+            raise NotPrefixgate(self._not_prefixgate(overview))
         sessions = self.client.get("/admin/overview/sessions", params={"limit": self.sessions})
         sessions.raise_for_status()
-        return overview.json(), sessions.json()
+        return document, sessions.json()
 
-    def frame(self) -> tuple[RenderableType, bool]:
-        """The next frame, and whether it shows data (False: it shows why not)."""
+    def _not_prefixgate(self, answer: httpx.Response) -> str:
+        """What answered instead of a prefixgate, and the likely mix-up."""
+        what = f"HTTP {answer.status_code}" if answer.status_code != 200 else "something else"
+        try:
+            rank = self.client.get("/v1/models").status_code == 200
+        except httpx.HTTPError:
+            rank = False
+        guess = " (it serves /v1/models: a vLLM rank?)" if rank else ""
+        return (
+            f"{self.url} is not a prefixgate: GET /admin/overview answered {what}{guess}; "
+            "point --url at prefixgate's own address (prefixgate serve listens on port 8000 by default)"
+        )
+
+    def frame(self, width: int = 80) -> tuple[RenderableType, bool]:
+        """The next frame for a ``width``-column terminal, and whether it shows data (False: it
+        shows why not)."""
         try:
             overview, sessions = self.fetch()
+        except NotPrefixgate as exc:
+            return Text(str(exc), style="bold red"), False
         except httpx.HTTPStatusError as exc:
             hint = " (pass --admin-token)" if exc.response.status_code == 401 else ""
             return Text(f"{self.url}: HTTP {exc.response.status_code}{hint}", style="bold red"), False
         except httpx.HTTPError as exc:
             return Text(f"cannot reach {self.url}: {exc}", style="bold red"), False
-        return render_frame(overview, sessions, self.url), True
+        return render_frame(overview, sessions, self.url, width), True
 
     def close(self) -> None:
         self.client.close()
@@ -237,12 +320,12 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     try:
         if args.once:
-            frame, ok = client.frame()
+            frame, ok = client.frame(console.width)
             console.print(frame)
             return 0 if ok else 1
-        with Live(client.frame()[0], console=console, screen=True, auto_refresh=False) as live:
+        with Live(client.frame(console.width)[0], console=console, screen=True, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
-                live.update(client.frame()[0], refresh=True)
+                live.update(client.frame(console.width)[0], refresh=True)
     finally:
         client.close()

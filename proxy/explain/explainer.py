@@ -1,6 +1,6 @@
 """The prefix-break explainer: where and why a session's prompt stopped extending its previous turn.
 
-It keeps, on each session's local state (``proxy.state.local``), the previous turn: its block
+It keeps, on each thread of a session's local state (``proxy.state.local``), the previous turn: its block
 hashes and tokens (shared with the blocks stage, not copied), its prompt body and the rank it went
 to. It observes each request twice:
 
@@ -29,7 +29,7 @@ from proxy.explain.records import EVICTED, MOVED, moved, rank_break, without_tex
 from proxy.explain.turns import Expectation, Turn, divergence, extends, parts, parts_of
 from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
-from proxy.state.local import SessionLocal, SessionLocals
+from proxy.state.local import MAIN, SessionLocal, SessionLocals, ThreadLocal
 
 
 class Explainer(Observer):
@@ -61,19 +61,19 @@ class Explainer(Observer):
 
     def routed(self, ctx: RequestContext) -> None:
         """Compare the routed turn with the session's previous turn; then it becomes the previous turn."""
-        local = ctx.local
-        if local is None or ctx.prompt is None:
+        local, thread = ctx.local, ctx.conversation
+        if local is None or thread is None or ctx.prompt is None:
             return
-        prev: Turn | None = local.turn
+        prev: Turn | None = thread.turn
         turn = turn_of(ctx, ctx.prompt, prev.number + 1 if prev is not None else 0)
-        self._replace(local, turn)
+        self._replace(local, thread, turn)
         if prev is None:
             return
         blocks = ctx.prompt_blocks
         if blocks is not None and prev.tokens is not None and prev.block_size == blocks.block_size:
             common_blocks, offset = divergence(prev, turn)
             if common_blocks < len(prev.hashes):
-                self._record(local, explain(prev, turn, blocks, offset, common_blocks))
+                self._record(ctx, local, thread, explain(prev, turn, blocks, offset, common_blocks))
             hittable = max(turn.num_tokens - 1, 0) // turn.block_size
             expected = min(common_blocks, hittable) * turn.block_size
             ctx.expectation = Expectation(
@@ -84,10 +84,10 @@ class Explainer(Observer):
             # after a C-level deep comparison has shown the new body does not simply extend the old.
             found = None if extends(prev, turn) else first_differing_part(parts_of(prev), parts(turn))
             if found is not None:
-                self._record(local, classify(prev, turn, found, None, None, None))
+                self._record(ctx, local, thread, classify(prev, turn, found, None, None, None))
             elif prev.rank is not None and turn.rank != prev.rank:
-                self._record(local, moved(prev, turn, None, None))
-        self._charge(local, turn)
+                self._record(ctx, local, thread, moved(prev, turn, None, None))
+        self._charge(local, thread, turn)
 
     def finished(self, outcome: Outcome) -> None:
         """The rank answered (with ``cached_tokens``, or without saying): a rank-side break?
@@ -97,8 +97,8 @@ class Explainer(Observer):
         """
         ctx = outcome.ctx
         expected = ctx.expectation
-        local = ctx.local
-        if expected is None or local is None or not outcome.answered:
+        local, thread = ctx.local, ctx.conversation
+        if expected is None or local is None or thread is None or not outcome.answered:
             return
         if self.locals.get(local.key) is not local:
             return  # the session's state was evicted (or ended) meanwhile
@@ -109,20 +109,31 @@ class Explainer(Observer):
         cached = usage.cached_tokens if usage is not None else None
         if cached is None:
             if was_moved:
-                self._record(local, rank_break(expected, None, MOVED))
+                self._record(ctx, local, thread, rank_break(expected, None, MOVED))
             return
         if cached < expected.expected_tokens:
-            self._record(local, rank_break(expected, cached, MOVED if was_moved else EVICTED))
+            self._record(ctx, local, thread, rank_break(expected, cached, MOVED if was_moved else EVICTED))
 
-    def _replace(self, local: SessionLocal, turn: Turn) -> None:
-        local.turn = turn
-        self._charge(local, turn)
+    def _replace(self, local: SessionLocal, thread: ThreadLocal, turn: Turn) -> None:
+        thread.turn = turn
+        self._charge(local, thread, turn)
 
-    def _charge(self, local: SessionLocal, turn: Turn) -> None:
-        local.turn_bytes = turn.nbytes
+    def _charge(self, local: SessionLocal, thread: ThreadLocal, turn: Turn) -> None:
+        thread.turn_bytes = turn.nbytes
         self.locals.charge(local)
 
-    def _record(self, local: SessionLocal, record: dict[str, Any]) -> None:
+    def _record(
+        self, ctx: RequestContext, local: SessionLocal, thread: ThreadLocal, record: dict[str, Any]
+    ) -> None:
+        """A break of ``thread``: records of threads other than the main one name theirs, and every
+        record's ``turn`` is the session's (as the dashboard's turn log numbers them), the thread's
+        own in ``thread_turn`` where they differ."""
+        if thread.key != MAIN:
+            record["thread"] = thread.key
+        session = ctx.admitted.session if ctx.admitted is not None else None
+        if session is not None and session.turns - 1 != record.get("turn"):
+            record["thread_turn"], record["turn"] = record.get("turn"), session.turns - 1
+        thread.breaks += 1
         local.breaks.append(record)
         if self.metrics is not None:
             self.metrics.prefix_breaks.labels(record["cause"]).inc()

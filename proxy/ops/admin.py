@@ -127,11 +127,18 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
 
     @router.get("/admin/sessions/{session_id:path}")
     async def show_session(request: Request, session_id: str) -> Response:
-        table = gateway().sessions
+        """The session's record with its breaks, its turn log and its threads (this replica's)."""
+        gw = gateway()
+        table = gw.sessions
         session = session_of(request, table, session_id)
         if isinstance(session, Response):
             return session
-        return _json(_row(session, table.clock(), table.idle_ttl, with_breaks=True))
+        row = _row(session, table.clock(), table.idle_ttl, with_breaks=True)
+        # Redis loads a record without its breaks: this replica's explainer has the recent ones
+        row["breaks"] = session.breaks or gw.explainer.breaks(session.key)
+        row["turns_log"] = gw.dashboard.recorder.turns.as_json(session.key)
+        row["threads"] = gw.threads_of(session.key)
+        return _json(row)
 
     @router.delete("/admin/sessions/{session_id:path}")
     async def end_session(request: Request, session_id: str) -> Response:
@@ -147,7 +154,13 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
 
 
 def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> dict[str, object]:
-    data = session.to_dict(with_breaks=with_breaks)
+    """A session as the admin API shows it: ``breaks`` is always the list of break records (only in
+    a single session's answer), ``break_count`` their number (in every row)."""
+    data = session.to_dict()
+    breaks = data.pop("breaks")
+    data["break_count"] = len(breaks)
+    if with_breaks:
+        data["breaks"] = breaks
     data["id"] = client_view(session.key, session.client)  # "key" stays the admin's unique name
     data["active"] = session.is_active(now, idle_ttl)
     return data

@@ -1,7 +1,8 @@
 """Who may call prefixgate, and what the ranks are told about it.
 
 - Client API keys (``--api-key``, ``--api-keys-file``): when any is configured, every endpoint but
-  ``/health`` needs ``Authorization: Bearer <key>``; otherwise everything is open (issue 2).
+  the probes ``/health`` and ``/ready`` needs ``Authorization: Bearer <key>``; otherwise everything
+  is open (issue 2).
   Keys are compared in constant time; only the key's *label* is kept (request state, logs, metrics).
 - The admin token (``--admin-token``) guards ``/admin/*``, ``/dashboard`` and ``/metrics``; it is
   separate from the client keys. Unset, those paths are open.
@@ -19,16 +20,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
 import yaml
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.config import ConfigError, Settings
+from proxy.config import ConfigError, Settings, yaml_problem
 from proxy.errors import ProxyError, error_response
 
 log = logging.getLogger("prefixgate.auth")
@@ -38,8 +40,13 @@ DASHBOARD_PATH = "/dashboard"
 ADMIN_PATHS = ("/metrics", DASHBOARD_PATH)
 ADMIN_PREFIX = "/admin/"
 #: Paths open to anyone: load balancers and orchestrators probe them without credentials.
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ready"})
 AUTHORIZATION = b"authorization"
+
+
+#: The page for a browser opening the dashboard without the right credential: called with what it
+#: needs ("admin token" or "API key") and whether one was presented (and refused); answers 401.
+LoginPage = Callable[[str, bool], Response]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,7 @@ def read_keys_file(path: str | Path) -> list[ClientKey]:
     try:
         data = yaml.safe_load(text)  # JSON is YAML
     except yaml.YAMLError as exc:
-        raise ConfigError(f"API keys file {path} is neither YAML nor JSON: {exc}") from exc
+        raise ConfigError(f"API keys file is neither YAML nor JSON: {yaml_problem(path, exc)}") from exc
     if isinstance(data, dict) and set(data) == {"keys"}:
         data = data["keys"]
     if not isinstance(data, list):
@@ -177,11 +184,13 @@ class AuthMiddleware:
         forward_client_auth: bool = False,
         upstream_api_key: str | None = None,
         metrics: Any = None,
+        login_page: LoginPage | None = None,
     ) -> None:
         self.app = app
         self.keys = keys
         self.admin_digest = digest(admin_token) if admin_token else None
         self.metrics = metrics
+        self.login_page = login_page
         # issue 2: with no credentials configured at all, the client's header goes through untouched
         self.strip_client_auth = not forward_client_auth and bool(keys or upstream_api_key)
 
@@ -239,6 +248,14 @@ class AuthMiddleware:
         log.info(
             "401 on %s %s from %s: %s", scope["method"], scope["path"], client[0] if client else "?", reason
         )
+        if scope["path"] == DASHBOARD_PATH and self.login_page is not None:
+            # a browser opening the page gets a form for the token, not a JSON error body
+            presented = bearer_token(scope["headers"]) is not None or query_token(scope) is not None
+            needs = "admin token" if self.admin_digest is not None else "API key"
+            page = self.login_page(needs, presented)
+            page.headers["www-authenticate"] = 'Bearer realm="prefixgate"'
+            await page(scope, receive, send)
+            return
         await error_response(unauthorized(message))(scope, receive, send)
 
 
@@ -249,8 +266,11 @@ def upstream_auth_headers(settings: Settings) -> dict[str, str]:
     return {}
 
 
-def install(app: Any, settings: Settings, metrics: Any = None) -> KeyRing:
-    """Add ``AuthMiddleware`` for ``settings`` to a Starlette/FastAPI ``app``; the key ring it uses."""
+def install(
+    app: Any, settings: Settings, metrics: Any = None, login_page: LoginPage | None = None
+) -> KeyRing:
+    """Add ``AuthMiddleware`` for ``settings`` to a Starlette/FastAPI ``app``; the key ring it uses.
+    ``login_page``: what a request for the dashboard without the right credential gets."""
     keys = KeyRing.from_settings(settings)
     app.add_middleware(
         AuthMiddleware,
@@ -259,6 +279,7 @@ def install(app: Any, settings: Settings, metrics: Any = None) -> KeyRing:
         forward_client_auth=settings.forward_client_auth,
         upstream_api_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
         metrics=metrics,
+        login_page=login_page,
     )
     if keys:
         log.info("client API keys: %d (%s)", len(keys), ", ".join(k.label for k in keys.keys))

@@ -13,6 +13,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from proxy.ops.traffic import Traffic
+
 if TYPE_CHECKING:
     from proxy.admission import Admission
     from proxy.state.sessions import SessionTable
@@ -26,6 +28,8 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 class Metrics:
     def __init__(self) -> None:
+        #: The recent answers behind the dashboard's request rate, latency, errors and 429s.
+        self.traffic = Traffic()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(

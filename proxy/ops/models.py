@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from starlette.responses import Response
 
-from proxy.errors import NO_BACKEND, ProxyError, error_response
+from proxy.errors import NO_BACKEND, ProxyError, error_response, no_healthy_backend
 from routing.ranks import Fleet, Rank
 
 JSON = "application/json"
@@ -52,7 +52,7 @@ class Models:
             return json_response(cached[1], rank=cached[2])
         ranks = self.fleet.healthy()
         if not ranks:
-            return error_response(ProxyError(503, "no healthy backend", type_="service_unavailable"))
+            return error_response(no_healthy_backend())
         answers = await asyncio.gather(*(fetch_models(client, r, self.timeout_s) for r in ranks))
         cards: dict[str, Any] = {}
         answered: list[str] = []

@@ -3,19 +3,24 @@
 The API gives the body the rank renders (``Api.prompt_view``: for agent APIs the chat body vLLM
 converts their request into). Per session only what changed since the previous turn is tokenized
 and hashed (``tokenization.prompt.IncrementalTokenizer``), starting from the previous turn's memo
-kept on the session's local state. A request the tokenizer cannot render is not an error here: the
-rank is the judge of its own input, and routing falls back to session and load.
+kept on the thread's local state (``proxy.state.local``: each thread of a session has its own).
+When this prompt extends the thread's previous one, the rank that answered it also cached the blocks
+of its answer (vLLM caches decoded tokens' full blocks too): ``ctx.cached_answer`` says which of this
+prompt's leading blocks that rank holds, for the router to count in the estimate. A request the
+tokenizer cannot render is not an error here: the rank is the judge of its own input, and routing
+falls back to session and load.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from proxy.context import RequestContext
-from proxy.state.local import SessionLocals
+from proxy.state.local import Answer, CachedAnswer, SessionLocals
 from tokenization.backend_tokenizer import BackendTokenizeError
 from tokenization.base import UnsupportedRequest
-from tokenization.prompt import IncrementalTokenizer, PromptBlocks
+from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptMemo
 
 log = logging.getLogger("prefixgate.blocks")
 
@@ -33,8 +38,8 @@ class Blocks:
         incremental = self.incremental
         if incremental is None or prompt is None:
             return
-        local = ctx.local
-        previous = local.prompt if local is not None else None
+        thread = ctx.conversation
+        previous = thread.prompt if thread is not None else None
         try:
             if ctx.api.prompt_kind == "text":
                 blocks = await incremental.completion_blocks(prompt, previous)
@@ -46,7 +51,8 @@ class Blocks:
         except BackendTokenizeError as exc:
             log.warning("backend tokenizer failed, routing without blocks: %s", exc)
             return
-        if local is not None:
+        if thread is not None:
+            ctx.cached_answer = answer_blocks(thread.answer, previous, blocks, prompt, thread.verbatim)
             self.remember(ctx, blocks)
         ctx.prompt_blocks = blocks
         ctx.prompt_tokens = blocks.num_tokens
@@ -54,7 +60,61 @@ class Blocks:
 
     def remember(self, ctx: RequestContext, blocks: PromptBlocks) -> None:
         """Keep this turn as the session's base for its next one."""
-        local = ctx.local
-        assert local is not None
-        local.prompt, local.prompt_bytes = blocks.memo, blocks.memo_bytes
+        thread, local = ctx.conversation, ctx.local
+        assert thread is not None and local is not None
+        thread.prompt, thread.prompt_bytes = blocks.memo, blocks.memo_bytes
         self.locals.charge(local)
+
+
+#: Tokens a chat template may add after an assistant turn's content (``<|im_end|>`` and a newline).
+MAX_END_OF_TURN_TOKENS = 4
+
+
+def answer_blocks(
+    answer: Answer | None,
+    previous: PromptMemo | None,
+    blocks: PromptBlocks,
+    prompt: dict[str, Any],
+    verbatim: dict[str, bool],
+) -> CachedAnswer | None:
+    """The rank and this prompt's leading blocks it holds when this prompt carries the previous
+    answer right after the previous prompt; None otherwise. Counted (``credited``) unless the
+    thread's answers of that kind proved to come back rewritten (``verbatim``).
+
+    vLLM caches the full blocks of every computed token: the prompt's and the answer's but its last
+    sampled one (never fed back), so ``prompt + completion - 1`` tokens. They lead this prompt when
+    it extends the previous prompt (its full blocks' chained hash is there) with an assistant turn
+    that starts where the previous generation prompt did and is as long as that prompt, the answer
+    and a template's end of turn: the agent sent the answer back as it was generated.
+    """
+    if answer is None or previous is None or previous.kind != "chat":
+        return None
+    encoded = previous.encoded
+    if not encoded.parts or encoded.parts[-1][0] != "generation_prompt" or answer.completion_tokens < 1:
+        return None
+    known = len(previous.hashes)
+    hashes = blocks.block_hashes
+    if known and (len(hashes) < known or hashes[known - 1] != previous.hashes[known - 1]):
+        return None
+    _, start, end = encoded.parts[-1]
+    turn = next((p for p in blocks.parts if p[1] == start), None)
+    if turn is None or blocks.tokens[start:end] != encoded.tokens[start:end]:
+        return None
+    extra = (turn[2] - turn[1]) - (end - start) - answer.completion_tokens
+    if not 0 <= extra <= MAX_END_OF_TURN_TOKENS:
+        return None
+    held = min((answer.prompt_tokens + answer.completion_tokens - 1) // blocks.block_size, len(hashes))
+    if held <= known:
+        return None
+    kind = "tools" if _calls_tools(prompt, turn[0]) else "text"
+    return CachedAnswer(answer.rank, held, kind, verbatim.get(kind, True))
+
+
+def _calls_tools(prompt: dict[str, Any], label: str) -> bool:
+    """Whether the message of part ``label`` (``message[i]``) calls tools."""
+    messages = prompt.get("messages")
+    if not (label.startswith("message[") and label.endswith("]") and isinstance(messages, list)):
+        return False
+    index = label[len("message[") : -1]
+    message = messages[int(index)] if index.isdigit() and int(index) < len(messages) else None
+    return isinstance(message, dict) and bool(message.get("tool_calls"))

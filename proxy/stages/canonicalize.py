@@ -42,7 +42,7 @@ class Canonicalize:
         result = canonicalizer.apply(
             view,
             api="chat",
-            session=ctx.local.canon if ctx.local is not None else None,
+            session=thread.canon if (thread := ctx.conversation) is not None else None,
             model=ctx.model,
             client_label=ctx.client_label,
         )

@@ -1,10 +1,11 @@
 """Stage 2, identify the session: which conversation does this request continue?
 
 In order: the first configured header present, then body fields agents set (``prompt_cache_key``,
-``metadata.session_id``, ``metadata.user_id``, ``user``), else a fingerprint of the conversation's
-stable head (system, tools, first user message, as the API names them): the same agent task
-re-sends the same head every turn. The session's local state (``proxy.state.local``) is opened for
-the stages after this one.
+``metadata.session_id``, ``metadata.user_id``, ``user``), else a fingerprint of the requested model
+and the conversation's stable head (system, tools, first user message, as the API names them): the
+same agent task re-sends the same head to the same model every turn, and two conversations that
+open alike ("hi") with different models are different sessions. The session's local state
+(``proxy.state.local``) is opened for the stages after this one.
 
 The key is made safe (``proxy.tenants.safe_key``: printable ASCII, bounded) and, with client keys
 configured, namespaced by the client's key: one client can never continue another's session.
@@ -47,12 +48,12 @@ def body_key(body: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def fingerprint(head: Any) -> str | None:
-    """A digest of a conversation's head (``Api.head``), or None when it has none."""
+def fingerprint(head: Any, model: str | None = None) -> str | None:
+    """A digest of the model and a conversation's head (``Api.head``), or None when it has no head."""
     if head is None:
         return None
     try:
-        data = orjson.dumps(head)
+        data = orjson.dumps([model, head])
     except TypeError:
         return None
     return "fp-" + xxhash.xxh3_64_hexdigest(data)
@@ -81,5 +82,5 @@ class Identify:
         found = body_key(ctx.body)
         if found is not None:
             return found
-        key = fingerprint(ctx.api.head(ctx.body))
+        key = fingerprint(ctx.api.head(ctx.body), ctx.model)
         return (key, "fingerprint") if key is not None else None

@@ -57,9 +57,12 @@ class RelayResponse(Response):
         on_done: Callable[[StreamOutcome], None],
         error_event: Callable[[str], bytes],
         translation: Translation | None = None,
+        end_marker: bytes | None = None,
     ) -> None:
         """``error_event`` renders the event that ends a broken stream, in the client API's own shape;
-        ``translation`` turns the rank's chunks into the client API's (None: relayed as they are)."""
+        ``translation`` turns the rank's chunks into the client API's (None: relayed as they are);
+        ``end_marker`` marks the chunk holding the stream's last event: the outcome is reported
+        before that chunk is sent, so a client that asks again at once finds this answer counted."""
         self.opened = opened
         self.on_done = on_done
         self.error_event = error_event
@@ -74,6 +77,8 @@ class RelayResponse(Response):
         self._settled = False
         #: Why the server cut the stream (its request was cancelled), if it did.
         self._cut: str | None = None
+        self._reported = False
+        self.end_marker = end_marker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = asyncio.ensure_future(self._relay(send))
@@ -106,8 +111,11 @@ class RelayResponse(Response):
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
             first = opened.first_chunk
+            end_marker = self.end_marker
             if first:
                 tail.append(first)
+                if end_marker is not None and end_marker in first:
+                    self._report(left=False)
                 out = translate.chunk(first) if translate is not None else first
                 await send({"type": "http.response.body", "body": out, "more_body": True})
             assert opened.chunks is not None
@@ -118,6 +126,8 @@ class RelayResponse(Response):
                     if problem is not None:  # end the stream here rather than relay what clients cannot parse
                         raise MalformedStream(problem)
                     tail.append(chunk)
+                    if end_marker is not None and not self._reported and end_marker in chunk:
+                        self._report(left=False)
                     out = translate.chunk(chunk) if translate is not None else chunk
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             except (aiohttp.ClientError, TimeoutError, MalformedStream) as exc:
@@ -144,14 +154,20 @@ class RelayResponse(Response):
             self._settle()
 
     def _settle(self) -> None:
-        """Release the rank and report the outcome, once."""
+        """Release the rank and report the outcome (unless the last event did already), once."""
         if self._settled:
             return
         self._settled = True
-        opened = self.opened
         # the connection is reused only after a whole stream; else its state is unknown
-        opened.close(reusable=self._completed and self._error is None)
-        left = not self._completed and self._cut is None  # a cut stream is an error, not a departure
+        self.opened.close(reusable=self._completed and self._error is None)
+        self._report(left=not self._completed and self._cut is None)  # a cut stream is an error
+
+    def _report(self, *, left: bool) -> None:
+        """Tell ``on_done`` how the stream ended (``left``: the client went away first), once."""
+        if self._reported:
+            return
+        self._reported = True
+        opened = self.opened
         self.on_done(
             StreamOutcome(opened.first_chunk, tuple(self._tail), self._error, left, self._first_byte_at)
         )

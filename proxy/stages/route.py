@@ -125,6 +125,10 @@ class Router(Observer):
             raise no_healthy_backend()
         hashes = ctx.block_hashes
         key = ctx.session_key
+        answered = ctx.cached_answer
+        if answered is not None and answered.credited and answered.rank not in self.exact:
+            # the blocks of the previous answer, which the rank cached while decoding it
+            self.index.record(answered.rank, hashes[: answered.blocks])
         found = self.index.lookup(hashes, key) if hashes or key else Lookup()
         request = RouteRequest(
             key,
@@ -180,9 +184,14 @@ class Router(Observer):
             metrics.reported_cached_tokens.labels(rank).inc(cached)
         if rank in self.exact or cached >= predicted:
             return
-        self.index.remove(rank, ctx.block_hashes[cached // self.block_size :])
         if metrics is not None:
             metrics.index_corrections.labels(rank).inc()
+        answered = ctx.cached_answer
+        if answered is not None and answered.credited and answered.rank == rank:
+            # The agent sent its previous answer back rewritten (its thread stops counting such
+            # answers): what was missing was the answer's blocks, and the rank holds this prompt now.
+            return
+        self.index.remove(rank, ctx.block_hashes[cached // self.block_size :])
 
     # -- the charge -------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ socket. A rank fed by events is mirrored exactly (no speculative records or corr
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -16,34 +16,16 @@ import orjson
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
 from routing.kv_events import KVEventSubscriber, RankMirror
+from routing.kv_sources import EventSource, parse_kv_event_specs
 from routing.ranks import Rank
 from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.routing")
 
 
-@dataclass(frozen=True, slots=True)
-class EventSource:
-    rank: str
-    endpoint: str
-    replay_endpoint: str | None = None
-    topic: str = ""
-
-
-def parse_kv_event_specs(spec: str) -> list[EventSource]:
-    """``NAME=tcp://h:p[|tcp://h:p],...`` to sources (``auto`` is resolved by ``discover_sources``)."""
-    sources = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, sep, endpoints = item.partition("=")
-        if not sep:
-            raise ValueError(f"kv_events entry {item!r} is not NAME=tcp://HOST:PORT[|tcp://HOST:PORT]")
-        endpoint, _, replay = endpoints.partition("|")
-        sources.append(EventSource(name.strip(), endpoint.strip(), replay.strip() or None))
-    return sources
-
-
 async def discover_source(client: aiohttp.ClientSession, rank: Rank) -> EventSource | None:
-    """The rank's own answer at ``GET /kv_event_sources`` (vLLM reports it with ``tcp://*:0``)."""
+    """The rank's own answer at ``GET /kv_event_sources``, reachable from here (vLLM reports the
+    endpoint it bound, ``tcp://*:5557``)."""
     try:
         async with client.get(f"{rank.url}/kv_event_sources", timeout=aiohttp.ClientTimeout(total=3)) as r:
             if r.status != 200:
@@ -57,7 +39,30 @@ async def discover_source(client: aiohttp.ClientSession, rank: Rank) -> EventSou
     endpoint = first.get("endpoint")
     if not isinstance(endpoint, str):
         return None
-    return EventSource(rank.name, endpoint, first.get("replay_endpoint"), first.get("topic") or "")
+    replay = first.get("replay_endpoint")
+    host = urlsplit(rank.url).hostname or "127.0.0.1"
+    return EventSource(
+        rank.name,
+        reachable(endpoint, host),
+        reachable(replay, host) if isinstance(replay, str) else None,
+        first.get("topic") or "",
+    )
+
+
+#: Hosts a rank binds to that say "every interface", not where to connect.
+_WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]", ""})
+
+
+def reachable(endpoint: str, host: str) -> str:
+    """``endpoint`` as another machine connects to it: a rank that bound ``tcp://*:5557`` (vLLM's
+    default) or ``tcp://0.0.0.0:5557`` is reached at its own URL's ``host``."""
+    scheme, sep, rest = endpoint.partition("://")
+    bound, colon, port = rest.rpartition(":")
+    if not sep or not colon or bound not in _WILDCARD_HOSTS:
+        return endpoint
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 literal
+    return f"{scheme}://{host}:{port}"
 
 
 async def start_kv_event_feeds(
@@ -77,6 +82,15 @@ async def start_kv_event_feeds(
     if spec.strip() == "auto":
         found = [await discover_source(client, b) for b in router.fleet]
         sources = [s for s in found if s is not None]
+        silent = [rank.name for rank, source in zip(router.fleet, found, strict=True) if source is None]
+        if silent:
+            # without events a rank's mirror is prefixgate's own guess: say so, once, at start
+            log.warning(
+                "kv_events auto: no KV-event source from %s (GET /kv_event_sources answered none; vLLM "
+                "reports one when started with --kv-events-config and endpoint tcp://*:0): %s",
+                ", ".join(silent),
+                "no rank is mirrored exactly" if not sources else "those ranks are not mirrored exactly",
+            )
     else:
         sources = parse_kv_event_specs(spec)
     subscribers = []

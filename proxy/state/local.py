@@ -1,9 +1,12 @@
 """The one owner of what this process keeps per session between its turns.
 
 Each stage that remembers something about a session hangs it off the session's ``SessionLocal``:
-the canonicalizer its first-seen tool order, the tokenizer the previous turn's tokens and block
-hashes, the prefix-break explainer the previous turn and the recent breaks, the dashboard the turn
-log, the Responses API the ids the session's answers were stored under. ``SessionLocals`` bounds
+the dashboard the turn log, the prefix-break explainer the recent breaks, the Responses API the ids
+the session's answers were stored under. A session holds *threads* (``ThreadLocal``, recognised by
+``proxy.stages.threads``): its main conversation, side requests (a title generator, a topic check)
+and sub-agents, each with its own prefix chain: the canonicalizer's first-seen tool order and pinned
+text, the tokenizer's previous turn (tokens and block hashes), the explainer's previous turn, the
+previous answer, and its own counts. ``SessionLocals`` bounds
 them together: one count, one byte budget, one eviction (least recently used session first), and
 ending a session (``end``) frees all of it at once.
 
@@ -32,13 +35,47 @@ _BASE_BYTES = 400
 #: Response ids remembered per session (so that ending it forgets them); older ones are left to
 #: the response map's own bound.
 MAX_RESPONSE_IDS = 64
+#: Threads remembered per session (the least recently seen one but the main thread goes first).
+MAX_THREADS = 16
+#: The main conversation's thread key.
+MAIN = "main"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A thread's latest answered request: the rank, the prompt it was given, the tokens it wrote
+    (the rank caches those blocks too: ``proxy.stages.blocks`` counts them in the next estimate)."""
+
+    rank: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CachedAnswer:
+    """A prompt that carries the thread's previous answer back: the rank that generated it holds the
+    prompt's first ``blocks`` blocks; ``kind`` (``text`` or ``tools``: the answer called tools) and
+    whether the estimate counts them (``credited``: this thread's agent sends that kind of answer back
+    as it was generated, as far as the ranks' reports have shown)."""
+
+    rank: str
+    blocks: int
+    kind: str
+    credited: bool
 
 
 @dataclass(slots=True, eq=False)
-class SessionLocal:
-    """One session's state in this process. Slots are filled by the stages that own them."""
+class ThreadLocal:
+    """One conversation inside a session: its prefix chain and what it has cost and hit."""
 
     key: str
+    #: ``main``, ``side`` (a request beside the conversation) or ``subagent``.
+    kind: str = "main"
+    #: How it was recognised (``proxy.stages.threads``), and the start of its system prompt.
+    source: str = "session"
+    label: str = ""
+    #: Whether it offered tools when it started (tells side requests from the main thread).
+    tools: bool = False
     canon: InMemorySessionCanonState = field(default_factory=InMemorySessionCanonState)
     #: The tokenizer's previous turn (``tokenization.prompt``), and its bytes.
     prompt: Any = None
@@ -46,6 +83,48 @@ class SessionLocal:
     #: The prefix-break explainer's memory of the previous turn (``proxy.explain``), and its bytes.
     turn: Any = None
     turn_bytes: int = 0
+    answer: Answer | None = None
+    #: Per answer kind: does the agent send such answers back as generated (learnt from the ranks'
+    #: reports; unknown counts as yes)? Agents re-serialize tool calls, some their arguments' JSON.
+    verbatim: dict[str, bool] = field(default_factory=dict)
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    estimated_cached_tokens: int = 0
+    breaks: int = 0
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return 300 + self.prompt_bytes + self.turn_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The thread as the admin API and the dashboard show it."""
+        sent = self.prompt_tokens
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "source": self.source,
+            "label": self.label,
+            "requests": self.requests,
+            "prompt_tokens_sent": sent,
+            "hit_tokens_reported": self.cached_tokens,
+            "hit_tokens_estimated": self.estimated_cached_tokens,
+            "hit_rate": self.cached_tokens / sent if sent else None,
+            "breaks": self.breaks,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+        }
+
+
+@dataclass(slots=True, eq=False)
+class SessionLocal:
+    """One session's state in this process. Slots are filled by the stages that own them."""
+
+    key: str
+    #: The session's threads by key, least recently seen first.
+    threads: dict[str, ThreadLocal] = field(default_factory=dict)
     #: The newest prefix breaks (``proxy.explain`` records), oldest first.
     breaks: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=32))
     #: The dashboard's turn log (``proxy.ops.dashboard.stats.Turn``), oldest first.
@@ -55,8 +134,30 @@ class SessionLocal:
 
     @property
     def nbytes(self) -> int:
-        """Approximate memory held: the tokenizer's and explainer's turns dominate."""
-        return _BASE_BYTES + self.prompt_bytes + self.turn_bytes + 160 * (len(self.breaks) + len(self.turns))
+        """Approximate memory held: the threads' tokenizer and explainer turns dominate."""
+        threads = sum(t.nbytes for t in self.threads.values())
+        return _BASE_BYTES + threads + 160 * (len(self.breaks) + len(self.turns))
+
+    @property
+    def main(self) -> ThreadLocal:
+        """The main conversation's thread (opened when missing)."""
+        return self.thread(MAIN)
+
+    def thread(self, key: str, **new: Any) -> ThreadLocal:
+        """The thread ``key``, now the most recently seen; created with ``new``'s fields when missing
+        (the least recently seen thread but the main one goes when the session holds too many)."""
+        found = self.threads.pop(key, None)
+        if found is None:
+            found = ThreadLocal(key, **new)
+            if len(self.threads) >= MAX_THREADS:
+                oldest = next((k for k in self.threads if k != MAIN), None)
+                if oldest is not None:
+                    del self.threads[oldest]
+        self.threads[key] = found
+        return found
+
+    def has_main(self) -> bool:
+        return MAIN in self.threads
 
 
 class SessionLocals:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
+from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
 from proxy.canonical.rules.dedupe_tools import drop_duplicate_tools
 from proxy.canonical.rules.schema_keys import canonical_schema, canonical_tool
 from proxy.canonical.rules.tool_order import session_positions, sorted_positions
@@ -87,3 +90,38 @@ def test_session_mode_bounded_memory() -> None:
     positions, stored = session_positions(names, ["a"], 2)
     assert stored == ["a", "d"]
     assert [names[i] for i in positions] == ["a", "d", "c", "b"]  # beyond the bound: request order
+
+
+def test_new_sessions_share_their_tool_sets_canonical_order() -> None:
+    """Sessions discovering the same tools in their own orders all get the first one's order, so they
+    share the tool block; each then keeps it and appends new tools (``new_session: shared``)."""
+    config = CanonicalConfig.model_validate({})
+    canonicalizer = Canonicalizer(config, strict=True)
+    names = lambda r: [t["function"]["name"] for t in r.body["tools"]]  # noqa: E731
+
+    def request(*tools: str) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": "u"}], "tools": [_tool(n) for n in tools]}
+
+    first, second = InMemorySessionCanonState(), InMemorySessionCanonState()
+    assert not canonicalizer.apply(request("c", "a", "b"), api="chat", session=first).changed
+    other = canonicalizer.apply(request("b", "c", "a"), api="chat", session=second)
+    assert names(other) == ["c", "a", "b"]
+    grown = canonicalizer.apply(request("d", "a", "b", "c"), api="chat", session=second)
+    assert names(grown) == ["c", "a", "b", "d"]
+    by_name = Canonicalizer(
+        CanonicalConfig.model_validate({"rules": {"tool_order": {"new_session": "sort"}}}), strict=True
+    )
+    assert names(by_name.apply(request("c", "a", "b"), api="chat", session=InMemorySessionCanonState())) == [
+        "a",
+        "b",
+        "c",
+    ]
+    own = Canonicalizer(
+        CanonicalConfig.model_validate({"rules": {"tool_order": {"new_session": "own"}}}), strict=True
+    )
+    own.apply(request("c", "a", "b"), api="chat", session=InMemorySessionCanonState())
+    assert not own.apply(request("b", "c", "a"), api="chat", session=InMemorySessionCanonState()).changed
+
+
+def _tool(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}

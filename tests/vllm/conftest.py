@@ -28,6 +28,7 @@ from bench.real_vllm.ranks import (
 )
 from proxy.server import ServerThread
 from tests.helpers.gateway import start_gateway
+from tests.helpers.markers import mark_folder
 from tokenization.block_hash import BlockHasher
 from tokenization.hf_tokenizer import HfTokenizer
 
@@ -35,10 +36,7 @@ BLOCK = 32
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.vllm)
+    mark_folder(items, Path(__file__).parent, pytest.mark.vllm)
 
 
 @pytest.fixture(scope="session")
@@ -81,14 +79,16 @@ def nonce() -> str:
 
 @pytest.fixture
 def gateway(ranks: list[VllmRank], model_dir: Path) -> Iterator[Callable[..., ServerThread]]:
-    """Start prefixgate in front of both ranks with ``hf`` tokenization: ``gateway(kv_events=True)``."""
+    """Start prefixgate in front of both ranks with ``hf`` tokenization: ``gateway(kv_events=True)``;
+    ``defaults=True``: no tokenization configured (prefixgate finds the served model's itself)."""
     started: list[ServerThread] = []
 
-    def start(*, kv_events: bool = False, **options: Any) -> ServerThread:
+    def start(*, kv_events: bool = False, defaults: bool = False, **options: Any) -> ServerThread:
         options.setdefault("policy", "prefix_affinity")
         options.setdefault("health_interval", 1.0)
         options.setdefault("health_timeout", 5.0)
-        options["tokenization"] = {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED}
+        if not defaults:
+            options["tokenization"] = {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED}
         if kv_events:
             options["kv_events"] = ",".join(f"{r.name}={r.kv_endpoint}|{r.replay_endpoint}" for r in ranks)
         server = start_gateway(ranks, timeout=60.0, **options)

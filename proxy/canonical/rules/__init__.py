@@ -2,8 +2,9 @@
 
 Each rule module defines ``RULE`` (see ``proxy.canonical.rules.base``: name, settings model, kind and
 step). ``BUILTIN_RULES`` below is the order of application (``RULE_ORDER``): the system-text rules, per
-text, then the tool rules. ``whitespace`` runs last among the text rules so that what the others cut
-out leaves no ragged edges.
+text, then the tool rules. ``whitespace`` runs after the rules that edit text in place so that what
+they cut out leaves no ragged edges; the rules moving an agent's whole volatile section
+(``proxy.canonical.rules.sections``) come after it and leave none themselves.
 
 Adding a rule: write ``proxy/canonical/rules/<module>.py`` with its ``RULE``, import the module here
 and put ``<module>.RULE`` in ``BUILTIN_RULES`` at its place. The ``canonical.rules`` configuration
@@ -21,8 +22,12 @@ from pydantic import BaseModel
 
 from proxy.canonical.rules import (
     attribution,
+    claude_environment,
+    claude_git_status,
+    claude_memory,
     dedupe_tools,
     env_block,
+    opencode_env,
     schema_keys,
     tool_order,
     volatile_date,
@@ -35,6 +40,10 @@ BUILTIN_RULES: tuple[Rule, ...] = (
     volatile_date.RULE,
     env_block.RULE,
     whitespace.RULE,
+    claude_git_status.RULE,
+    claude_environment.RULE,
+    claude_memory.RULE,
+    opencode_env.RULE,
     schema_keys.RULE,
     dedupe_tools.RULE,
     tool_order.RULE,

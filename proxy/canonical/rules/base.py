@@ -83,11 +83,16 @@ class TextStep:
     For a step that moves text to ``Destination.NEWEST_USER``: ``user_anchors`` is how many such
     attachments a session remembers (at least 1), and ``without_user`` the step to run instead on a
     request with no user message (None: the text goes to the message after the system messages).
+    ``joined``: text attached to a message whose content is a list goes into its last text part
+    (after a blank line, as on a string content) rather than into a part of its own, so the message
+    renders the same whether a client sends its content as a string or as text parts (Claude Code
+    turns one into the other between requests). The first pinning rule's choice applies.
     """
 
     run: Callable[[str], TextEdit]
     user_anchors: int = 0
     without_user: TextStep | None = None
+    joined: bool = False
 
 
 def function_name(tool: Any) -> str | None:

@@ -145,6 +145,12 @@ def extract_blocks(text: str, recognisers: Sequence[Recogniser]) -> tuple[str, t
                 spans = protected_spans(text)
             if not overlaps(m.start(), m.end(), spans):
                 found.append((m.start(), m.end(), m.group("block").strip("\r\n\t ")))
+    return cut_out(text, found)
+
+
+def cut_out(text: str, found: list[tuple[int, int, str]]) -> tuple[str, tuple[str, ...]]:
+    """``text`` without the ``(start, end, block)`` spans found in it, and their blocks, in text order;
+    where two spans overlap, the earlier one wins."""
     if not found:
         return text, ()
     found.sort()

@@ -5,6 +5,13 @@ a restart), and MCP servers connect mid-session; every reorder changes the tool 
 mode keeps the order in which the session first saw each tool and appends new tools at the end (a
 tool that disappears keeps its slot, so a reconnect restores the old bytes). ``sort`` mode orders by
 name, the same for every session. Names compare by code point: no locale.
+
+Where a new session's order comes from (``new_session``, ``session`` mode): each session discovering
+its tools in its own order would keep that order for good, and sessions of one agent would stop
+sharing the tool block. ``shared`` (the default) gives a new session the canonical order of its tool
+set: the order in which this process first saw that set (any session), so every later session with
+the same tools, in whatever order, gets the same bytes; ``sort`` gives it the tools sorted by name
+(the same in every replica and after a restart); ``own`` keeps its own first-seen order.
 """
 
 from __future__ import annotations
@@ -12,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+import xxhash
 from pydantic import Field
 
 from proxy.canonical.rules.base import RuleConfig, SessionToolsRule, SessionToolsStep, ToolList, ToolsEdit
 from proxy.canonical.state import SessionCanonState
+from tokenization.lru import LRU
 
 NAME = "tool_order"
 
@@ -47,17 +56,50 @@ def session_positions(
     return positions, [*(prior or ()), *added]
 
 
+class CanonicalOrders:
+    """The canonical order of each tool set this process has seen: the order it was first seen in.
+
+    Keyed by a digest of the set's sorted names; bounded (least recently used set out first)."""
+
+    def __init__(self, max_sets: int) -> None:
+        self._orders: LRU[bytes, tuple[str, ...]] = LRU(max_sets)
+
+    def order_of(self, names: Sequence[str]) -> tuple[str, ...]:
+        """The canonical order of ``names``' set, which becomes ``names`` when the set is new."""
+        key = xxhash.xxh3_128_digest("\0".join(sorted(names)).encode("utf-8", "surrogatepass"))
+        found = self._orders.get(key)
+        if found is None or len(found) != len(names):
+            found = tuple(names)
+            self._orders.put(key, found)
+        return found
+
+
 class ToolOrderSettings(RuleConfig):
     """Rule 1: ``session`` = first-seen order per session; ``sort`` = by name, shared by all sessions."""
 
     mode: Literal["session", "sort"] = "session"
+    #: ``session`` mode: a new session's order: its tool set's canonical order in this process
+    #: (``shared``), by name (``sort``), or its own first-seen order (``own``).
+    new_session: Literal["shared", "sort", "own"] = "shared"
     # Without session state ``session`` mode cannot remember anything: sort, or keep the client's order.
     sessionless: Literal["sort", "keep"] = "sort"
     max_names: int = Field(default=1024, ge=1)
+    #: ``shared``: tool sets whose canonical order is remembered.
+    shared_sets: int = Field(default=4096, ge=1)
+
+
+def new_session_order(names: Sequence[str], how: str, orders: CanonicalOrders) -> Sequence[str]:
+    """The order a session seeing ``names`` first starts from (``ToolOrderSettings.new_session``)."""
+    if how == "sort" or (how == "shared" and len(set(names)) != len(names)):
+        return [names[i] for i in sorted_positions(names)]
+    if how == "shared":
+        return orders.order_of(names)
+    return names
 
 
 def _build(settings: ToolOrderSettings) -> SessionToolsStep:
     mode, sessionless, max_names = settings.mode, settings.sessionless, settings.max_names
+    new_session, orders = settings.new_session, CanonicalOrders(settings.shared_sets)
 
     def step(view: ToolList, session: SessionCanonState | None) -> ToolsEdit:
         names = view.all_named()
@@ -67,7 +109,11 @@ def _build(settings: ToolOrderSettings) -> SessionToolsStep:
         if effective == "sort":
             positions = sorted_positions(names)
         elif effective == "session" and session is not None:
-            positions, stored = session_positions(names, session.get_tool_order(), max_names)
+            prior = session.get_tool_order()
+            if prior is None and len(names) <= max_names:
+                prior = list(new_session_order(names, new_session, orders))
+                session.set_tool_order(prior)
+            positions, stored = session_positions(names, prior, max_names)
             if stored is not None:
                 session.set_tool_order(stored)
         else:

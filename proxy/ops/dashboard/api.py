@@ -35,11 +35,36 @@ CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
     "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'"
 )
+#: The login page only runs its inline script (it navigates to the dashboard itself: no form post).
+LOGIN_CSP = CSP.replace("connect-src 'self'", "connect-src 'none'")
 
 
-def page_html() -> bytes:
-    """The dashboard page as shipped in the package."""
-    return resources.files("proxy.ops.dashboard").joinpath("page.html").read_bytes()
+def page_html(name: str = "page.html") -> bytes:
+    """A page as shipped in the package (the dashboard, or its login page)."""
+    return resources.files("proxy.ops.dashboard").joinpath(name).read_bytes()
+
+
+def login_page(needs: str, refused: bool) -> Response:
+    """The 401 a browser gets for ``/dashboard`` without the right credential: a form asking for it
+    (``needs``: "admin token" or "API key"; ``refused``: one was sent and not accepted). Only these
+    fixed words go into the page."""
+    why = LOGIN_WHY.get(needs, LOGIN_WHY["admin token"])
+    html = (
+        LOGIN_HTML.replace(b"__WHY__", why.encode())
+        .replace(b"__NEEDS__", needs.encode())
+        .replace(b"__REASON__", b"refused" if refused else b"missing")
+    )
+    headers = {"content-security-policy": LOGIN_CSP, "cache-control": "no-store"}
+    return Response(html, status_code=401, media_type="text/html; charset=utf-8", headers=headers)
+
+
+LOGIN_HTML = page_html("login.html")
+LOGIN_WHY = {
+    "admin token": "This dashboard needs the admin token prefixgate was started with "
+    "(<code>--admin-token</code>).",
+    "API key": "This dashboard needs a client API key (<code>--api-key</code>, "
+    "<code>--api-keys-file</code>); it shows that client's sessions.",
+}
 
 
 def _json(data: object) -> Response:

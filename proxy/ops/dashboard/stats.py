@@ -167,6 +167,10 @@ class TurnLog:
         local = self.locals.get(key)
         return list(local.turns) if local is not None else []
 
+    def as_json(self, key: str) -> list[dict[str, Any]]:
+        """The session's turns as the admin API and the dashboard show them."""
+        return [turn._asdict() for turn in self.get(key)]
+
     def forget(self, key: str) -> None:
         local = self.locals.get(key)
         if local is not None:

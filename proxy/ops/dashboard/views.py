@@ -6,10 +6,13 @@ Every function here reads; none changes the gateway. Shapes (all times wall-cloc
   computed per 100 sent), ``series`` (points after ``since``, fields named in ``series_fields``) and
   ``live`` (the point for now), ``ranks`` (pool, budget, working set of the active sessions, in
   flight, health, hit rate), ``admission`` (queue depth, queued, rejections by reason), ``breaks``
-  (prefix breaks by cause) and ``rewrites`` (canonicalization rewrites by rule).
+  (prefix breaks by cause), ``rewrites`` (canonicalization rewrites by rule), ``traffic`` (request
+  rate, time to first byte p50/p99, errors and 429s: ``proxy.ops.traffic``) and ``settings`` (the
+  active policy and what else decides placement).
 - ``session_rows()``: the sessions table (key, rank, turns, context tokens, hit rate, last break,
   idle seconds).
-- ``session_detail()``: one session with its turns (hits per turn) and its breaks.
+- ``session_detail()``: one session with its turns (hits per turn), its breaks and its threads (main
+  conversation, side requests, sub-agents: ``proxy.state.local.ThreadLocal.to_dict``).
 """
 
 from __future__ import annotations
@@ -117,6 +120,30 @@ def overview(
         },
         "breaks": counter_values(metrics.prefix_breaks, "cause"),
         "rewrites": counter_values(metrics.canonical_rewrites, "rule"),
+        "traffic": metrics.traffic.summary(),
+        "settings": settings_view(gateway),
+    }
+
+
+def settings_view(gateway: Gateway) -> dict[str, Any]:
+    """What decides placement in this process, as the operator set it (no secrets, no URLs)."""
+    settings = gateway.settings
+    router = gateway.router
+    return {
+        "policy": settings.policy,
+        "balance_factor": settings.balance_factor,
+        "canonicalize": not settings.no_canonicalize,
+        "admission": not settings.no_admission,
+        "target_fraction": settings.target_fraction,
+        "session_idle_ttl": settings.session_idle_ttl,
+        "admission_wait": settings.admission_wait,
+        "max_sessions_per_rank": settings.max_sessions_per_rank or None,
+        "state": gateway.state.name,
+        "kv_events": "auto" if (settings.kv_events or "").strip() == "auto" else bool(settings.kv_events),
+        "exact_ranks": sorted(router.exact) if router is not None else [],
+        "block_size": router.block_size if router is not None else None,
+        "tokenizer": settings.tokenization.get("kind", "tiktoken"),
+        "retries": settings.retries,
     }
 
 
@@ -176,6 +203,7 @@ def session_detail(gateway: Gateway, recorder: Recorder, session: Session) -> di
     row["created"] = session.created
     row["hit_tokens_estimated"] = session.hit_tokens_estimated
     row["prefill_tokens"] = session.prefill_tokens
-    row["turns_log"] = [t._asdict() for t in recorder.turns.get(session.key)]
+    row["turns_log"] = recorder.turns.as_json(session.key)
     row["breaks"] = breaks
+    row["threads"] = gateway.threads_of(session.key)
     return row

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The real-agent tier in one command: install the agent CLIs from npm (cached), then run tests/agents:
+# Claude Code, Codex CLI and opencode, each driven through multi-turn sessions with tool calls,
+# through prefixgate against simulated ranks in scripted-tool mode.
+#   bench/agents/test.sh [pytest args...]
+# PYTHON: the interpreter with prefixgate installed ('.[test]'); default python3.
+# The tier is skipped, loudly, when the npm registry cannot be reached; any other failure fails.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON="${PYTHON:-python3}"
+
+status=0
+bash bench/agents/install.sh || status=$?
+if [[ $status -eq 3 ]]; then
+  echo "=================================================================================" >&2
+  echo "SKIPPED the real-agent tier: the npm registry cannot be reached to install the CLIs" >&2
+  echo "=================================================================================" >&2
+  exit 0
+elif [[ $status -ne 0 ]]; then
+  exit "$status"
+fi
+exec timeout 1800 "$PYTHON" -m pytest -m agents tests/agents -q -p no:cacheprovider "$@"

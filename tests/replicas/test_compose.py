@@ -1,0 +1,48 @@
+"""docker-compose.yml: per profile, two prefixgate replicas behind nginx, wired to Redis and to the
+ranks' KV-cache events (checked statically: no Docker engine runs here)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy.config import read_environment
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+
+
+def in_profile(profile: str) -> dict[str, Any]:
+    return {name: s for name, s in SERVICES.items() if profile in s.get("profiles", [])}
+
+
+@pytest.mark.parametrize(("profile", "balancer"), [("gpu", "prefixgate"), ("cpu", "prefixgate-cpu")])
+def test_two_replicas_behind_nginx_share_redis_and_the_ranks_kv_events(profile: str, balancer: str) -> None:
+    services = in_profile(profile)
+    replicas = sorted(n for n, s in services.items() if s.get("command", [None])[0] == "serve")
+    assert len(replicas) == 2
+    lb = services[balancer]
+    assert lb["image"].startswith("nginx") and "8000:8000" in lb["ports"]
+    (mount,) = lb["volumes"]
+    conf = (ROOT / mount.split(":")[0].removeprefix("./")).read_text()
+    upstream = re.findall(r"^\s*server\s+([\w-]+):8000", conf, flags=re.M)
+    assert sorted(upstream) == replicas  # nginx deals requests to exactly this profile's replicas
+    assert "proxy_buffering off" in conf  # streams reach clients chunk by chunk
+    ranks = set()
+    for name in replicas:
+        settings = read_environment(services[name]["environment"])
+        assert settings["redis_url"] == "redis://redis:6379/0" and "redis" in services
+        backends = {b["name"]: b["url"].removeprefix("http://").split(":")[0] for b in settings["backends"]}
+        feeds = dict(item.split("=", 1) for item in settings["kv_events"].split(","))
+        assert feeds.keys() == backends.keys()  # every rank's KV events, at that rank's host
+        assert all(feeds[name].startswith(f"tcp://{host}:") for name, host in backends.items())
+        ranks |= set(backends.values())
+        assert services[name]["healthcheck"]["test"][-1].find("/ready") > 0
+    for rank in ranks:  # every rank publishes the KV events the replicas subscribe to
+        command = " ".join(services[rank]["command"])
+        assert "kv-events" in command or "kv_cache_events" in command, rank

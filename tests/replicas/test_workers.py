@@ -1,0 +1,78 @@
+"""``prefixgate serve --workers N``: N processes on one port, one shared state (an embedded Redis when
+no ``--redis-url`` is given), stopped together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import psutil
+
+from proxy.server import free_port
+from tests.helpers.ranks import RankServers
+from tests.helpers.wait import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def serve(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXGATE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--log-level", "info", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+
+    wait_until(healthy, "prefixgate serve --workers did not start", 60, 0.1, retry_on=(httpx.TransportError,))
+    return proc, url
+
+
+def embedded_dirs() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("prefixgate-redis-*"))
+
+
+def test_workers_share_one_session_table_and_stop_together(rank_servers: RankServers) -> None:
+    ranks = rank_servers.sim(2)
+    before = embedded_dirs()
+    proc, url = serve(["--workers", "2", *(f"--backend={r.name}={r.url}" for r in ranks)])
+    try:
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        serving = [w for w in workers if "redis" not in " ".join(w.cmdline())]
+        embedded = [w for w in workers if "redis" in " ".join(w.cmdline())]
+        assert len(embedded) == 1  # no --redis-url: the supervisor started one for the workers
+        assert len([w for w in serving if w.pid != proc.pid]) >= 2
+        body = {
+            "model": "sim",
+            "messages": [{"role": "user", "content": "shared state " * 80}],
+            "max_tokens": 4,
+        }
+        seen = set()
+        for _ in range(12):  # new connections each time: the kernel deals them across the workers
+            answer = httpx.post(url + "/v1/chat/completions", json=body, headers={"x-session-id": "w1"})
+            assert answer.status_code == 200
+            seen.add(answer.headers["x-prefixgate-backend"])
+        assert len(seen) == 1  # one session, one rank, whichever worker answered
+        session = httpx.get(url + "/admin/sessions/w1").json()
+        assert session["turns"] == 12  # every worker counted into the same record
+        (socket_dir,) = embedded_dirs() - before  # its private directory, with the unix socket
+        assert (socket_dir / "redis.sock").exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    wait_until(
+        lambda: not any(p.is_running() for p in embedded), "the embedded Redis outlived prefixgate", 10
+    )
+    assert not socket_dir.exists()

@@ -1,0 +1,76 @@
+"""What issue 21 found missing from the README and the compose file, kept there: the by-hand quickstart
+with `prefixgate sim`, sessions and their identification, KV events on the vLLM `serve` line, the test
+suite's needs and skip reasons, the probes."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import yaml
+
+from bench.sim import cli as sim_cli
+from proxy.config import Settings, load_settings
+from proxy.stages.identify import DEFAULT_SESSION_HEADERS
+from tests.test_readme import readme_commands
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def section(title: str) -> str:
+    return README.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_test_command_prints_skip_reasons_and_names_what_the_suite_needs():
+    assert readme_commands()[1].endswith("pytest -q -rs")
+    setup = section("Set up on a fresh machine")
+    assert "`../shared`" in setup and "chromium" in setup and "install_browser.sh" in setup
+
+
+def test_the_by_hand_quickstart_matches_the_sim_and_serve_defaults():
+    commands = [line.strip() for line in section("Try it by hand").splitlines() if line.startswith("    ")]
+    assert commands[0].startswith(".venv/bin/prefixgate sim --ranks 2")
+    parser = argparse.ArgumentParser()
+    sim_cli.configure_parser(parser)
+    sim_port = parser.parse_args([]).port
+    # the ranks the sim starts (BASE+i, named sim-i) are the backends of the serve line
+    backends = re.findall(r"--backend (\S+)", commands[1])
+    assert backends == [f"sim-{i}=http://127.0.0.1:{sim_port + i}" for i in range(2)]
+    serve_port = Settings().port
+    assert f"http://127.0.0.1:{serve_port}/v1/chat/completions" in commands[2]
+    assert sim_port != serve_port
+
+
+def test_sessions_are_explained_with_every_way_they_are_identified():
+    text = section("Sessions and admission control")
+    for header in DEFAULT_SESSION_HEADERS:
+        assert f"`{header}`" in text
+    for field in ("prompt_cache_key", "metadata.session_id", "metadata.user_id", "`user`"):
+        assert field in text
+    assert "fingerprint" in text and "`model`" in text
+
+
+def test_the_vllm_serve_line_subscribes_to_the_ranks_kv_events():
+    text = section("Put it in front of a vLLM fleet")
+    vllm_endpoint_port = re.search(r'"endpoint":"tcp://\*:(\d+)"', text).group(1)
+    serve = text.split("prefixgate serve", 1)[1].split("\n\n", 1)[0]
+    spec = re.search(r"--kv-events (\S+)", serve).group(1)
+    backends = re.findall(r"--backend (\S+)", serve)
+    settings = load_settings(flags={"kv_events": spec}, backend_specs=backends, environ={})
+    assert settings.kv_events == spec and all(f":{vllm_endpoint_port}" in s for s in spec.split(","))
+    assert "/ready" in text and "readinessProbe" in text and "livenessProbe" in text
+
+
+def test_compose_probes_readiness_and_wires_kv_events_and_redis():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    # the replicas behind each profile's nginx (tests/replicas/test_compose.py checks the balancing)
+    for name in ("prefixgate-a", "prefixgate-b", "prefixgate-cpu-a", "prefixgate-cpu-b"):
+        service = services[name]
+        assert "/ready" in " ".join(service["healthcheck"]["test"])
+        env = service["environment"]
+        settings = load_settings(environ={k: str(v) for k, v in env.items()})
+        assert settings.kv_events and settings.redis_url == "redis://redis:6379/0"
+        assert {s.split("=")[0] for s in settings.kv_events.split(",")} == {b.name for b in settings.backends}
