@@ -1,7 +1,10 @@
-"""Hypothesis strategies shared by the fuzz suites: any JSON value, wrong types included."""
+"""What the fuzz suites share: any JSON value (wrong types included), and their counts' report."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
@@ -25,3 +28,11 @@ def json_values(text_size: int, items: int, leaves: int) -> st.SearchStrategy[An
         ),
         max_leaves=leaves,
     )
+
+
+def write_counts(out: Path, name: str, tried: Counter[str], statuses: Counter[str]) -> None:
+    """Write the inputs tried (by kind) and the statuses answered to ``out``, and print them."""
+    total = sum(tried.values())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"inputs_tried": total, "by_kind": tried, "statuses": statuses}, indent=2))
+    print(f"\n{name}: {total} inputs tried {dict(tried)}; statuses {dict(statuses)} -> {out}")

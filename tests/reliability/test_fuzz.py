@@ -9,7 +9,6 @@ and it keeps serving afterwards. The number of inputs tried is printed and writt
 
 from __future__ import annotations
 
-import json
 import string
 from collections import Counter
 from pathlib import Path
@@ -116,10 +115,7 @@ def fuzz_target():
 
 
 def write_report() -> None:
-    total = sum(TRIED.values())
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"inputs_tried": total, "by_kind": TRIED, "statuses": STATUSES}, indent=2))
-    print(f"\nfuzz: {total} inputs tried {dict(TRIED)}; statuses {dict(STATUSES)} -> {OUT}")
+    fuzz_values.write_counts(OUT, "fuzz", TRIED, STATUSES)
 
 
 def check(response: httpx.Response, kind: str) -> None:

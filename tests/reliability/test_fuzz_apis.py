@@ -3,8 +3,9 @@ raw-socket mutations of well-formed requests, against one prefixgate before a ra
 anything. prefixgate must answer each one (a 4xx with the API's error body, or the rank's answer):
 never a 5xx, never an unhandled exception, and it keeps serving.
 
-Each body field draws from its valid shapes and from any JSON value (wrong types included); the
-messages and items of each API draw from every kind of part it knows. The counts are printed and
+Every field, of the body and of the messages, items, parts and tools nested in it, draws from its
+valid shapes and from any JSON value (wrong types included); the messages and items of each API
+draw from every kind of part it knows. The counts are printed and
 written to ``bench/out/fuzz_apis.json``; ``FUZZ_SCALE`` multiplies them (CI runs the default, at
 least 10,000 inputs in a couple of minutes).
 """
@@ -12,7 +13,6 @@ least 10,000 inputs in a couple of minutes).
 from __future__ import annotations
 
 import faulthandler
-import json
 import logging
 import os
 import socket
@@ -169,10 +169,7 @@ def no_unhandled_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 
 
 def write_report() -> None:
-    total = sum(TRIED.values())
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"inputs_tried": total, "by_kind": TRIED, "statuses": STATUSES}, indent=2))
-    print(f"\nfuzz tier: {total} inputs tried {dict(TRIED)}; statuses {dict(STATUSES)} -> {OUT}")
+    fuzz_values.write_counts(OUT, "fuzz tier", TRIED, STATUSES)
 
 
 def check(response: httpx.Response, kind: str) -> None:
@@ -194,16 +191,20 @@ def either(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(valid, valid, valid, anything)
 
 
-def body(required: dict[str, Any], optional: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+def body(
+    required: dict[str, Any], optional: dict[str, Any] | None = None
+) -> st.SearchStrategy[dict[str, Any]]:
+    """An object whose every field, nested parts' included, is sometimes of a wrong type."""
     return st.fixed_dictionaries(
-        {k: either(v) for k, v in required.items()}, optional={k: either(v) for k, v in optional.items()}
+        {k: either(v) for k, v in required.items()},
+        optional={k: either(v) for k, v in (optional or {}).items()},
     )
 
 
 text = st.text(max_size=40)
 names = st.text(alphabet=string.ascii_letters + "_-", min_size=1, max_size=12)
 session_keys = st.text(max_size=40) | st.text(alphabet=string.printable, max_size=300)
-schema = st.fixed_dictionaries(
+schema = body(
     {"type": st.sampled_from(["object", "string"]) | anything},
     optional={
         "properties": st.dictionaries(names, anything, max_size=3),
@@ -211,15 +212,15 @@ schema = st.fixed_dictionaries(
     },
 )
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"])
-chat_part = st.fixed_dictionaries(
+chat_part = body(
     {"type": st.sampled_from(["text", "image_url", "input_audio", "file"])},
-    optional={"text": text, "image_url": st.fixed_dictionaries({"url": text})},
+    optional={"text": text, "image_url": body({"url": text})},
 )
-tool_call = st.fixed_dictionaries(
+tool_call = body(
     {
         "id": names,
         "type": st.just("function"),
-        "function": st.fixed_dictionaries({"name": names, "arguments": text}),
+        "function": body({"name": names, "arguments": text}),
     }
 )
 chat_message = body(
@@ -240,7 +241,7 @@ chat_tool = body(
 )
 COMMON = {
     "stream": st.booleans(),
-    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
+    "stream_options": body({}, optional={"include_usage": st.booleans()}),
     "temperature": st.floats(0, 2),
     "top_p": st.floats(0, 1),
     "n": st.integers(1, 3),
@@ -248,7 +249,7 @@ COMMON = {
     "seed": st.integers(-(2**63), 2**63 - 1),
     "user": session_keys,
     "cache_salt": text,
-    "metadata": st.fixed_dictionaries({}, optional={"user_id": session_keys, "session_id": session_keys}),
+    "metadata": body({}, optional={"user_id": session_keys, "session_id": session_keys}),
 }
 chat_bodies = body(
     {"model": st.just(MODEL), "messages": st.lists(either(chat_message), max_size=6)},
@@ -259,7 +260,7 @@ chat_bodies = body(
         "max_tokens": st.integers(-1, 64),
         "max_completion_tokens": st.integers(-1, 64),
         "prompt_cache_key": session_keys,
-        "response_format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object"])}),
+        "response_format": body({"type": st.sampled_from(["text", "json_object"])}),
         "reasoning_effort": st.sampled_from(["low", "medium", "high"]),
         "chat_template_kwargs": st.dictionaries(names, anything, max_size=2),
         "logprobs": st.booleans(),
@@ -283,10 +284,8 @@ completion_bodies = body(
     },
 )
 anthropic_block = st.one_of(
-    st.fixed_dictionaries(
-        {"type": st.just("text"), "text": text}, optional={"cache_control": st.just({"type": "ephemeral"})}
-    ),
-    st.fixed_dictionaries(
+    body({"type": st.just("text"), "text": text}, optional={"cache_control": st.just({"type": "ephemeral"})}),
+    body(
         {
             "type": st.just("image"),
             "source": body(
@@ -294,13 +293,13 @@ anthropic_block = st.one_of(
             ),
         }
     ),
-    st.fixed_dictionaries({"type": st.just("tool_use"), "id": names, "name": names, "input": anything}),
-    st.fixed_dictionaries(
+    body({"type": st.just("tool_use"), "id": names, "name": names, "input": anything}),
+    body(
         {"type": st.just("tool_result"), "tool_use_id": names},
         optional={"content": text | st.lists(anything, max_size=2), "is_error": st.booleans()},
     ),
-    st.fixed_dictionaries({"type": st.just("thinking"), "thinking": text}, optional={"signature": text}),
-    st.fixed_dictionaries({"type": text}),
+    body({"type": st.just("thinking"), "thinking": text}, optional={"signature": text}),
+    body({"type": text}),
 )
 anthropic_message = body(
     {
@@ -321,10 +320,10 @@ message_bodies = body(
         "tools": st.lists(
             either(body({"name": names}, {"description": text, "input_schema": schema})), max_size=3
         ),
-        "tool_choice": st.fixed_dictionaries(
+        "tool_choice": body(
             {"type": st.sampled_from(["auto", "any", "tool", "none"])}, optional={"name": names}
         ),
-        "thinking": st.fixed_dictionaries(
+        "thinking": body(
             {"type": st.sampled_from(["enabled", "disabled"])},
             optional={"budget_tokens": st.integers(0, 4096)},
         ),
@@ -332,7 +331,7 @@ message_bodies = body(
         "top_k": st.integers(0, 100),
     },
 )
-response_part = st.fixed_dictionaries(
+response_part = body(
     {"type": st.sampled_from(["input_text", "output_text", "input_image", "refusal", "summary_text"])},
     optional={"text": text, "image_url": text},
 )
@@ -368,10 +367,8 @@ response_bodies = body(
         "previous_response_id": names,
         "store": st.booleans(),
         "max_output_tokens": st.integers(-1, 64),
-        "reasoning": st.fixed_dictionaries(
-            {}, optional={"effort": st.sampled_from(["low", "high"]), "summary": text}
-        ),
-        "text": st.fixed_dictionaries({}, optional={"format": st.fixed_dictionaries({"type": text})}),
+        "reasoning": body({}, optional={"effort": st.sampled_from(["low", "high"]), "summary": text}),
+        "text": body({}, optional={"format": body({"type": text})}),
         "prompt_cache_key": session_keys,
         "truncation": st.sampled_from(["auto", "disabled"]),
     },
