@@ -63,11 +63,17 @@ def _sim(base_port: int, kv_tokens: int, time_scale: float) -> Subprocess:
     return Subprocess(args, f"http://127.0.0.1:{base_port + RANKS - 1}/health")
 
 
-def _proxy(port: int, base_port: int, admission: bool, idle_ttl: float, wait: float) -> Subprocess:
+def _proxy(
+    port: int, base_port: int, admission: bool, idle_ttl: float | None, wait: float | None
+) -> Subprocess:
     args = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--log-level", "warning"]
     for i in range(RANKS):
         args += ["--backend", f"sim-{i}=http://127.0.0.1:{base_port + i}"]
-    args += ["--session-idle-ttl", str(idle_ttl), "--admission-wait", str(wait)]
+    # unset: prefixgate learns both clocks from the replay's traffic
+    if idle_ttl is not None:
+        args += ["--session-idle-ttl", str(idle_ttl)]
+    if wait is not None:
+        args += ["--admission-wait", str(wait)]
     if not admission:
         args.append("--no-admission")
     return Subprocess(args, f"http://127.0.0.1:{port}/health")
@@ -115,7 +121,8 @@ def run_one(
 ) -> tuple[dict[str, Any], ReplayResult]:
     base = free_port_run(RANKS)
     port = free_port()
-    idle_ttl = args.idle_ttl * args.think_scale  # the trace's clock runs think_scale x faster
+    # the trace's clock runs think_scale x faster
+    idle_ttl = args.idle_ttl * args.think_scale if args.idle_ttl is not None else None
     with _sim(base, kv_tokens, args.time_scale), _proxy(port, base, admission, idle_ttl, args.wait):
         config = TraceReplayConfig(MODEL, concurrency=args.concurrency, time_scale=args.think_scale)
         result = asyncio.run(_replay(f"http://127.0.0.1:{port}", sessions, config, end_sessions))
@@ -158,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--think-scale", type=float, default=0.01, help="trace think times x this")
     parser.add_argument("--time-scale", type=float, default=0.5, help="the sim's model time x this")
     parser.add_argument("--pressure", type=float, default=1.5, help="working set / fleet pool when over")
-    parser.add_argument("--idle-ttl", type=float, default=300.0, help="--session-idle-ttl in trace seconds")
-    parser.add_argument("--wait", type=float, default=600.0, help="--admission-wait (bench: queue, not 429)")
+    parser.add_argument(
+        "--idle-ttl", type=float, default=None, help="--session-idle-ttl in trace seconds (default: learned)"
+    )
+    parser.add_argument("--wait", type=float, default=None, help="--admission-wait (default: learned)")
     args = parser.parse_args(argv)
 
     sessions = load_claude_code(

@@ -11,23 +11,32 @@ a plain load balancer dealing requests out in turn, what a fleet has without pre
 proxy with every stage off, so nothing needs installing); ``prefixgate round_robin`` is round robin
 with prefixgate's admission control and canonicalization on.
 
-Scenarios: ``fits`` (few concurrent conversations: their working set stays under the pools) and
-``over`` (many: the working set exceeds the pools; the table says by how much). Presets:
+Scenarios: ``fits`` (the working set stays under the pools) and ``over`` (it exceeds them; the
+table says by how much), by concurrency; or, with ``--sizing pressure``, the same conversations in
+front of pools sized so the mean working set is 0.5x (``fits``), 1.25x (``over``) or 1.9x
+(``heavy``) the fleet's pools. Each runs at every compute speed of ``--speeds`` (``fast``: 20,000
+prefill tokens/s per rank, ``slow``: 2,500; or a number). Presets:
 
   small   Claude Code, 2 ranks x 181,777 tokens, 10 conversations x 6 requests, scenario over:
           under 2 minutes on 2 cores
   full    Claude Code, 4 ranks x 181,777 tokens, every conversation whose requests all stay under
           100k tokens (40, 806 requests), scenarios fits (6 concurrent) and over (20 concurrent):
           about 7 minutes on 2 cores, see docs/benchmarks.md
+  matrix  the same 40 conversations, 20 at a time, 2 ranks, fast and slow ranks x pressures fits,
+          over (1.25x) and heavy (1.9x), time compressed 100x: about 25 minutes with the peers
 
 Mooncake JSONL (``--trace mooncake-conversation|mooncake-synthetic``) has no session ids: requests
 re-sending an earlier one are grouped into conversations, and ``--conversations`` (default 300,
 0 for the whole file) takes whole families of conversations sharing a prefix, in order of arrival.
 
 Time is compressed: think times (cut to 60 s) x ``--time-scale``, the ranks' modelled GPU time x
-``--sim-time-scale``, and prefixgate's session idle TTL and admission wait likewise. Requests are
-streamed with ``--max-tokens`` output tokens (the trace's own output is in the next request's ids);
-a 429/503 is retried like an agent would (counted in the table).
+``--sim-time-scale``. prefixgate runs with its defaults: its idle TTL and wait bound learn the
+replay's pace from the traffic; ``--scaled-clocks`` adds ``prefixgate prefix_affinity (scaled
+clocks)``, the same with both compressed by hand like the replay (the comparison of learned and
+hand-set clocks). Requests are streamed with ``--max-tokens`` output tokens (the trace's own output
+is in the next request's ids); a 429/503 is retried like an agent would (counted in the table).
+After each scenario a verdict says, per measure, whether prefixgate is ahead of every peer, and
+whether it met issue 17's targets.
 
 Output: a table per scenario, ``results.json`` and PNG plots in ``--out``. The traces are read from
 ``../shared/traces`` (``--traces``); the command stops with a clear message when they are absent.
@@ -48,17 +57,26 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.bench_presets import PRESETS, load_sessions, resolve, time_scaled_prefixgate_flags
+from bench.bench_presets import (
+    PRESETS,
+    load_sessions,
+    prefill_rate,
+    resolve,
+    scenario_fleet,
+    time_scaled_prefixgate_flags,
+)
 from bench.bench_tables import markdown_table, print_table
-from bench.replay import TraceReplayConfig, TurnResult
+from bench.replay import TraceReplayConfig
 from bench.sim.config import DEFAULT_KV_TOKENS
-from bench.system_run import run_system
 from bench.traces import TracesMissing, reuse_breakdown, trace_block_reuse
+from bench.verdict import verdict, verdict_lines
 
 if TYPE_CHECKING:  # psutil (the ``bench`` extra) is imported only when a benchmark runs
     from bench.systems import SystemSpec
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "bench"
+#: prefix_affinity with its clocks compressed by hand (``--scaled-clocks``), beside the default.
+SCALED = "prefixgate prefix_affinity (scaled clocks)"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +91,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="trace to replay (default: the preset's, claude-code)",
     )
     parser.add_argument("--traces", type=Path, default=None, help="trace folder or Mooncake JSONL file")
-    parser.add_argument("--scenarios", default=None, help="fits,over (default: the preset's)")
+    parser.add_argument("--scenarios", default=None, help="fits,over[,heavy] (default: the preset's)")
+    parser.add_argument(
+        "--sizing",
+        choices=["concurrency", "pressure"],
+        default=None,
+        help="scenarios differ by concurrency, or by pools sized for a memory pressure (default: preset's)",
+    )
+    parser.add_argument("--speeds", default=None, help="ranks' compute speeds: fast,slow or prefill tokens/s")
     parser.add_argument("--conversations", type=int, default=None, help="conversations to replay")
     parser.add_argument("--max-requests", type=int, default=None, help="first N requests of each")
     parser.add_argument(
@@ -97,12 +122,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated system names (default: plain round robin, every prefixgate policy and "
         "every peer); plain:round_robin (a plain load balancer: prefixgate with every stage off, the "
-        "baseline of '/ RR'), prefixgate:<policy>, 'sglang cache_aware', 'vllm-router cache_aware', "
+        "baseline of '/ RR'), prefixgate:<policy>, prefixgate:<policy>:<serve flags> (side by side "
+        "with other settings), 'sglang cache_aware', 'vllm-router cache_aware', "
         "'vllm-router consistent_hash'",
     )
     parser.add_argument("--no-peers", action="store_true", help="only prefixgate's policies")
     parser.add_argument(
         "--prefixgate-args", default="", help="extra flags for prefixgate serve, e.g. '--no-admission'"
+    )
+    parser.add_argument(
+        "--scaled-clocks",
+        action="store_true",
+        help="also run prefix_affinity with its idle TTL and admission wait compressed like the replay",
     )
     parser.add_argument(
         "--prefixgate-root", type=Path, default=None, help="run prefixgate from this source tree (a snapshot)"
@@ -134,10 +165,13 @@ def available_policies() -> list[str]:
 def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str]]:
     """The systems to run, and notes on what was left out and why."""
     from bench import peers
-    from bench.systems import PLAIN_ROUND_ROBIN, peer_systems, prefixgate_systems
+    from bench.systems import PLAIN_ROUND_ROBIN, SystemSpec, peer_systems, prefixgate_systems
 
     notes: list[str] = []
     systems = [PLAIN_ROUND_ROBIN, *prefixgate_systems(available_policies())]
+    if args.scaled_clocks:
+        flags = tuple(time_scaled_prefixgate_flags(resolve(args)))
+        systems.append(SystemSpec(SCALED, "prefixgate", "prefix_affinity", args=flags))
     if not args.no_peers:
         if args.install_peers:
             peers.install()
@@ -150,7 +184,15 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
         by_name = {s.name: s for s in systems}
         policies = (s for s in systems if s.kind == "prefixgate" and not s.args)
         by_name.update({f"prefixgate:{s.policy}": s for s in policies})
+        if SCALED in by_name:
+            by_name["prefixgate:scaled"] = by_name[SCALED]
         by_name["plain:round_robin"] = PLAIN_ROUND_ROBIN
+        for w in wanted:  # prefixgate:POLICY:FLAGS, e.g. 'prefixgate:prefix_affinity:--no-admission'
+            kind, _, rest = w.partition(":")
+            policy, _, flags = rest.partition(":")
+            if kind == "prefixgate" and flags and f"prefixgate:{policy}" in by_name:
+                extra = tuple(shlex.split(flags))
+                by_name[w] = SystemSpec(f"prefixgate {policy} {flags}", "prefixgate", policy, args=extra)
         unknown = [w for w in wanted if w not in by_name]
         if unknown:
             raise SystemExit(f"unknown or unavailable systems: {unknown}; available: {sorted(by_name)}")
@@ -171,8 +213,7 @@ def _git_head() -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the comparison; exit status 1 when a system failed or a request errored, 2 without traces."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from bench.bench_run import ScenarioRun
     from bench.systems import FleetConfig
 
     preset = resolve(args)
@@ -187,12 +228,16 @@ def run(args: argparse.Namespace) -> int:
     systems, notes = select_systems(args)
     all_sessions = [s for top in sessions for s in top.all_sessions()]
     n_requests = sum(len(s.requests) for s in all_sessions)
-    fleet = FleetConfig(ranks=preset.ranks, kv_tokens=preset.kv_tokens, time_scale=preset.sim_time_scale)
+    sizes = (
+        f"pools sized for {', '.join(preset.scenarios)}"
+        if preset.sizing == "pressure"
+        else f"{preset.kv_tokens:,} KV tokens"
+    )
     print(
         f"prefixgate bench: {preset.trace}, {len(sessions)} conversations "
         f"({len(all_sessions)} sessions counting sub-agents, {n_requests} requests, "
         f"trace block reuse {trace_block_reuse(all_sessions):.3f}); "
-        f"{preset.ranks} ranks x {preset.kv_tokens:,} KV tokens; "
+        f"{preset.ranks} ranks x {sizes}; speeds {', '.join(preset.speeds)}; "
         f"systems: {', '.join(s.name for s in systems)}",
         flush=True,
     )
@@ -222,72 +267,58 @@ def run(args: argparse.Namespace) -> int:
         "notes": notes,
         "scenarios": {},
     }
-    prefixgate_args = time_scaled_prefixgate_flags(preset) + shlex.split(args.prefixgate_args)
+    # prefixgate's defaults: its clocks learn the replay's pace (``--scaled-clocks`` compares)
+    prefixgate_args = shlex.split(args.prefixgate_args)
     report["prefixgate_args"] = prefixgate_args
     report["prefixgate_root"] = str(args.prefixgate_root or Path(__file__).resolve().parents[1])
     report["git_head"] = _git_head()
     started = time.perf_counter()
     failed = False
-    for scenario in preset.scenarios:
-        concurrency = preset.fits_concurrency if scenario == "fits" else preset.over_concurrency
-        replay_config = TraceReplayConfig(
-            model=fleet.model,
-            concurrency=concurrency,
-            time_scale=preset.time_scale,
-            max_tokens=preset.max_tokens,
-            block_tokens=block_tokens,
-            kv_block_size=fleet.block_size,
-            seed=args.seed,
-        )
-        results: dict[str, dict[str, Any]] = {}
-        with Progress(
-            TextColumn("{task.description:<40}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[hits]}"),
-        ) as progress:
-            for spec in systems:
-                task = progress.add_task(f"{scenario}: {spec.name}", total=n_requests, hits="")
-                tally = [0, 0]
-
-                def on_turn(turn: TurnResult, task: Any = task, tally: list[int] = tally) -> None:
-                    tally[0] += turn.prompt_tokens
-                    tally[1] += turn.cached_tokens
-                    hits = f"hit rate {tally[1] / tally[0]:.3f}" if tally[0] else ""
-                    progress.update(task, advance=1, hits=hits)
-
-                try:
-                    results[spec.name] = run_system(
-                        spec,
-                        sessions,
-                        fleet,
-                        replay_config,
-                        args.out,
-                        on_turn,
-                        prefixgate_args,
-                        args.prefixgate_root,
-                    )
-                except Exception as exc:  # one system failing must not lose the others' results
-                    results[spec.name] = {"failed": f"{type(exc).__name__}: {exc}"}
-                    failed = True
-                if results[spec.name].get("errors"):
-                    failed = True
-                progress.update(task, total=progress.tasks[task].completed)  # stop its clock
-        print_table(f"{scenario} ({concurrency} concurrent conversations)", results, notes)
-        scenario_report = {"concurrency": concurrency, "results": results}
-        report["scenarios"][scenario] = scenario_report
-        if not args.no_plots:
-            done = {n: r for n, r in results.items() if "failed" not in r}
-            if done:
-                from bench.plots import write_plots
-
-                bound = next(iter(done.values()))["bound"]
-                paths = write_plots(scenario, done, bound, args.out)
-                print("plots: " + ", ".join(str(p) for p in paths))
+    for speed in preset.speeds:
+        for scenario in preset.scenarios:
+            name = scenario if len(preset.speeds) == 1 else f"{speed}-{scenario}"
+            concurrency, kv_tokens, pressure = scenario_fleet(preset, scenario, sessions, 16)
+            fleet = FleetConfig(
+                ranks=preset.ranks,
+                kv_tokens=kv_tokens,
+                time_scale=preset.sim_time_scale,
+                prefill_rate=prefill_rate(speed),
+            )
+            replay_config = TraceReplayConfig(
+                model=fleet.model,
+                concurrency=concurrency,
+                time_scale=preset.time_scale,
+                max_tokens=preset.max_tokens,
+                block_tokens=block_tokens,
+                kv_block_size=fleet.block_size,
+                seed=args.seed,
+            )
+            run = ScenarioRun(name, systems, sessions, fleet, replay_config, n_requests, args)
+            results, scenario_failed = run.run(prefixgate_args)
+            failed = failed or scenario_failed
+            title = (
+                f"{name} ({concurrency} concurrent conversations, {fleet.ranks} ranks x {kv_tokens:,} KV "
+                f"tokens, prefill {fleet.prefill_rate:,.0f} tokens/s)"
+            )
+            print_table(title, results, notes)
+            found = verdict(name, results)
+            for line in verdict_lines(found) if found is not None else ():
+                print(line)
+            report["scenarios"][name] = {
+                "concurrency": concurrency,
+                "kv_tokens": kv_tokens,
+                "prefill_rate": fleet.prefill_rate,
+                "pressure_aimed": pressure,
+                "results": results,
+                "verdict": found,
+            }
+            if not args.no_plots:
+                run.plots(results)
     report["wall_s"] = time.perf_counter() - started
     tables = [
-        f"### {name} ({sc['concurrency']} concurrent conversations)\n\n{markdown_table(sc['results'])}"
+        f"### {name} ({sc['concurrency']} concurrent conversations, {sc['kv_tokens']:,} KV tokens per rank, "
+        f"prefill {sc['prefill_rate']:,.0f} tokens/s)\n\n{markdown_table(sc['results'])}\n"
+        + "".join(f"- {line}\n" for line in (verdict_lines(sc["verdict"]) if sc["verdict"] else ()))
         for name, sc in report["scenarios"].items()
     ]
     (args.out / "tables.md").write_text("\n".join(tables))

@@ -1,9 +1,19 @@
 """What a ``prefixgate bench`` run replays: the presets, the flags that override them, the sessions.
 
-A ``Preset`` fixes the trace, how much of it, the scenarios and their concurrency, the simulated
-fleet and the time compression; ``resolve`` applies the command's flags to one, ``load_sessions``
-reads the conversations it names and ``time_scaled_prefixgate_flags`` compresses prefixgate's own
-clocks like the replay's.
+A ``Preset`` fixes the trace, how much of it, the scenarios, the simulated fleet (its ranks'
+compute speeds among them) and the time compression; ``resolve`` applies the command's flags to
+one, ``load_sessions`` reads the conversations it names and ``scenario_fleet`` sizes each
+scenario. Scenarios are sized one of two ways (``Preset.sizing``):
+
+- ``concurrency``: ``fits`` and ``over`` differ in how many conversations run at once
+  (``fits_concurrency``, ``over_concurrency``) in front of ``kv_tokens`` pools;
+- ``pressure``: every scenario runs ``over_concurrency`` conversations and differs only in memory:
+  each rank's pool is sized so that the replay's mean working set is ``PRESSURES[scenario]`` x the
+  fleet's pools (``bench/pressure.py``).
+
+prefixgate runs with its defaults: its clocks learn the replay's pace. ``time_scaled_prefixgate_flags``
+gives the flags that compress its clocks by hand like the replay's, for the side-by-side comparison
+(``--scaled-clocks``).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.pressure import mean_working_set, pool_for
 from bench.sim.config import DEFAULT_KV_TOKENS
 from bench.traces import CLAUDE_CODE_DIR, MOONCAKE_DIR, TraceSession, load_claude_code, load_mooncake
 
@@ -33,6 +44,17 @@ class Preset:
     sim_time_scale: float = 0.02
     time_scale: float = 0.005
     max_tokens: int = 8
+    #: The ranks' compute speeds to run (``SPEEDS``), each a dimension beside the scenarios.
+    speeds: tuple[str, ...] = ("fast",)
+    #: How scenarios differ: ``concurrency`` or ``pressure`` (see the module docstring).
+    sizing: str = "concurrency"
+
+
+#: Prefill tokens per second of a simulated rank (before the sim's time compression): an H100-class
+#: rank serving an ~8B model, and one a tenth as fast (a larger model, or a smaller GPU).
+SPEEDS: dict[str, float] = {"fast": 20_000.0, "slow": 2_500.0}
+#: Working set over the fleet's pools, per scenario, when scenarios are sized by pressure.
+PRESSURES: dict[str, float] = {"fits": 0.5, "over": 1.25, "heavy": 1.9}
 
 
 #: Conversations a Mooncake replay takes by default (the first ones to arrive, each whole).
@@ -47,6 +69,21 @@ PRESETS: dict[str, Preset] = {
         scenarios=("fits", "over"),
         fits_concurrency=6,
         over_concurrency=20,
+    ),
+    # Issue 17's comparison: both compute speeds x three memory pressures, think times and the
+    # ranks' time compressed 100x, the same 20 concurrent conversations throughout. Two ranks, so
+    # that even at 1.9x a pool still holds a handful of sessions (234k tokens against sessions of
+    # up to 100k), as a production pool does.
+    "matrix": Preset(
+        conversations=None,
+        max_requests=None,
+        scenarios=("fits", "over", "heavy"),
+        over_concurrency=20,
+        ranks=2,
+        sim_time_scale=0.01,
+        time_scale=0.01,
+        speeds=("fast", "slow"),
+        sizing="pressure",
     ),
 }
 
@@ -67,6 +104,7 @@ def resolve(args: argparse.Namespace) -> Preset:
         "sim_time_scale",
         "time_scale",
         "max_tokens",
+        "sizing",
     ):
         value = getattr(args, field)
         if value is not None:
@@ -78,7 +116,42 @@ def resolve(args: argparse.Namespace) -> Preset:
         overrides.setdefault("max_requests", None)
     if args.scenarios:
         overrides["scenarios"] = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
-    return replace(preset, **overrides)
+    if args.speeds:
+        overrides["speeds"] = tuple(s.strip() for s in args.speeds.split(",") if s.strip())
+    resolved = replace(preset, **overrides)
+    unknown = [s for s in resolved.speeds if s not in SPEEDS and not _is_number(s)]
+    if unknown:
+        raise SystemExit(f"unknown speeds {unknown}: {', '.join(SPEEDS)} or prefill tokens/s")
+    if resolved.sizing == "pressure":
+        odd = [s for s in resolved.scenarios if s not in PRESSURES and not _is_number(s.lstrip("x"))]
+        if odd:
+            raise SystemExit(f"unknown scenarios {odd}: {', '.join(PRESSURES)} or a pressure like x1.5")
+    return resolved
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def prefill_rate(speed: str) -> float:
+    """Prefill tokens/s of a speed name (``SPEEDS``) or a number."""
+    return SPEEDS[speed] if speed in SPEEDS else float(speed)
+
+
+def scenario_fleet(
+    preset: Preset, scenario: str, sessions: list[TraceSession], block_size: int
+) -> tuple[int, int, float | None]:
+    """(concurrency, each rank's pool in tokens, the pressure aimed at) of one scenario."""
+    if preset.sizing != "pressure":
+        concurrency = preset.fits_concurrency if scenario == "fits" else preset.over_concurrency
+        return concurrency, preset.kv_tokens, None
+    pressure = PRESSURES[scenario] if scenario in PRESSURES else float(scenario.lstrip("x"))
+    working_set = mean_working_set(sessions, preset.over_concurrency, preset.time_scale)
+    return preset.over_concurrency, pool_for(working_set, pressure, preset.ranks, block_size), pressure
 
 
 def load_sessions(preset: Preset, traces: Path | None, seed: int) -> tuple[list[TraceSession], int]:

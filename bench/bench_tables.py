@@ -27,6 +27,8 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
         "TTFT p99",
         "e2e p50",
         "e2e p99",
+        "mean turn",
+        "completion",
         "sessions",
         "errors",
         "429s",
@@ -36,7 +38,7 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
     base = rr_baseline(results)
     for name, r in results.items():
         if "failed" in r:
-            table.add_row(name, *["-"] * 12, r["failed"][:40])
+            table.add_row(name, *["-"] * 14, r["failed"][:40])
             continue
         cpu = r["proxy_cpu_ms_per_request"]
         table.add_row(
@@ -50,6 +52,8 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
             f"{r['ttft_p99_ms']:.0f}ms",
             f"{r['latency_p50_ms']:.0f}ms",
             f"{r['latency_p99_ms']:.0f}ms",
+            f"{r.get('latency_mean_ms', 0):.0f}ms",
+            f"{r['wall_s']:.1f}s",
             str(r["completed_sessions"]),
             str(r["errors"]),
             str(r["rejections"]),
@@ -82,12 +86,12 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
     base = rr_baseline(results)
     lines = [
         "| system | hit rate | / bound | prefill Mtok | prefill / RR | preemptions | TTFT p50 | TTFT p99 "
-        "| e2e p50 | e2e p99 | sessions | errors | 429s | CPU ms/req |",
-        "|---|" + "---:|" * 13,
+        "| e2e p50 | e2e p99 | mean turn | completion | sessions | errors | 429s | CPU ms/req |",
+        "|---|" + "---:|" * 15,
     ]
     for name, r in results.items():
         if "failed" in r:
-            lines.append(f"| {name} | failed: {r['failed'][:60]} |" + " |" * 12)
+            lines.append(f"| {name} | failed: {r['failed'][:60]} |" + " |" * 14)
             continue
         cpu = r["proxy_cpu_ms_per_request"]
         ratio = f"{r['prefill_tokens'] / base:.2f}" if base else "-"
@@ -95,6 +99,7 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
             f"| {name} | {r['hit_rate']:.3f} | {r['hit_rate'] / r['bound']:.3f} | "
             f"{r['prefill_tokens'] / 1e6:.2f} | {ratio} | {r['preemptions']} | {r['ttft_p50_ms']:.0f} ms | "
             f"{r['ttft_p99_ms']:.0f} ms | {r['latency_p50_ms']:.0f} ms | {r['latency_p99_ms']:.0f} ms | "
+            f"{r.get('latency_mean_ms', 0):.0f} ms | {r['wall_s']:.1f} s | "
             f"{r['completed_sessions']} | {r['errors']} | {r['rejections']} | "
             + (f"{cpu:.1f}" if cpu is not None else "-")
             + " |"

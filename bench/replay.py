@@ -88,6 +88,7 @@ class ReplayResult:
             "ttft_p99_ms": percentile(ttfts, 99) * 1000,
             "latency_p50_ms": median(latencies) * 1000,
             "latency_p99_ms": percentile(latencies, 99) * 1000,
+            "latency_mean_ms": sum(latencies) / len(latencies) * 1000 if latencies else 0.0,
             "wall_s": self.wall_s,
         }
 

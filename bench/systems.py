@@ -21,7 +21,7 @@ import psutil
 
 from bench.common import free_port_run, wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
-from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL
+from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
 from proxy.server import free_port
 
 #: Counters summed over the fleet (Prometheus exposes counters with a ``_total`` suffix).
@@ -41,6 +41,8 @@ class FleetConfig:
     time_scale: float = 0.02
     block_size: int = 16
     model: str = DEFAULT_MODEL
+    #: Prefill tokens per second of each rank (before ``time_scale``): its compute speed.
+    prefill_rate: float = DEFAULT_PREFILL_RATE
 
 
 class SimFleetProcess:
@@ -62,6 +64,7 @@ class SimFleetProcess:
         args += ["--ranks", str(c.ranks), "--base-port", str(self.base_port)]
         args += ["--kv-tokens", str(c.kv_tokens), "--time-scale", str(c.time_scale)]
         args += ["--block-size", str(c.block_size), "--model", c.model]
+        args += ["--prefill-rate", str(c.prefill_rate)]
         if self.log is not None:
             self.log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor

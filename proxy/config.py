@@ -29,6 +29,15 @@ from proxy import config_checks as check
 from proxy.config_checks import describe, setting_of, yaml_problem
 from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
 
+#: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
+#: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. Until the traffic has shown
+#: enough think gaps of its own (``proxy.admission.think_gaps.MIN_SAMPLES``), a session quiet for
+#: longer has most likely ended.
+DEFAULT_IDLE_TTL_S = 300.0
+#: Until the traffic has shown enough request durations, a new session waits for room at most this
+#: long (then the learned bound: a long request's duration, see ``proxy/admission/timing.py``).
+DEFAULT_WAIT_S = 30.0
+
 ENV_PREFIX = "PREFIXGATE_"
 KiB = 1024
 MiB = 1024 * 1024
@@ -104,9 +113,11 @@ class Settings(BaseModel):
     debug_headers: bool = False
     # sessions and admission control (proxy/sessions.py, proxy/admission.py)
     no_admission: bool = False
+    admission_policy: Literal["cost", "budget"] = "cost"
     target_fraction: float = Field(default=0.8, gt=0, le=1.0)
-    session_idle_ttl: float = Field(default=300.0, gt=0)
-    admission_wait: float = Field(default=30.0, ge=0)
+    # None: learned from the traffic (think gaps, request durations); a value overrides
+    session_idle_ttl: float | None = Field(default=None, gt=0)
+    admission_wait: float | None = Field(default=None, ge=0)
     max_sessions_per_rank: int = Field(default=0, ge=0)
     session_memory_mb: float = Field(default=512.0, gt=0)
     # connections: to the ranks (proxy/stages/forward.py) and from clients (proxy/server.py)
@@ -163,6 +174,9 @@ class Option:
     field: str
     type: type
     help: str
+    #: A learned setting's value until the traffic teaches it (``Settings`` leaves it None: unset,
+    #: it is learned), shown as its default.
+    starts_at: float | None = None
 
     @property
     def flag(self) -> str:
@@ -230,13 +244,27 @@ OPTIONS: tuple[Option, ...] = (
     Option("no_canonicalize", bool, "forward system prompts and tools as sent (no canonicalization rules)"),
     Option("debug_headers", bool, "add x-prefixgate-canonical-rewrites (rules applied) to responses"),
     Option("no_admission", bool, "admit every new session (no per-rank KV budget, no queue, no 429)"),
+    Option(
+        "admission_policy",
+        str,
+        "cost (admit past a rank's budget when that costs less than waiting, never refuse for lack of "
+        "room) or budget (hold every budget, 429 after the wait)",
+    ),
     Option("target_fraction", float, "share of a rank's KV pool its active sessions may fill (its budget)"),
     Option(
         "session_idle_ttl",
         float,
-        "seconds after its last request a session stops counting against its rank's budget",
+        "override: seconds after its last request a session stops counting against its rank's budget "
+        "(unset: learned from the sessions' think gaps, starting at the default)",
+        starts_at=DEFAULT_IDLE_TTL_S,
     ),
-    Option("admission_wait", float, "seconds a new session waits for a rank with room before a 429 (FIFO)"),
+    Option(
+        "admission_wait",
+        float,
+        "override: seconds a new session waits at most for a rank with room (unset: learned from "
+        "the requests' durations, starting at the default)",
+        starts_at=DEFAULT_WAIT_S,
+    ),
     Option("max_sessions_per_rank", int, "most active sessions on one rank (0: no limit)"),
     Option(
         "session_memory_mb",

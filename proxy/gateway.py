@@ -15,6 +15,7 @@ import aiohttp
 import httpx
 
 from proxy.admission import Admission, admission_from_settings
+from proxy.admission.config import DEFAULT_IDLE_TTL_S
 from proxy.config import Settings
 from proxy.explain import Explainer
 from proxy.ops.auth import upstream_auth_headers
@@ -39,6 +40,7 @@ from proxy.state.sessions import Session, SessionTable
 from routing.health import check_all, run_health_checks
 from routing.kv_events import KVEventSubscriber
 from routing.policies import make_policy, needs_of
+from routing.rank_metrics import poll_all, run_metrics_polls
 from routing.ranks import Fleet, Rank
 from tokenization.backend_info import block_size_of, parse_cache_config_info
 from tokenization.config import TokenizerConfig
@@ -58,7 +60,8 @@ class Gateway:
         self.state: StateBackend = open_state(settings)
         #: What this process keeps per session between its turns, for every stage.
         self.locals = SessionLocals(budget_bytes=int(settings.session_memory_mb * 1024 * 1024))
-        self.sessions = SessionTable(self.state.sessions(), settings.session_idle_ttl)
+        # the idle TTL until admission has learned one from the traffic (or the configured one)
+        self.sessions = SessionTable(self.state.sessions(), settings.session_idle_ttl or DEFAULT_IDLE_TTL_S)
         self.explainer = Explainer(
             self.locals, self.metrics, on_break=self.sessions.add_break, keep_text=settings.log_bodies
         )
@@ -116,8 +119,10 @@ class Gateway:
         hasher = incremental.hasher if incremental is not None else None
         self._kv_feeds = await start_kv_event_feeds(settings.kv_events, client, router, hasher, self.metrics)
         self.admission = admission = admission_from_settings(
-            settings, self.sessions, self.fleet, self.metrics, block_size
+            settings, self.sessions, self.fleet, self.metrics, block_size, router
         )
+        # the ranks' context lengths and first figures before the first request
+        await poll_all(client, self.fleet, settings.health_timeout, admission.observe_rank)
         threads = Threads(self.locals)
         self.pipeline = Pipeline(
             Parse(settings.max_body_bytes, Bounds.from_settings(settings)),
@@ -154,6 +159,15 @@ class Gateway:
                 run_health_checks(client, self.fleet, settings.health_interval, settings.health_timeout)
             ),
             asyncio.create_task(self._refresh_admission(admission)),
+            asyncio.create_task(
+                run_metrics_polls(
+                    client,
+                    self.fleet,
+                    settings.health_interval,
+                    settings.health_timeout,
+                    admission.observe_rank,
+                )
+            ),
         ]
         for rank in self.fleet:
             state = "healthy" if rank.healthy else f"DOWN ({rank.last_error})"
@@ -206,7 +220,7 @@ class Gateway:
         """Apply what time changes to admission's accounting (sessions idling out, reservations
         expiring), whether or not requests arrive."""
         while True:
-            await asyncio.sleep(admission.config.poll_interval)
+            await asyncio.sleep(admission.poll_interval())
             admission.refresh()
 
     async def _learn_cache_config(self, rank: Rank) -> None:

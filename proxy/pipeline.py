@@ -231,8 +231,9 @@ class Pipeline:
         return Response(body, status_code=status, headers=headers)
 
     def _unanswered(self, ctx: RequestContext | None, status: int, error: str) -> None:
-        """A routed request that no rank answered: the observers release what they hold for it."""
-        if ctx is not None and ctx.plan is not None:
+        """An admitted request that no rank answered (routed or not): the observers release what they
+        hold for it."""
+        if ctx is not None and (ctx.plan is not None or ctx.admitted is not None):
             self.observers.finished(Outcome(ctx, None, status, error=error))
 
     def _session_headers(self, ctx: RequestContext) -> dict[str, str]:

@@ -23,6 +23,8 @@ class Rank:
     url: str
     pool_tokens: int | None = None
     block_size: int | None = None
+    #: The longest context the rank serves (its ``/v1/models`` card's ``max_model_len``), once known.
+    max_model_len: int | None = None
     healthy: bool = True
     in_flight: int = 0
     consecutive_failures: int = 0
@@ -68,6 +70,7 @@ class Rank:
             "in_flight": self.in_flight,
             "pool_tokens": self.pool_tokens,
             "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
             "last_error": self.last_error,
             "last_checked": self.last_checked,
             "down_since": self.down_since,

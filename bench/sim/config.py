@@ -29,6 +29,7 @@ from tokenization.block_hash import HashAlgo, none_hash_seed
 
 DEFAULT_KV_TOKENS = 181_777
 DEFAULT_MODEL = "prefixgate-sim"
+DEFAULT_PREFILL_RATE = 20_000.0
 
 KvEventsVersion = Literal["0.33", "0.11"]
 
@@ -109,7 +110,7 @@ class SimConfig:
     #: NONE_HASH seed; None = PYTHONHASHSEED of the environment, else vLLM 0.33's default seed.
     hash_seed: str | None = None
     time_scale: float = 1.0
-    prefill_rate: float = 20_000.0
+    prefill_rate: float = DEFAULT_PREFILL_RATE
     decode_base_s: float = 0.006
     decode_per_seq_s: float = 0.00008
     decode_per_context_token_s: float = 4e-8

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bench.sim.latency import NAMES
 from bench.sim.rank import SimRank
 
 
@@ -58,6 +59,11 @@ class RankMetrics(Collector):
         )
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens)
+        for short, histogram in engine.latencies.histograms.items():
+            name, doc = NAMES[short]
+            family = HistogramMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, histogram.buckets(), histogram.sum)
+            yield family
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",

@@ -34,6 +34,7 @@ from typing import Any
 
 from bench.sim.block_pool import Block, BlockPool, PoolEvent
 from bench.sim.config import SimConfig
+from bench.sim.latency import RequestLatencies
 from bench.sim.prompts import Prompt
 from bench.sim.sequences import OUTPUT_TOKEN_IDS, OutQueue, RequestTooLarge, SimRequest, Status
 from tokenization.block_hash import BlockHasher
@@ -81,6 +82,7 @@ class Engine:
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.counters = Counters()
+        self.latencies = RequestLatencies()
         self._ids = itertools.count()
         self._wakeup = asyncio.Event()
         self._stopping = False
@@ -136,7 +138,6 @@ class Engine:
             for i in range(n)
         ]
         self.waiting.extend(reqs)
-        self.counters.prompt_tokens += num_prompt
         self._wakeup.set()
         return reqs, out
 
@@ -256,6 +257,7 @@ class Engine:
                     self._record_lookup(req, num_hit_tokens)
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = num_hit_tokens
+                    req.scheduled_at = time.monotonic()
                     self.counters.requests_admitted += 1
                 req.num_computed_tokens += num_hit_tokens
                 req.status = Status.RUNNING
@@ -300,6 +302,7 @@ class Engine:
         hasher = self.hasher
         words = OUTPUT_TOKEN_IDS
         finished: list[SimRequest] = []
+        now = time.monotonic()
         for req, num_new in plan.scheduled:
             if req.status is not Status.RUNNING:
                 continue  # aborted or preempted during the step
@@ -307,6 +310,9 @@ class Engine:
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk: nothing sampled yet
             k = len(req.output_token_ids)
+            if k == 0 and req.index == 0:  # like vLLM: a request's prompt counts once its prefill is done
+                self.counters.prompt_tokens += req.num_prompt_tokens
+                self.latencies.first_token(req.arrival, req.scheduled_at, now)
             script = req.script
             token = script[k] if script is not None else words[(req.num_prompt_tokens + k) % len(words)]
             req.output_token_ids.append(token)
@@ -332,6 +338,7 @@ class Engine:
         for req in finished:
             self.running.remove(req)
             self._free(req)
+            self.latencies.finished(req.arrival, now)
             req.status = Status.FINISHED
             self.counters.requests_finished += 1
 

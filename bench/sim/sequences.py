@@ -62,6 +62,8 @@ class SimRequest:
     blocks: list[Block] = field(default_factory=list)
     num_cached_blocks: int = 0
     arrival: float = 0.0
+    #: When the scheduler first gave it a step (``time.monotonic()``; 0: still waiting).
+    scheduled_at: float = 0.0
 
     @property
     def num_tokens(self) -> int:

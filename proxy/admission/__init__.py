@@ -2,11 +2,17 @@
 
 - ``gate.py``: ``Admission``, the stage's face (admit, placed, finished, release, count, refresh);
 - ``accounting.py``: the pure count of each rank's active sessions and reservations;
-- ``room.py``: the policy: which ranks have room for a new session, which session leaves a rank
-  that outgrew its pool;
-- ``queue.py``: the FIFO wait for room;
-- ``growth.py``, ``think_gaps.py``: what the traffic teaches (how far sessions grow, how long
-  agents think);
+- ``room.py``: which ranks have room for a new session within their budgets, which session leaves a
+  rank that outgrew its pool (the ``budget`` policy);
+- ``cost.py``: the ``cost`` policy (the default): admit where it costs least, or wait when waiting
+  costs less;
+- ``queue.py``: the wait for room, by priority and weighted-fair across client keys;
+- ``growth.py``, ``think_gaps.py``, ``timing.py``, ``rank_speed.py``: what the traffic and the ranks
+  teach (how far sessions grow, how long agents think, when a session has ended, how long a new one
+  may wait, how fast each rank computes);
+- ``turns.py``, ``moves.py``: a session's record as its turns come, fail and move;
+- ``explain.py``: each decision, said (the session's record, the metrics); ``refusals.py``: the 429s
+  and the 400;
 - ``config.py``: the settings and the rule that judges a quiet session ended.
 """
 
@@ -14,7 +20,7 @@ from __future__ import annotations
 
 from proxy.admission.accounting import RankState, Reservation
 from proxy.admission.config import AdmissionConfig
-from proxy.admission.gate import Admission, Admitted
+from proxy.admission.gate import Admission, Admitted, Placement
 from proxy.config import Settings
 from proxy.ops.metrics import Metrics
 from proxy.state.sessions import SessionTable
@@ -22,9 +28,15 @@ from routing.ranks import Fleet
 
 
 def admission_from_settings(
-    settings: Settings, table: SessionTable, fleet: Fleet, metrics: Metrics, block_size: int
+    settings: Settings,
+    table: SessionTable,
+    fleet: Fleet,
+    metrics: Metrics,
+    block_size: int,
+    placement: Placement | None = None,
 ) -> Admission:
-    """``Admission`` for ``no_admission``, ``target_fraction``, ``session_idle_ttl``, ... ."""
+    """``Admission`` for ``no_admission``, ``admission_policy``, ``target_fraction``,
+    ``session_idle_ttl`` and ``admission_wait`` (None: learned), ... ."""
     config = AdmissionConfig(
         enabled=not settings.no_admission,
         target_fraction=settings.target_fraction,
@@ -32,14 +44,16 @@ def admission_from_settings(
         wait=settings.admission_wait,
         max_sessions_per_rank=settings.max_sessions_per_rank or None,
         block_size=block_size,
+        policy=settings.admission_policy,
     )
-    return Admission(table, fleet, config, metrics)
+    return Admission(table, fleet, config, metrics, placement)
 
 
 __all__ = [
     "Admission",
     "AdmissionConfig",
     "Admitted",
+    "Placement",
     "RankState",
     "Reservation",
     "admission_from_settings",

@@ -45,6 +45,9 @@ class RankState:
     #: Sessions past their own release time, longest idle first, with the projected tokens releasing
     #: each frees.
     reclaimable: list[tuple[Session, int]] = field(default_factory=list)
+    #: Every session in the order the rank's cache evicts them (least recently answered first, those
+    #: in flight last), with the projected tokens each frees.
+    lru: list[tuple[Session, int]] = field(default_factory=list)
     #: Its sessions' keys and context tokens.
     members: list[tuple[str, int]] = field(default_factory=list)
 
@@ -75,9 +78,12 @@ def count(
     config: AdmissionConfig,
     now: float,
     expected_peak: Callable[[int], int],
-    typical_gap: float | None,
+    release_after: Callable[[Session], float],
+    idle_ttl: float,
 ) -> dict[str, RankState]:
-    """Working set and session count per rank from the ``active`` sessions and live reservations."""
+    """Working set and session count per rank from the ``active`` sessions and live reservations
+    (``idle_ttl``: the one in force, configured or learned; ``release_after``: a session's quiet
+    seconds after which it has most likely ended)."""
     fraction = config.target_fraction
     states = {
         r.name: RankState(r.name, r.pool_tokens, int(r.pool_tokens * fraction) if r.pool_tokens else None)
@@ -87,7 +93,7 @@ def count(
     # sessions a pending reservation will release: their room is spoken for already
     claimed = {(name, victim) for r in live for name, victims in r.victims.items() for victim in victims}
     reclaimable: list[tuple[float, Session, RankState]] = []
-    idle_ttl = config.idle_ttl
+    by_recency: list[tuple[float, Session, RankState]] = []
     for session in active:
         state = states.get(session.rank) if session.rank is not None else None
         if state is None or (state.name, session.key) in claimed:
@@ -110,14 +116,16 @@ def count(
         idle_at = session.last_seen + idle_ttl
         if state.next_idle_at is None or idle_at < state.next_idle_at:
             state.next_idle_at = idle_at
-        if session.answered and now - session.answered_at > config.release_after(session, typical_gap):
+        answered = session.answered
+        by_recency.append((session.answered_at if answered else now, session, state))
+        if answered and now - session.answered_at > release_after(session):
             reclaimable.append((session.answered_at, session, state))
+    by_recency.sort(key=lambda item: item[0])
     reclaimable.sort(key=lambda item: item[0])  # longest idle first
+    for _, session, state in by_recency:
+        state.lru.append((session, _freed(session, state, expected_peak)))
     for _, session, state in reclaimable:
-        # a head other sessions also hold stays cached: releasing frees the rest only
-        shared = session.head_key is not None and state.heads[session.head_key] > 1
-        freed = expected_peak(session.context_tokens) - (session.head_tokens if shared else 0)
-        state.reclaimable.append((session, max(freed, 0)))
+        state.reclaimable.append((session, _freed(session, state, expected_peak)))
     for reservation in live:
         for name in reservation.allowed:
             rank_state = states.get(name)
@@ -125,6 +133,13 @@ def count(
                 rank_state.reserved_tokens += reservation.tokens
                 rank_state.reserved_sessions += 1
     return states
+
+
+def _freed(session: Session, state: RankState, expected_peak: Callable[[int], int]) -> int:
+    """The projected tokens ``session`` leaving ``state``'s rank frees: a head other sessions also
+    hold stays cached, so releasing frees the rest only."""
+    shared = session.head_key is not None and state.heads[session.head_key] > 1
+    return max(expected_peak(session.context_tokens) - (session.head_tokens if shared else 0), 0)
 
 
 def log_over_pool(states: dict[str, RankState], over: set[str]) -> None:

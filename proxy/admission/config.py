@@ -5,14 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.admission.think_gaps import OWN_EVIDENCE
+from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
 from proxy.state.sessions import Session
 
 DEFAULT_TARGET_FRACTION = 0.8
-#: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
-#: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. A session quiet for longer has
-#: most likely ended (or its user has left), and its blocks are fair game.
-DEFAULT_IDLE_TTL_S = 300.0
-DEFAULT_WAIT_S = 30.0
 #: A session quiet for longer than this many times its longest think gap so far has most likely ended:
 #: in those traces a session's next gap exceeds twice its longest earlier gap for ~5 % of gaps.
 DEFAULT_RELEASE_FACTOR = 2.0
@@ -25,36 +21,53 @@ RESERVATION_TTL_S = 30.0
 #: Without a token count (policies that skip the blocks stage) a prompt is estimated from its body.
 BYTES_PER_TOKEN = 4
 
+#: The admission policies: ``cost`` (the default) weighs admitting past a rank's budget against
+#: waiting for room (``cost.py``); ``budget`` holds every rank to its budget and answers 429 after
+#: the wait (``room.py``), for operators who want a hard memory cap.
+POLICIES = ("cost", "budget")
+
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     enabled: bool = True
     target_fraction: float = DEFAULT_TARGET_FRACTION
-    idle_ttl: float = DEFAULT_IDLE_TTL_S
-    wait: float = DEFAULT_WAIT_S
+    #: Seconds after which a quiet session has ended; None: learned from the think gaps (``timing``).
+    idle_ttl: float | None = DEFAULT_IDLE_TTL_S
+    #: Seconds a new session waits for room at most; None: learned from request durations.
+    wait: float | None = DEFAULT_WAIT_S
     max_sessions_per_rank: int | None = None
     block_size: int = 16
     release_factor: float = DEFAULT_RELEASE_FACTOR
     #: Fraction of ``idle_ttl``: the least idle time after which a session can be reclaimed.
     release_min_fraction: float = DEFAULT_RELEASE_MIN_FRACTION
+    policy: str = "cost"
 
-    def release_after(self, session: Session, typical_gap: float | None = None) -> float:
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown admission policy {self.policy!r}; one of {', '.join(POLICIES)}")
+
+    def release_after(
+        self, session: Session, typical_gap: float | None = None, idle_ttl: float | None = None
+    ) -> float:
         """Seconds after its last answer from which ``session`` counts as ended when room is needed.
 
         ``typical_gap``: a long think gap of the population (``ThinkGaps``), which stands in for the
         session's own while it has fewer than ``OWN_EVIDENCE`` gaps: with none it would hold its room
         for the whole idle TTL, with one short gap it would count as ended after twice that.
+        ``idle_ttl``: the TTL in force (learned, when the configuration leaves it open).
         """
+        ttl = idle_ttl if idle_ttl is not None else self.idle_ttl
+        if ttl is None:
+            ttl = DEFAULT_IDLE_TTL_S
         if typical_gap is not None and session.gaps < OWN_EVIDENCE:
             estimate = max(session.gap_max, typical_gap)
         elif session.gaps:
             estimate = session.gap_max
         else:
-            return self.idle_ttl  # no think time seen yet: nothing to judge by
-        floor = self.idle_ttl * self.release_min_fraction
-        return min(self.idle_ttl, max(floor, self.release_factor * estimate))
+            return ttl  # no think time seen yet: nothing to judge by
+        floor = ttl * self.release_min_fraction
+        return min(ttl, max(floor, self.release_factor * estimate))
 
-    @property
-    def poll_interval(self) -> float:
+    def poll_interval(self, idle_ttl: float) -> float:
         """How often a queued request re-checks: sessions idle out with time, other replicas change."""
-        return min(0.25, max(self.idle_ttl / 10, 0.01))
+        return min(0.25, max(idle_ttl / 10, 0.01))

@@ -1,25 +1,30 @@
-"""Stage 5, admit: keep each rank's active sessions within its KV pool budget.
+"""Stage 5, admit: place each new session where it costs least, keep each rank's sessions within its
+KV pool budget while that is worth it, and never leave a session that can run without a rank.
 
-A rank's budget is ``pool_tokens x target_fraction``: past about 0.8 of the pool, long sessions
-evict each other's cached blocks and the hit rate collapses. A session's working set is its current
-context (the prompt of its latest turn plus the answer); sessions seen within ``idle_ttl`` count
-against their rank's budget (``accounting.count``).
+A rank's budget is ``pool_tokens x target_fraction``. A session's working set is its current context
+(its latest prompt plus the answer); sessions seen within the idle TTL count against their rank
+(``accounting.count``). The idle TTL, the wait bound and how likely a quiet session is to return are
+learned from the traffic (``timing.py``); the ranks' speeds from their own metrics
+(``rank_speed.py``).
 
+- A prompt larger than any rank can hold is answered 400 (``context_length_exceeded``) at once.
 - A session already active is always admitted, whatever it has grown to, and homed on its rank
-  (``Admitted.home``): the router keeps it there unless that rank is down or truly saturated. When
-  its rank's sessions have outgrown the pool, it may be the one moved (``room.should_move``).
-- A new session (or one back after idling out) may only go to a rank with room (``room.find_room``);
-  with none it waits, first come first served (``queue.WaitQueue``), up to ``wait`` seconds, then
-  gets 429 with ``Retry-After``. Until the router's pick it holds a *reservation* on every rank it
-  was allowed on, so a burst of new sessions cannot all take the same last room.
-- A session quiet for longer than ``release_factor`` x its own longest think gap (``config``) is
-  *reclaimable*: it keeps counting while nobody needs the room, but a new session that finds room
-  only once it goes releases it. A released session that comes back is a new session.
-- A client key's ``max_sessions`` caps its active sessions (429 at once: waiting would not help).
+  (``Admitted.home``): the router keeps it there unless that rank is down or truly saturated.
+- A session back after ending whose rank still holds its blocks (per the prefix index) goes home
+  at once: being idle, released or over budget never moves it by itself (``cost`` policy).
+- Any other new session gets the ranks with room (``room.find_room``), or, with none, the ``cost``
+  policy weighs admitting past a budget against waiting (``cost.py``); waiting is bounded, then it
+  is admitted on the least costly rank. The ``budget`` policy holds the budgets: the session waits
+  up to the bound, then gets 429. Waiters are served by priority, then weighted-fair across client
+  keys (``queue.py``). Until the router's pick a new session holds a *reservation* on the ranks it
+  was allowed, so a burst of new sessions cannot all take the same last room.
+- 429 remains for a client key's ``max_sessions``, a rank's session cap, and real overload (every
+  rank's prefill queue saturated).
+- A request that fails (no rank answered, or the rank refused it) releases what was counted for it.
 
-Reads (``count``) change nothing; ``refresh`` (on the admission path and a timer) applies what time
-changed: expired reservations, ended sessions' peaks for the growth model, pool overruns logged.
-The queue is per replica; with Redis the replicas share the session table, not the queue.
+The count, the reservations and what answers and time change are the ``Ledger``'s
+(``ledger.py``). The queue is per replica; with Redis the replicas share the session table, not the
+queue.
 """
 
 from __future__ import annotations
@@ -27,364 +32,257 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
-from proxy.admission.accounting import RankState, Reservation, count, log_over_pool
-from proxy.admission.config import TYPICAL_GAP_QUANTILE, AdmissionConfig
-from proxy.admission.growth import PeakEstimator
-from proxy.admission.queue import WaitQueue
-from proxy.admission.refusals import client_at_cap, no_room
-from proxy.admission.room import Room, excess_tokens, find_room, should_move
-from proxy.admission.think_gaps import ThinkGaps
-from proxy.admission.weight import context_blocks, head, prompt_tokens
-from proxy.context import Outcome, RequestContext
-from proxy.ops.metrics import Metrics
-from proxy.stages.observe import Observer
-from proxy.state.sessions import Session, SessionTable
-from routing.ranks import Fleet, Rank
+from proxy.admission.accounting import RankState
+from proxy.admission.cost import Candidate, Choice, Option, choose, option, overloaded
+from proxy.admission.explain import decision_record, note_decision
+from proxy.admission.ledger import Admitted, Ledger, Placement
+from proxy.admission.queue import Ticket
+from proxy.admission.refusals import client_at_cap, context_too_long, no_room
+from proxy.admission.refusals import overloaded as overload_refusal
+from proxy.admission.room import Room
+from proxy.admission.turns import Before, take_turn
+from proxy.admission.weight import head, prompt_tokens
+from proxy.context import RequestContext
+from proxy.state.sessions import Session
+
+__all__ = ["Admission", "Admitted", "Guard", "Placement"]
 
 log = logging.getLogger("prefixgate.admission")
 
 #: Wraps a wait so that something outside admission can cancel it (the client going away).
-Guard = Callable[[Awaitable[frozenset[str]]], Awaitable[frozenset[str]]]
+Guard = Callable[[Awaitable[Choice]], Awaitable[Choice]]
+#: A returning session goes home when its rank still holds at least this share of its context.
+HOME_SHARE = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """Admission's answer for one request: its session's record, and where it may go."""
-
-    #: The session's record (None: the request has no session key, nothing is accounted).
-    session: Session | None = None
-    #: The ranks a new (or re-homed) session may go to; None: any.
-    allowed: frozenset[str] | None = None
-    #: The rank an active session is accounted on: the router keeps it there unless it is down or
-    #: saturated.
-    home: str | None = None
-
-
-class Admission(Observer):
-    """Session accounting and admission control, and the session updates after routing."""
-
-    def __init__(
-        self, table: SessionTable, fleet: Fleet, config: AdmissionConfig, metrics: Metrics | None = None
-    ) -> None:
-        self.table = table
-        self.fleet = fleet
-        self.config = config
-        self.metrics = metrics
-        self.queue = WaitQueue(config.poll_interval)
-        self._reservations: dict[str, Reservation] = {}
-        self._over_pool: set[str] = set()
-        #: Peaks of the sessions that ended (idled out or deleted): how far sessions grow.
-        self.peaks = PeakEstimator()
-        #: Every session's think gaps: the stand-in for a session that has shown few of its own.
-        self.think_gaps = ThinkGaps()
-        #: Active sessions at the last refresh and their context: one missing next time has ended.
-        self._live: dict[str, int] = {}
-        #: Each rank's working set at the last refresh, kept current as sessions grow and move: a
-        #: session's turn checks its rank against it before counting everything again.
-        self._last_working_set: dict[str, int] = {}
+class Admission(Ledger):
+    """Session accounting and admission control: the decisions for each request (``Ledger``: the
+    count and the updates after routing)."""
 
     # -- stage 5 ----------------------------------------------------------------------------------
 
     async def admit(self, ctx: RequestContext, guard: Guard | None = None) -> Admitted:
         """Where ``ctx`` may go, once it may proceed. Only a new session that finds no room waits,
         in the queue, through ``guard`` (the pipeline's: cancel the wait when the client leaves; a
-        cancelled waiter leaves the queue and nothing was counted for it); otherwise this returns
-        without waiting.
+        cancelled waiter leaves the queue and nothing was counted for it).
 
-        Raises ``ProxyError(429)`` when the client is at its session cap, or when no rank had room
-        within the admission wait.
+        Raises ``ProxyError``: 400 for a prompt no rank can hold; 429 when the client is at its
+        session cap, every rank at its session cap, every rank overloaded, or (``budget`` policy)
+        no rank had room within the wait bound.
         """
+        tokens = prompt_tokens(ctx)
+        if self.config.enabled:
+            self._check_fits(ctx.prompt_tokens)
         key = ctx.session_key
         if key is None:
             return Admitted()
         now = self.table.clock()
-        tokens = prompt_tokens(ctx)
         session = self.table.get(key)
         head_key, head_tokens = head(ctx)
-        if session is not None and session.is_active(now, self.config.idle_ttl):
-            self._note_gap(session.note_request(now))
-            old_tokens = session.context_tokens
-            if session.client is None:
-                session.client = ctx.client_label
-            self._take_turn(ctx, session, tokens, head_key, head_tokens)
-            if not self.config.enabled:
-                return Admitted(session)
-            allowed = self._rehome(session, old_tokens, head_key, head_tokens)
-            # admitted where it is: the router keeps it there
-            return Admitted(session, allowed, session.rank if allowed is None else None)
+        if session is not None and session.is_active(now, self.time.idle_ttl()):
+            return self._next_turn(ctx, session, now, tokens, head_key, head_tokens)
+        before = Before.of(session) if session is not None else None
+        old_rank = session.rank if session is not None else None
         if session is None:
             session = Session(key=key, created=now, last_seen=now, client=ctx.client_label)
         else:
             self._note_gap(session.note_request(now))  # back after ending: one of its think times too
-        allowed = None
+            session.rank = None  # counted nowhere until admitted again (home, or where it goes)
+        allowed = home = choice = None
+        waited = 0.0
         if self.config.enabled:
             client = ctx.client
             if client is not None and client.max_sessions is not None:
                 refused = client_at_cap(
-                    client.label, client.max_sessions, self.table.active(now), now, self.config.idle_ttl
+                    client.label, client.max_sessions, self.table.active(now), now, self.time.idle_ttl(), key
                 )
                 if refused is not None:
                     self._rejected("client_sessions")
                     raise refused
-            allowed = await self._wait_for_room(key, tokens, head_key, head_tokens, guard)
+            home = self._home(ctx, old_rank, session.context_tokens, tokens)
+            if home is None:
+                choice, waited = await self._wait_for_room(ctx, tokens, head_key, head_tokens, guard)
+                allowed = choice.allowed if choice is not None else None
+            self._explain(session, choice, home, waited)
         session.released = False
         session.last_seen = self.table.clock()
-        session.rank = None  # back after idling out: wherever the router now sends it
-        self._take_turn(ctx, session, tokens, head_key, head_tokens)
-        return Admitted(session, allowed)
-
-    def _take_turn(
-        self, ctx: RequestContext, session: Session, tokens: int, head_key: str | None, head_tokens: int
-    ) -> None:
-        """``ctx`` is ``session``'s next turn: its context is now this prompt of ``tokens``."""
-        session.head_key, session.head_tokens = head_key, head_tokens
-        session.turns += 1
-        session.context_tokens = tokens
-        session.context_blocks = context_blocks(ctx, tokens, self.config.block_size)
+        session.rank = home  # back after ending: home, or wherever the router now sends it
+        take_turn(ctx, session, tokens, head_key, head_tokens, self.config.block_size)
         self.table.save(session)
+        return Admitted(session, allowed, home, before, True, choice, waited)
 
-    def _note_gap(self, gap: float | None) -> None:
-        if gap is not None:
-            self.think_gaps.add(gap)
-
-    def typical_gap(self) -> float | None:
-        """A long think gap across sessions (their 95th percentile), once enough are known."""
-        return self.think_gaps.quantile(TYPICAL_GAP_QUANTILE)
-
-    def _rehome(
-        self, session: Session, old_tokens: int, head_key: str | None, head_tokens: int
-    ) -> frozenset[str] | None:
-        """The ranks with room to move ``session`` to, when its rank's sessions have outgrown its pool
-        and ``session`` is the one to go (``room.should_move``); None: it stays. Only to a rank with
-        room for its projected size as it stands (nobody is released for a move)."""
-        rank = self.fleet.get(session.rank) if session.rank is not None else None
-        if rank is None or not rank.pool_tokens:
-            return None
-        last = self._track(rank.name, session.context_tokens - old_tokens)
-        if last is not None and last <= rank.pool_tokens:
-            return None  # the cheap check (an over-estimate: shared heads count in full)
-        states = self.refresh()
-        state = states[rank.name]
-        if not should_move(state, session.key):
-            return None
-        room = self._room(session.context_tokens, head_key, head_tokens, states, release=False)
-        allowed = room.allowed - {rank.name}
-        if not allowed:
-            return None
-        log.info(
-            "session %s re-homed before its turn %d: %s holds %d tokens past its pool of %d; room on %s",
-            session.key,
-            session.turns - 1,
-            rank.name,
-            excess_tokens(state),
-            rank.pool_tokens,
-            ", ".join(sorted(allowed)),
-        )
-        return self._reserve(session.key, Room(allowed), self.projected(session.context_tokens))
-
-    def _track(self, rank: str, delta: int) -> int | None:
-        """Keep the last count of ``rank``'s working set current between full counts as its sessions
-        grow, arrive and leave; its new value (None before the first count)."""
-        last = self._last_working_set.get(rank)
-        if last is None:
-            return None
-        last = self._last_working_set[rank] = last + delta
-        return last
-
-    async def _wait_for_room(
-        self, key: str, tokens: int, head_key: str | None, head_tokens: int, guard: Guard | None
-    ) -> frozenset[str] | None:
-        """The ranks with room for a new session of ``tokens``, waiting FIFO up to ``wait`` seconds."""
-        if not self.fleet.healthy():
-            return None  # the router answers 503: waiting for room would not bring a rank back
-        need = self.projected(tokens)
-
-        def attempt() -> frozenset[str] | None:
-            room = self._room(tokens, head_key, head_tokens, self.refresh())
-            return self._reserve(key, room, need) if room.allowed else None
-
-        if not len(self.queue):
-            found = attempt()
-            if found is not None:
-                return found
-        if self.metrics is not None:
-            self.metrics.admission_queued.inc()
-        waiting = self.queue.wait(attempt, self.config.wait, self._set_queue_depth)
-        try:
-            return await (guard(waiting) if guard is not None else waiting)
-        except TimeoutError:
-            reason, refused = no_room(tokens, self.count(), self.config, self.table.clock())
-            self._rejected(reason)
-            raise refused from None
-
-    def _room(
+    def _next_turn(
         self,
+        ctx: RequestContext,
+        session: Session,
+        now: float,
         tokens: int,
         head_key: str | None,
         head_tokens: int,
-        states: dict[str, RankState],
-        *,
-        release: bool = True,
-    ) -> Room:
-        """``room.find_room`` for a session of ``tokens`` projected as sessions of its size grew."""
-        return find_room(
-            self.fleet.healthy(),
-            states,
-            self.projected(tokens),
-            head_key,
-            head_tokens,
-            self.config.max_sessions_per_rank,
-            release=release,
-        )
-
-    def _reserve(self, key: str, room: Room, tokens: int) -> frozenset[str]:
-        # in the same step as the room check: the next waiter must see this session's claim
-        self._reservations[key] = Reservation(room.allowed, tokens, room.victims)
-        return room.allowed
-
-    def reservation(self, key: str) -> Reservation | None:
-        """The session's pending claim on room (between its room check and its rank's pick)."""
-        return self._reservations.get(key)
-
-    # -- accounting -------------------------------------------------------------------------------
-
-    def count(self, now: float | None = None) -> dict[str, RankState]:
-        """Working set and session count per rank (a read: changes nothing)."""
-        now = self.table.clock() if now is None else now
-        return count(
-            self.fleet,
-            self.table.active(now),
-            self._reservations.values(),
-            self.config,
-            now,
-            self.peaks.expected_peak,
-            self.typical_gap(),
-        )
-
-    def refresh(self, now: float | None = None) -> dict[str, RankState]:
-        """Apply what time changed (expired reservations, sessions that ended, pools overrun) and
-        return the count."""
-        now = self.table.clock() if now is None else now
-        self._expire_reservations()
-        active = self.table.active(now)
-        self._note_ended({session.key: session.context_tokens for session in active})
-        states = count(
-            self.fleet,
-            active,
-            self._reservations.values(),
-            self.config,
-            now,
-            self.peaks.expected_peak,
-            self.typical_gap(),
-        )
-        self._last_working_set = {name: state.working_set_tokens for name, state in states.items()}
-        log_over_pool(states, self._over_pool)
-        return states
-
-    def projected(self, tokens: int) -> int:
-        """The room a session of ``tokens`` needs: as large as sessions of its size grew before ending."""
-        return self.peaks.expected_peak(tokens)
-
-    def _note_ended(self, live: dict[str, int]) -> None:
-        """Sessions active at the last refresh and not now have ended: their last context is their
-        peak (unless admission released them: cut short, they may come back and grow on)."""
-        for key, tokens in self._live.items():
-            if key not in live:
-                ended = self.table.get(key)
-                if ended is None or not ended.released:
-                    self.peaks.add(tokens)
-        self._live = live
-
-    def _expire_reservations(self) -> None:
-        now = time.monotonic()
-        for key in [k for k, r in self._reservations.items() if not r.live(now)]:
-            del self._reservations[key]
-
-    # -- after routing and after the answer -------------------------------------------------------
-
-    def placed(self, ctx: RequestContext, rank: Rank) -> None:
-        """The router sent the admitted request to ``rank``: its reservation becomes the session's
-        place there (releasing the ended sessions it was counted against, if any)."""
-        session = ctx.admitted.session if ctx.admitted is not None else None
-        if session is None:
-            return
-        reservation = self._reservations.pop(session.key, None)
-        if reservation is not None and reservation.victims.get(rank.name):
-            self._release_idle(rank.name, reservation.victims[rank.name], session.key)
-        self._move(session, rank.name)
-
-    def _move(self, session: Session, rank: str) -> None:
-        if session.rank != rank:
-            if session.rank is not None:
-                self._track(session.rank, -session.context_tokens)
-            self._track(rank, session.context_tokens)
-            session.rank = rank
-            self.table.save(session)
-
-    def finished(self, outcome: Outcome) -> None:
-        """The rank answered: the session's counters, its context after the answer."""
-        admitted = outcome.ctx.admitted
-        session = admitted.session if admitted is not None else None
-        if session is None or not outcome.answered or outcome.rank is None:
-            return
-        self._move(session, outcome.rank)  # a retry may have answered elsewhere
-        session.last_seen = max(session.last_seen, self.table.clock())
-        estimated = outcome.ctx.estimated_cached_tokens
-        if estimated is not None:
-            session.hit_tokens_estimated += estimated
-        usage = outcome.usage
-        if usage is not None:
-            cached = usage.cached_tokens or 0
-            session.prompt_tokens_sent += usage.prompt_tokens
-            session.hit_tokens_reported += cached
-            session.prefill_tokens += usage.prompt_tokens - cached
-            # the next turn re-sends this prompt and the answer: that is what the rank now holds
-            context = usage.prompt_tokens + usage.completion_tokens
-            self._track(outcome.rank, context - session.context_tokens)
-            session.context_tokens = context
-            session.context_blocks = -(-session.context_tokens // self.config.block_size)
-        session.answered_at = session.last_seen
+    ) -> Admitted:
+        """An active session's next turn: admitted where it is, homed there (the router keeps it
+        there) while its rank still held at least ``HOME_SHARE`` of its context at its last turn; a
+        rank that lost it keeps it only as the router's load bound allows (moving costs nothing)."""
+        before = Before.of(session)
+        self._note_gap(session.note_request(now))
+        if session.client is None:
+            session.client = ctx.client_label
+        take_turn(ctx, session, tokens, head_key, head_tokens, self.config.block_size)
         self.table.save(session)
-        self.queue.notify()
+        if not self.config.enabled:
+            return Admitted(session, before=before)
+        allowed = None
+        if self.config.policy == "budget":
+            allowed = self.moves.rehome(session, before.context_tokens, head_key, head_tokens)
+        elif session.kept_share < HOME_SHARE:
+            return Admitted(session, before=before)
+        return Admitted(session, allowed, session.rank if allowed is None else None, before=before)
 
-    def release(self, key: str) -> Session | None:
-        """End a session at once (``DELETE /admin/sessions/{id}``): its budget is free for the queue."""
-        self._reservations.pop(key, None)
-        session = self.table.delete(key)
-        self.queue.notify()
-        return session
+    def _check_fits(self, tokens: int | None) -> None:
+        """400 at once for a prompt larger than every healthy rank's context length and pool."""
+        if tokens is None:
+            return
+        limits = [
+            min(n for n in (rank.max_model_len, rank.pool_tokens) if n)
+            for rank in self.fleet.healthy()
+            if rank.max_model_len or rank.pool_tokens
+        ]
+        if limits and tokens >= max(limits):
+            self._rejected("context_length")
+            raise context_too_long(tokens, max(limits))
 
-    def _release_idle(self, rank: str, keys: tuple[str, ...], for_key: str) -> None:
-        """End sessions the new session ``for_key`` took the room of (unless they came back since)."""
-        now = self.table.clock()
-        typical = self.typical_gap()
-        for key in keys:
-            session = self.table.get(key)
-            if session is None or session.released or session.rank != rank or not session.answered:
-                continue
-            if now - session.answered_at <= self.config.release_after(session, typical):
-                continue  # it sent a request since the room check
-            session.released = True
-            self.table.save(session)
+    def _home(self, ctx: RequestContext, old_rank: str | None, context: int, tokens: int) -> str | None:
+        """The rank a session back after ending goes to at once: its own (``old_rank``), while healthy
+        and still holding at least ``HOME_SHARE`` of its ``context`` (``cost`` policy; else None)."""
+        if self.config.policy != "cost" or old_rank is None or self.placement is None:
+            return None
+        rank = self.fleet.get(old_rank)
+        context = min(context, tokens)
+        if rank is None or not rank.healthy or not ctx.block_hashes or context <= 0:
+            return None
+        held = self.placement.holds(ctx.block_hashes).get(rank.name, 0) * self.config.block_size
+        return rank.name if held >= HOME_SHARE * context else None
+
+    def _explain(self, session: Session, choice: Choice | None, home: str | None, waited: float) -> None:
+        if home is not None:
+            decision, reason = "home", f"its rank {home} still holds its blocks"
+        elif choice is not None:
+            decision, reason = choice.decision, choice.reason
+        else:
+            decision, reason = "room", "no healthy rank to weigh: the router decides"
+        session.admission = decision_record(
+            choice,
+            decision,
+            reason,
+            at=self.table.clock(),
+            waited_s=waited,
+            bound_s=self.time.wait_bound(),
+            idle_ttl_s=self.time.idle_ttl(),
+            ended_after_s=self.time.quiet_ended(),
+            home=home,
+        )
+        note_decision(self.metrics, decision, waited)
+        if log.isEnabledFor(logging.INFO):
+            where = home if home is not None else ", ".join(sorted(choice.allowed)) if choice else "any"
+            key, clocks = session.key, session.admission
             log.info(
-                "session %s released before its turn %d on %s after %.1f s idle (longest think gap %.1f s) "
-                "for %s",
+                "session %s admitted (%s) after %.3f s to %s: %s (wait bound %s s, quiet sessions ended "
+                "after %s s)",
                 key,
-                session.turns,
-                rank,
-                now - session.answered_at,
-                session.gap_max,
-                for_key,
+                decision,
+                waited,
+                where,
+                reason,
+                clocks["wait_bound_s"],
+                clocks["ended_after_s"],
             )
 
-    # -- metrics and logs -------------------------------------------------------------------------
+    async def _wait_for_room(
+        self, ctx: RequestContext, tokens: int, head_key: str | None, head_tokens: int, guard: Guard | None
+    ) -> tuple[Choice | None, float]:
+        """The decision admitting a new session of ``tokens``, waiting in the queue while it says
+        to, up to the wait bound; and the seconds waited."""
+        if not self.fleet.healthy():
+            return None, 0.0  # the router answers 503: waiting for room would not bring a rank back
+        key = ctx.session_key
+        assert key is not None
+        need = self.projected(tokens)
+        hits = self.placement.holds(ctx.block_hashes) if self.placement and ctx.block_hashes else {}
+        bound = self.time.wait_bound()
+        started = time.monotonic()
 
-    def _rejected(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.admission_rejected.labels(reason).inc()
+        def attempt(at_bound: bool = False, behind: bool = False) -> Choice | None:
+            """The decision now, when it admits (``behind``: others wait for room first, so room
+            goes to them; past a budget nobody's room is taken and the session need not queue)."""
+            states = self.refresh()
+            room = self._room(tokens, head_key, head_tokens, states)
+            if self.config.policy == "budget":
+                why = "room within the budget"
+                found = Choice(True, "room", room.allowed, room.victims, (), 0.0, 1.0, why)
+                choice = found if room.allowed else None
+            else:
+                options = self._options(states, tokens, need, head_key, head_tokens, hits)
+                now_bound = min(bound, self.time.wait_bound())  # the clocks learn while it waits
+                retry = overloaded(options, now_bound) if not room.allowed else None
+                if retry is not None:
+                    self._rejected("overload")
+                    raise overload_refusal(tokens, retry)
+                waited = time.monotonic() - started
+                choice = choose(room, options, waited, now_bound, at_bound, self.time.learned())
+            if choice is None or not choice.admit or (behind and choice.decision == "room"):
+                return None
+            self._reserve(key, Room(choice.allowed, choice.victims), need)
+            return choice
 
-    def _set_queue_depth(self, depth: int) -> None:
+        found = attempt(behind=len(self.queue) > 0)
+        if found is not None:
+            return found, 0.0
         if self.metrics is not None:
-            self.metrics.admission_queue_depth.set(depth)
+            self.metrics.admission_queued.inc()
+        client = ctx.client
+        ticket = Ticket(client.label, client.priority, client.weight) if client is not None else Ticket()
+        waiting = self.queue.wait(attempt, bound, self._set_queue_depth, ticket, self.time.wait_bound)
+        try:
+            choice = await (guard(waiting) if guard is not None else waiting)
+        except TimeoutError:
+            late = attempt(at_bound=True) if self.config.policy == "cost" else None
+            if late is None:
+                reason, refused = no_room(tokens, self.count(), self.config, self.table.clock(), bound)
+                self._rejected(reason)
+                raise refused from None
+            choice = late
+        return choice, time.monotonic() - started
+
+    def _options(
+        self,
+        states: dict[str, RankState],
+        tokens: int,
+        need: int,
+        head_key: str | None,
+        head_tokens: int,
+        hits: dict[str, int],
+    ) -> list[Option]:
+        """The cost of admitting a new session on each healthy rank below its session cap."""
+        now = self.table.clock()
+        request_s = self.time.request_seconds() or 0.0
+        block, cap = self.config.block_size, self.config.max_sessions_per_rank
+
+        def ends_at(session: Session) -> float:
+            last = session.answered_at if session.answered else now + request_s
+            return last + self.release_after(session)
+
+        out = []
+        for rank in self.fleet.healthy():
+            state = states[rank.name]
+            if cap is not None and state.sessions + state.reserved_sessions >= cap:
+                continue
+            held = head_tokens if head_key is not None and head_key in state.heads else 0
+            hit = min(max(hits.get(rank.name, 0) * block, held), max(tokens - 1, 0) // block * block)
+            queued = self.placement.queued(rank.name) if self.placement is not None else 0
+            speed, load = self.speeds.seconds_per_token(rank.name), self.speeds.load(rank.name)
+            candidate = Candidate(state, hit, queued, speed, load.waiting)
+            chance, rounds = self.time.return_probability, self.time.turns_per_session()
+            last_turn = self.time.ended_share() or 0.0
+            out.append(option(candidate, tokens, max(need - hit, 0), now, chance, ends_at, rounds, last_turn))
+        return out

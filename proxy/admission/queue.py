@@ -1,29 +1,59 @@
-"""The admission queue: new sessions that found no room wait here, first come first served.
+"""The admission queue: new sessions that found no room wait here, higher priority first and, within
+a priority, weighted-fair across client keys.
 
-Only the waiter at the head checks for room (so a small late session cannot overtake a large early
-one); every change that may free room (an answer, a release, a waiter leaving) wakes the waiters,
-and a poll interval catches what no event signals (sessions idling out with time).
+Each waiter holds a ``Ticket`` (its key's ``priority`` and ``weight``, from the keys file). Within a
+priority, order is start-time fair queueing: a waiter's tag is ``max(V, F_key)``, where ``F_key``
+grows by ``1 / weight`` with each waiter of that key and ``V`` is the tag of the waiter served last;
+so a key with many waiters gets its share (its weight's) of the room that frees, never all of it,
+and a key arriving later is not stuck behind another key's whole backlog. Equal tags go first come
+first served.
+
+Only the waiter at the head checks for room (so a small later session cannot overtake a large
+earlier one); every change that may free room (an answer, a release, a waiter leaving, a rank's new
+figures) wakes the waiters, and a poll interval catches what no event signals (sessions idling out
+with time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
 import time
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """Who waits: the client key's label, its priority (higher first) and its fair-share weight."""
+
+    client: str | None = None
+    priority: int = 0
+    weight: float = 1.0
+
+
+@dataclass(order=True, slots=True)
+class _Waiter:
+    order: tuple[int, float, int]
+    ticket: Ticket = field(compare=False)
+
+
 class WaitQueue:
-    """A FIFO of waiters, each retrying its ``attempt`` while at the head."""
+    """Waiters in priority and fair-share order, each retrying its ``attempt`` while at the head."""
 
     def __init__(self, poll_interval: float) -> None:
         self.poll_interval = poll_interval
-        self._waiters: deque[object] = deque()
+        self._waiters: list[_Waiter] = []
         self._changed = asyncio.Event()
+        self._arrivals = itertools.count()
+        #: Per client key, the tag its next waiter starts from; and the virtual time (``V``).
+        self._finish: dict[str, float] = {}
+        self._virtual = 0.0
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -33,29 +63,53 @@ class WaitQueue:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def _enter(self, ticket: Ticket) -> _Waiter:
+        key = ticket.client or ""
+        start = max(self._virtual, self._finish.get(key, 0.0))
+        self._finish[key] = start + 1.0 / ticket.weight
+        waiter = _Waiter((-ticket.priority, start, next(self._arrivals)), ticket)
+        bisect.insort(self._waiters, waiter)
+        return waiter
+
+    def _leave(self, waiter: _Waiter, served: bool) -> None:
+        self._waiters.remove(waiter)
+        if served:
+            self._virtual = max(self._virtual, waiter.order[1])
+
     async def wait(
-        self, attempt: Callable[[], T | None], timeout: float, on_depth: Callable[[int], None]
+        self,
+        attempt: Callable[[], T | None],
+        timeout: float,
+        on_depth: Callable[[int], None],
+        ticket: Ticket | None = None,
+        limit: Callable[[], float] | None = None,
     ) -> T:
         """``attempt()``'s first non-None result, tried whenever this waiter is at the head; raises
-        ``TimeoutError`` after ``timeout`` seconds. ``on_depth(n)`` is told the queue's length as it
+        ``TimeoutError`` after ``timeout`` seconds, or sooner when ``limit()`` (re-read as it waits:
+        a bound learned meanwhile) says fewer. ``on_depth(n)`` is told the queue's length as it
         changes."""
-        waiter = object()
-        self._waiters.append(waiter)
+        waiter = self._enter(ticket or Ticket())
         on_depth(len(self._waiters))
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        served = False
         try:
             while True:
                 if self._waiters[0] is waiter:
                     found = attempt()
                     if found is not None:
+                        served = True
                         return found
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                if limit is not None:
+                    deadline = min(deadline, started + limit())
+                left = deadline - now
                 if left <= 0:
                     raise TimeoutError
                 changed = self._changed
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(left, self.poll_interval))
         finally:
-            self._waiters.remove(waiter)
+            self._leave(waiter, served)
             on_depth(len(self._waiters))
             self.notify()

@@ -8,6 +8,7 @@ short gap, or none at all for a one-request session), so there the population's 
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 #: Gaps remembered (the most recent): bounded memory, and the figure follows the current traffic.
@@ -27,6 +28,7 @@ class ThinkGaps:
         self._recent: deque[float] = deque(maxlen=window)
         self.min_samples = min_samples
         self._cached: dict[float, float] = {}
+        self._sorted: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self._recent)
@@ -35,6 +37,7 @@ class ThinkGaps:
         if gap_s >= 0:
             self._recent.append(gap_s)
             self._cached.clear()
+            self._sorted = None
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile (nearest rank) of the recent gaps; None with fewer than ``min_samples``."""
@@ -42,6 +45,18 @@ class ThinkGaps:
             return None
         value = self._cached.get(q)
         if value is None:
-            ordered = sorted(self._recent)
+            ordered = self._ordered()
             value = self._cached[q] = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
         return value
+
+    def longer_than(self, seconds: float) -> float | None:
+        """The share of recent gaps longer than ``seconds`` (None with fewer than ``min_samples``)."""
+        if len(self._recent) < self.min_samples:
+            return None
+        ordered = self._ordered()
+        return (len(ordered) - bisect.bisect_right(ordered, seconds)) / len(ordered)
+
+    def _ordered(self) -> list[float]:
+        if self._sorted is None:
+            self._sorted = sorted(self._recent)
+        return self._sorted

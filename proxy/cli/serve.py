@@ -61,6 +61,8 @@ def default_of(option: Option) -> str:
     """``default X; `` for the help text: the value ``Settings`` takes when nothing sets it (the
     flags themselves default to None, so that unset flags do not override the file or environment)."""
     default = Settings.model_fields[option.field].default
+    if default is None:
+        default = option.starts_at
     if default is None or default == "":
         return ""
     return f"default {default}; "

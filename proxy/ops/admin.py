@@ -161,6 +161,9 @@ def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> di
     data["break_count"] = len(breaks)
     if with_breaks:
         data["breaks"] = breaks
+    elif session.admission is not None:
+        # a page of the table: the decision's summary, the detail is per session
+        data["admission"] = {k: session.admission.get(k) for k in ("decision", "waited_s", "rank")}
     data["id"] = client_view(session.key, session.client)  # "key" stays the admin's unique name
     data["active"] = session.is_active(now, idle_ttl)
     return data

@@ -56,6 +56,10 @@ class ClientKey:
     label: str
     digest: bytes
     max_sessions: int | None = None
+    #: Admission's queue serves higher priorities first (default 0; negative is lower).
+    priority: int = 0
+    #: Within a priority, the key's share of the room that frees, against the other keys' weights.
+    weight: float = 1.0
 
 
 def digest(secret: str | bytes) -> bytes:
@@ -66,21 +70,27 @@ def digest(secret: str | bytes) -> bytes:
 def _key_entry(entry: Any, where: str) -> ClientKey:
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: each key must be a mapping with 'key' and 'label'")
-    unknown = set(entry) - {"key", "label", "max_sessions"}
+    unknown = set(entry) - {"key", "label", "max_sessions", "priority", "weight"}
     if unknown:
         raise ConfigError(f"{where}: unknown fields {sorted(unknown)}")
     key, label, cap = entry.get("key"), entry.get("label"), entry.get("max_sessions")
+    priority, weight = entry.get("priority", 0), entry.get("weight", 1)
     if not isinstance(key, str) or not key.strip():
         raise ConfigError(f"{where}: 'key' must be a non-empty string")
     if not isinstance(label, str) or not label.strip():
         raise ConfigError(f"{where}: 'label' must be a non-empty string")
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0):
         raise ConfigError(f"{where}: 'max_sessions' must be a positive integer")
-    return ClientKey(label.strip(), digest(key.strip()), cap)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ConfigError(f"{where}: 'priority' must be an integer (higher is served first)")
+    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 < weight < float("inf"):
+        raise ConfigError(f"{where}: 'weight' must be a positive number")
+    return ClientKey(label.strip(), digest(key.strip()), cap, priority, float(weight))
 
 
 def read_keys_file(path: str | Path) -> list[ClientKey]:
-    """Keys from a YAML or JSON file: a list of ``{key, label, max_sessions?}``, or ``{keys: [...]}``."""
+    """Keys from a YAML or JSON file: a list of ``{key, label, max_sessions?, priority?, weight?}``, or
+    ``{keys: [...]}``."""
     try:
         text = Path(path).read_text()
     except OSError as exc:

@@ -182,8 +182,60 @@ class Metrics:
         )
         self.admission_rejected = Counter(
             "prefixgate_admission_rejected",
-            "New sessions answered 429, by reason (pool_full, rank_sessions, client_sessions)",
+            "New sessions answered 429 or 400, by reason (pool_full, rank_sessions, client_sessions, "
+            "overload, context_length)",
             ("reason",),
+            registry=r,
+        )
+        self.admission_decisions = Counter(
+            "prefixgate_admission_decisions",
+            "Admission decisions for new or returning sessions, by decision (room, home, over_budget, "
+            "after_wait)",
+            ("decision",),
+            registry=r,
+        )
+        self.admission_wait = Histogram(
+            "prefixgate_admission_wait_seconds",
+            "Time new sessions waited in the admission queue before admission (those that waited)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.admission_over_budget = Counter(
+            "prefixgate_admission_over_budget",
+            "Sessions admitted past a rank's budget (evicting cost less than waiting, or the wait "
+            "bound passed), by the backend they went to",
+            ("backend",),
+            registry=r,
+        )
+        self.admission_expected_recompute = Counter(
+            "prefixgate_admission_expected_recompute_tokens",
+            "Tokens of other sessions that over-budget admissions were expected to make the backend "
+            "recompute (evicted blocks weighted by their sessions' chance of coming back)",
+            ("backend",),
+            registry=r,
+        )
+        self.admission_later_misses = Counter(
+            "prefixgate_admission_later_miss_tokens",
+            "Tokens of their previous context that sessions found evicted on a backend while it held "
+            "sessions admitted past its budget (the realized cost of over-budget admissions)",
+            ("backend",),
+            registry=r,
+        )
+        self.admission_idle_ttl = Gauge(
+            "prefixgate_admission_idle_ttl_seconds",
+            "Seconds after its last request a session counts as ended (configured or learned from "
+            "the think gaps)",
+            registry=r,
+        )
+        self.admission_wait_bound = Gauge(
+            "prefixgate_admission_wait_bound_seconds",
+            "Longest wait of a new session for room (configured or learned from request durations)",
+            registry=r,
+        )
+        self.rank_prefill_rate = Gauge(
+            "prefixgate_rank_prefill_tokens_per_second",
+            "A backend's prefill speed as its own metrics measure it (prefill time per computed token)",
+            ("backend",),
             registry=r,
         )
         self.rank_working_set = Gauge(
@@ -234,6 +286,13 @@ def export_gauges(
         metrics.backend_up.labels(rank.name).set(1 if rank.healthy else 0)
         metrics.in_flight.labels(rank.name).set(rank.in_flight)
     if admission is not None:
+        clocks = admission.clocks()
+        metrics.admission_idle_ttl.set(float(clocks["idle_ttl_s"] or 0.0))
+        metrics.admission_wait_bound.set(float(clocks["wait_bound_s"] or 0.0))
+        for rank in fleet:
+            speed = admission.speeds.tokens_per_second(rank.name)
+            if speed is not None:
+                metrics.rank_prefill_rate.labels(rank.name).set(speed)
         for state in admission.count().values():
             metrics.sessions_active.labels(state.name).set(state.sessions)
             metrics.rank_working_set.labels(state.name).set(state.working_set_tokens)

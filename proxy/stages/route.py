@@ -153,6 +153,14 @@ class Router(Observer):
             raise no_healthy_backend()
         return RoutePlan(self.policy.order(RouteRequest(block_size=self.block_size), candidates))
 
+    def holds(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
+        """The leading blocks of a prompt each rank holds, per the index (a read, for admission)."""
+        return self.index.match(block_hashes) if block_hashes else {}
+
+    def queued(self, rank: str) -> int:
+        """Prefill tokens routed to ``rank`` and not answered yet (a read, for admission)."""
+        return self.queued_prefill.get(rank, 0)
+
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
         """Forwarding reached ``rank``: when a retry landed away from the charged rank, move the
         charge (and the session, and the blocks' record) there."""

@@ -75,6 +75,12 @@ class Session:
     head_tokens: int = 0
     #: Ended by admission (idle past its own think times while a new session needed its room).
     released: bool = False
+    #: The share of its previous context its rank still held at its last answered turn (1 for a
+    #: first turn): below half, its rank has lost it and keeping it there saves nothing.
+    kept_share: float = 1.0
+    #: Admission's last decision for it (``proxy/admission/explain.py``): why it waited, where it went,
+    #: the costs it weighed.
+    admission: dict[str, Any] | None = None
     breaks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -157,6 +163,10 @@ class SessionTable:
         self.store = store
         self.idle_ttl = idle_ttl
         self.clock = clock or time.time
+
+    def set_idle_ttl(self, seconds: float) -> None:
+        """The idle TTL in force from now (admission learns it from the traffic's think gaps)."""
+        self.idle_ttl = seconds
 
     def get(self, key: str) -> Session | None:
         return self.store.get(key)

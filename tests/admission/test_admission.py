@@ -20,7 +20,7 @@ def sessions_of(url: str, **params: str) -> list[dict]:
 
 def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(2)
-    proxy = gateway(ranks, admission_wait=0.2, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_policy="budget", admission_wait=0.2, session_idle_ttl=60)
     for n in range(4):
         assert chat(proxy.url, f"s{n}", 700).status_code == 200
     rows = sessions_of(proxy.url)
@@ -58,7 +58,7 @@ def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(rank_serve
 
 def test_queued_session_is_admitted_when_one_idles_out(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_wait=15, session_idle_ttl=2.0)
+    proxy = gateway(ranks, admission_policy="budget", admission_wait=15, session_idle_ttl=2.0)
     assert chat(proxy.url, "a", 700).status_code == 200
     assert chat(proxy.url, "b", 700).status_code == 200
     answer = chat(proxy.url, "c", 700)  # queued until a and b idle out
@@ -71,7 +71,7 @@ def test_queued_session_is_admitted_when_one_idles_out(rank_servers, gateway) ->
 
 def test_queue_is_first_come_first_served(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_wait=15, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_policy="budget", admission_wait=15, session_idle_ttl=60)
     for key in ("a", "b"):
         assert chat(proxy.url, key, 700).status_code == 200
     first = Background(lambda: chat(proxy.url, "first", 700))
@@ -87,7 +87,7 @@ def test_queue_is_first_come_first_served(rank_servers, gateway) -> None:  # typ
 
 def test_a_sessions_own_turns_are_never_refused(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_wait=0.1, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_policy="budget", admission_wait=0.1, session_idle_ttl=60)
     assert chat(proxy.url, "a", 700).status_code == 200
     assert chat(proxy.url, "b", 700).status_code == 200
     assert chat(proxy.url, "c", 700).status_code == 429  # full
@@ -138,7 +138,12 @@ def test_no_admission_admits_past_the_budget(rank_servers, gateway) -> None:  # 
 
 def test_two_replicas_share_sessions_through_redis(rank_servers, gateway, redis_server) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    options = {"redis_url": redis_server.url, "admission_wait": 0.2, "session_idle_ttl": 60}
+    options = {
+        "redis_url": redis_server.url,
+        "admission_policy": "budget",
+        "admission_wait": 0.2,
+        "session_idle_ttl": 60,
+    }
     one = gateway(ranks, **options)
     two = gateway(ranks, **options)
     assert chat(one.url, "a", 700).status_code == 200
@@ -192,7 +197,7 @@ def test_admin_list_sorts_and_paginates(rank_servers, gateway) -> None:  # type:
 
 def test_a_client_that_leaves_the_queue_frees_its_place(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_wait=30, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_policy="budget", admission_wait=30, session_idle_ttl=60)
     for key in ("a", "b"):
         assert chat(proxy.url, key, 700).status_code == 200
     impatient = Background(lambda: chat(proxy.url, "c", 700, timeout=1.0))

@@ -38,7 +38,14 @@ def make(ranks: int = 1, **config: object) -> tuple[Admission, Clock]:
     clock = Clock()
     table = SessionTable(MemorySessionStore(), TTL, clock)
     pool = Fleet(Rank(f"r{i}", f"http://r{i}", pool_tokens=POOL) for i in range(ranks))
-    options: dict[str, object] = {"idle_ttl": TTL, "wait": 0.0, "block_size": BLOCK, **config}
+    # the strict budget these tests were written for (tests/admission/test_cost.py: the default)
+    options: dict[str, object] = {
+        "idle_ttl": TTL,
+        "wait": 0.0,
+        "block_size": BLOCK,
+        "policy": "budget",
+        **config,
+    }
     return Admission(table, pool, AdmissionConfig(**options), None), clock  # type: ignore[arg-type]
 
 
@@ -204,7 +211,7 @@ async def test_without_a_head_every_session_counts_in_full() -> None:
 
 def test_shared_system_prompt_counts_once_on_a_real_rank(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_wait=0.2, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_policy="budget", admission_wait=0.2, session_idle_ttl=60)
     system = {"role": "system", "content": "Follow the house rules. " * 120}  # ~600 tokens, shared
 
     def ask(session: str) -> httpx.Response:

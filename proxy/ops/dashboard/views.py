@@ -5,14 +5,17 @@ Every function here reads; none changes the gateway. Shapes (all times wall-cloc
 - ``overview()``: ``fleet`` (hit rate over the last 1,000 requests and since start, prompt tokens
   computed per 100 sent), ``series`` (points after ``since``, fields named in ``series_fields``) and
   ``live`` (the point for now), ``ranks`` (pool, budget, working set of the active sessions, in
-  flight, health, hit rate), ``admission`` (queue depth, queued, rejections by reason), ``breaks``
-  (prefix breaks by cause), ``rewrites`` (canonicalization rewrites by rule), ``traffic`` (request
-  rate, time to first byte p50/p99, errors and 429s: ``proxy.ops.traffic``) and ``settings`` (the
-  active policy and what else decides placement).
+  flight, health, hit rate; from its own metrics its prefill speed, requests waiting and running
+  and KV cache use), ``admission`` (policy, the clocks in force, queue depth, queued, rejections by
+  reason, decisions by kind, over-budget admissions by rank with their expected recompute and the
+  misses that followed), ``breaks`` (prefix breaks by cause), ``rewrites`` (canonicalization
+  rewrites by rule), ``traffic`` (request rate, time to first byte p50/p99, errors and 429s:
+  ``proxy.ops.traffic``) and ``settings`` (the active policy and what else decides placement).
 - ``session_rows()``: the sessions table (key, rank, turns, context tokens, hit rate, last break,
   idle seconds).
-- ``session_detail()``: one session with its turns (hits per turn), its breaks and its threads (main
-  conversation, side requests, sub-agents: ``proxy.state.local.ThreadLocal.to_dict``).
+- ``session_detail()``: one session with its turns (hits per turn), its breaks, its threads (main
+  conversation, side requests, sub-agents: ``proxy.state.local.ThreadLocal.to_dict``) and
+  admission's last decision for it (why it waited, where it went, the costs weighed per rank).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def overview(
     for rank in gateway.fleet:
         state = states.get(rank.name)
         hits = recorder.per_rank.get(rank.name)
+        load = admission.speeds.load(rank.name) if admission is not None else None
         pool = rank.pool_tokens
         working = state.working_set_tokens if state is not None else 0
         ranks.append(
@@ -82,9 +86,15 @@ def overview(
                 "over_pool": state.over_pool if state is not None else False,
                 "hit_rate": hits.rate if hits is not None else None,
                 "requests": hits.requests if hits is not None else 0,
+                # what the rank's own /metrics said at the last poll
+                "prefill_tokens_per_s": admission.speeds.tokens_per_second(rank.name) if admission else None,
+                "waiting_requests": load.waiting if load is not None else None,
+                "running_requests": load.running if load is not None else None,
+                "kv_cache_usage": load.kv_usage if load is not None else None,
             }
         )
     config = admission.config if admission is not None else None
+    clocks = admission.clocks() if admission is not None else None
     active = sum(s["sessions"] for s in ranks)
     return {
         "object": "overview",
@@ -112,11 +122,17 @@ def overview(
         "ranks": ranks,
         "admission": {
             "enabled": bool(config and config.enabled),
+            "policy": config.policy if config else None,
             "target_fraction": config.target_fraction if config else None,
-            "idle_ttl": config.idle_ttl if config else None,
+            "idle_ttl": clocks["idle_ttl_s"] if clocks else None,
+            "clocks": clocks,
             "queue_depth": len(admission.queue) if admission is not None else 0,
             "queued": counter_total(metrics.admission_queued),
             "rejected": counter_values(metrics.admission_rejected, "reason"),
+            "decisions": counter_values(metrics.admission_decisions, "decision"),
+            "over_budget": counter_values(metrics.admission_over_budget, "backend"),
+            "expected_recompute_tokens": counter_values(metrics.admission_expected_recompute, "backend"),
+            "later_miss_tokens": counter_values(metrics.admission_later_misses, "backend"),
         },
         "breaks": counter_values(metrics.prefix_breaks, "cause"),
         "rewrites": counter_values(metrics.canonical_rewrites, "rule"),
@@ -205,5 +221,7 @@ def session_detail(gateway: Gateway, recorder: Recorder, session: Session) -> di
     row["prefill_tokens"] = session.prefill_tokens
     row["turns_log"] = recorder.turns.as_json(session.key)
     row["breaks"] = breaks
+    # why it waited, where it went and what admission weighed (``proxy/admission/explain.py``)
+    row["admission"] = session.admission
     row["threads"] = gateway.threads_of(session.key)
     return row

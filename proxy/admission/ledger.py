@@ -1,0 +1,301 @@
+"""Admission's ledger: where every session is counted, what is reserved, and what the answers,
+the failures and time change about it (``gate.Admission`` adds the decisions on top).
+
+Reads (``count``) change nothing; ``refresh`` (on the admission path and a timer) applies what time
+changed: expired reservations, ended sessions, the learned idle TTL, pool overruns logged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.admission.accounting import RankState, Reservation, count, log_over_pool
+from proxy.admission.config import AdmissionConfig
+from proxy.admission.cost import Choice
+from proxy.admission.explain import note_placed
+from proxy.admission.growth import PeakEstimator
+from proxy.admission.moves import Moves
+from proxy.admission.queue import WaitQueue
+from proxy.admission.rank_speed import RankSpeeds
+from proxy.admission.room import Room, find_room
+from proxy.admission.timing import LearnedTime
+from proxy.admission.turns import Before, lost_tokens, settle
+from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
+from proxy.ops.metrics import Metrics
+from proxy.stages.observe import Observer
+from proxy.state.sessions import Session, SessionTable
+from routing.rank_metrics import RankSample
+from routing.ranks import Fleet, Rank
+
+
+class Placement(Protocol):
+    """What admission reads of routing: the prefix index and the prefill queued per rank."""
+
+    def holds(self, block_hashes: Sequence[bytes]) -> dict[str, int]: ...
+
+    def queued(self, rank: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Admission's answer for one request: its session's record, and where it may go."""
+
+    #: The session's record (None: the request has no session key, nothing is accounted).
+    session: Session | None = None
+    #: The ranks a new (or re-homed) session may go to; None: any.
+    allowed: frozenset[str] | None = None
+    #: The rank the session is accounted on: the router keeps it there unless it is down or saturated.
+    home: str | None = None
+    #: The session's record before this request (put back if it fails); None: this request made it.
+    before: Before | None = None
+    #: This request admitted the session anew (new, or back after ending).
+    fresh: bool = False
+    #: The decision that admitted it anew (None: active, homed, or admission off).
+    choice: Choice | None = None
+    waited_s: float = 0.0
+
+
+class Ledger(Observer):
+    """Admission's accounting: the count, reservations, learned clocks and rank speeds, and the
+    session updates after routing and after the answer (``Admission`` adds the decisions)."""
+
+    def __init__(
+        self,
+        table: SessionTable,
+        fleet: Fleet,
+        config: AdmissionConfig,
+        metrics: Metrics | None = None,
+        placement: Placement | None = None,
+    ) -> None:
+        self.table = table
+        self.fleet = fleet
+        self.config = config
+        self.metrics = metrics
+        self.placement = placement
+        self.time = LearnedTime(config)
+        self.speeds = RankSpeeds()
+        self.queue = WaitQueue(self.poll_interval())
+        self._reservations: dict[str, Reservation] = {}
+        self._over_pool: set[str] = set()
+        #: Ranks holding a session admitted past their budget, until they are back within it.
+        self._over_budget: set[str] = set()
+        #: Peaks of the sessions that ended (idled out or deleted): how far sessions grow.
+        self.peaks = PeakEstimator()
+        #: Active sessions at the last refresh and their context: one missing next time has ended.
+        self._live: dict[str, int] = {}
+        self.moves = Moves(fleet, config, self.refresh, self._room, self._reserve, self.projected)
+
+    def _note_gap(self, gap: float | None) -> None:
+        if gap is not None:
+            self.time.note_gap(gap)
+
+    def typical_gap(self) -> float | None:
+        """A long think gap across sessions (their 95th percentile), once enough are known."""
+        return self.time.typical_gap()
+
+    def release_after(self, session: Session) -> float:
+        """Quiet seconds after its last answer from which ``session`` has most likely ended: for the
+        ``cost`` policy, once the traffic says enough, when its chance of coming back falls below
+        ``timing.P_ENDED``; else ``AdmissionConfig.release_after``'s think-gap rule."""
+        if self.config.policy == "cost":
+            ended = self.time.ended_after(session)
+            if ended is not None:
+                return ended
+        return self.config.release_after(session, self.typical_gap(), self.time.idle_ttl())
+
+    def poll_interval(self) -> float:
+        return self.config.poll_interval(self.time.idle_ttl())
+
+    def clocks(self) -> dict[str, float | bool | None]:
+        """The clocks in force and whether the traffic taught them (a read, for ``/metrics`` and the
+        dashboard)."""
+        return {
+            "idle_ttl_s": self.time.idle_ttl(),
+            "wait_bound_s": self.time.wait_bound(),
+            "ended_after_s": self.time.quiet_ended(),
+            "turns_per_session": self.time.turns_per_session(),
+            "learned": self.time.learned(),
+        }
+
+    def _room(
+        self,
+        tokens: int,
+        head_key: str | None,
+        head_tokens: int,
+        states: dict[str, RankState],
+        *,
+        release: bool = True,
+    ) -> Room:
+        """``room.find_room`` for a session of ``tokens`` projected as sessions of its size grew."""
+        return find_room(
+            self.fleet.healthy(),
+            states,
+            self.projected(tokens),
+            head_key,
+            head_tokens,
+            self.config.max_sessions_per_rank,
+            release=release,
+        )
+
+    def _reserve(self, key: str, room: Room, tokens: int) -> frozenset[str]:
+        # in the same step as the room check: the next waiter must see this session's claim
+        self._reservations[key] = Reservation(room.allowed, tokens, room.victims)
+        return room.allowed
+
+    def reservation(self, key: str) -> Reservation | None:
+        """The session's pending claim on room (between its room check and its rank's pick)."""
+        return self._reservations.get(key)
+
+    # -- accounting -------------------------------------------------------------------------------
+
+    def count(self, now: float | None = None) -> dict[str, RankState]:
+        """Working set and session count per rank (a read: changes nothing)."""
+        now = self.table.clock() if now is None else now
+        return self._count(self.table.active(now), now)
+
+    def _count(self, active: list[Session], now: float) -> dict[str, RankState]:
+        return count(
+            self.fleet,
+            active,
+            self._reservations.values(),
+            self.config,
+            now,
+            self.peaks.expected_peak,
+            self.release_after,
+            self.time.idle_ttl(),
+        )
+
+    def refresh(self, now: float | None = None) -> dict[str, RankState]:
+        """Apply what time changed (expired reservations, sessions that ended, the learned idle TTL,
+        pools overrun) and return the count."""
+        now = self.table.clock() if now is None else now
+        self._expire_reservations()
+        self.table.set_idle_ttl(self.time.idle_ttl())
+        self.queue.poll_interval = self.poll_interval()
+        active = self.table.active(now)
+        self._note_ended({session.key: session.context_tokens for session in active})
+        states = self._count(active, now)
+        self.moves.counted(states)
+        log_over_pool(states, self._over_pool)
+        self._over_budget = {
+            name
+            for name in self._over_budget
+            if (s := states.get(name)) is not None
+            and s.budget_tokens is not None
+            and s.projected_tokens > s.budget_tokens
+        }
+        return states
+
+    def projected(self, tokens: int) -> int:
+        """The room a session of ``tokens`` needs: as large as sessions of its size grew before ending."""
+        return self.peaks.expected_peak(tokens)
+
+    def _note_ended(self, live: dict[str, int]) -> None:
+        """Sessions active at the last refresh and not now have ended: their last context is their
+        peak (unless admission released them: cut short, they may come back and grow on)."""
+        for key, tokens in self._live.items():
+            if key not in live:
+                ended = self.table.get(key)
+                if ended is None or not ended.released:
+                    self.peaks.add(tokens)
+                    self.time.note_end(ended.turns if ended is not None else None)
+        self._live = live
+
+    def _expire_reservations(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, r in self._reservations.items() if not r.live(now)]:
+            del self._reservations[key]
+
+    # -- what the ranks measure -------------------------------------------------------------------
+
+    def observe_rank(self, rank: str, sample: RankSample) -> None:
+        """A rank's new ``/metrics`` figures (the poller's callback): its speed; waiters re-check."""
+        self.speeds.observe(rank, sample)
+        self.queue.notify()
+
+    # -- after routing and after the answer -------------------------------------------------------
+
+    def placed(self, ctx: RequestContext, rank: Rank) -> None:
+        """The router sent the admitted request to ``rank``: its reservation becomes the session's
+        place there (releasing the ended sessions it was counted against, if any)."""
+        admitted = ctx.admitted
+        session = admitted.session if admitted is not None else None
+        if admitted is None or session is None:
+            return
+        reservation = self._reservations.pop(session.key, None)
+        if reservation is not None and reservation.victims.get(rank.name):
+            victims = reservation.victims[rank.name]
+            self.moves.release_idle(self.table, rank.name, victims, session.key, self.release_after)
+        if admitted.fresh:
+            note_placed(session, rank.name, admitted.choice, self.metrics)
+            if admitted.choice is not None and admitted.choice.decision in ("over_budget", "after_wait"):
+                self._over_budget.add(rank.name)
+        self.moves.move(self.table, session, rank.name)
+
+    def finished(self, outcome: Outcome) -> None:
+        """The request ended: the session's counters and its context after the answer; a request
+        that failed or was refused releases what admission counted for it."""
+        admitted = outcome.ctx.admitted
+        session = admitted.session if admitted is not None else None
+        if admitted is None or session is None:
+            return
+        if outcome.rank is None or (outcome.status >= 400 and outcome.status != CLIENT_CLOSED):
+            self._unwind(admitted, session)
+            return
+        if not outcome.answered:
+            return
+        rank = outcome.rank
+        self.moves.move(self.table, session, rank)  # a retry may have answered elsewhere
+        session.last_seen = max(session.last_seen, self.table.clock())
+        estimated = outcome.ctx.estimated_cached_tokens
+        if estimated is not None:
+            session.hit_tokens_estimated += estimated
+        usage = outcome.usage
+        if usage is not None:
+            self.moves.track(rank, settle(session, usage, self.config.block_size))
+            before = admitted.before
+            lost = lost_tokens(before, usage, self.config.block_size)
+            if before is not None and before.context_tokens > 0 and usage.cached_tokens is not None:
+                session.kept_share = max(0.0, 1.0 - lost / before.context_tokens)
+            if lost and rank in self._over_budget and self.metrics is not None:
+                self.metrics.admission_later_misses.labels(rank).inc(lost)
+        if not admitted.waited_s:
+            self.time.note_duration(time.perf_counter() - outcome.ctx.started)
+        session.answered_at = session.last_seen
+        self.table.save(session)
+        self.queue.notify()
+
+    def _unwind(self, admitted: Admitted, session: Session) -> None:
+        """Nothing counted for a failed request keeps counting: its reservation, its turn, and a
+        session it created (or admitted anew) ends as it was."""
+        self._reservations.pop(session.key, None)
+        before = admitted.before
+        if before is None:
+            self.table.delete(session.key)
+        else:
+            (before.restore_all if admitted.fresh else before.restore_turn)(session)
+            self.table.save(session)
+        self.moves.forget_counts()
+        self.queue.notify()
+
+    def release(self, key: str) -> Session | None:
+        """End a session at once (``DELETE /admin/sessions/{id}``): its budget is free for the queue."""
+        self._reservations.pop(key, None)
+        session = self.table.delete(key)
+        if session is not None:
+            self.time.note_end()
+        self.queue.notify()
+        return session
+
+    # -- metrics and logs -------------------------------------------------------------------------
+
+    def _rejected(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.admission_rejected.labels(reason).inc()
+
+    def _set_queue_depth(self, depth: int) -> None:
+        if self.metrics is not None:
+            self.metrics.admission_queue_depth.set(depth)

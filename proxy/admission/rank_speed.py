@@ -1,0 +1,102 @@
+"""How fast each rank computes prefill and how busy it is, from its own ``/metrics``
+(``routing/rank_metrics.py``, polled with the health checks).
+
+A rank's speed is the time its requests spent in prefill per prompt token it computed (prompt
+tokens minus prefix-cache hits), between two scrapes far enough apart to have computed at least
+``MIN_COMPUTED_TOKENS``: contention included, so a busy rank's token costs more than an idle one's,
+which is what a request waiting behind it lives. Successive figures are smoothed (``SMOOTHING``).
+Without ``vllm:request_prefill_time_seconds`` the time to first token minus the time queued stands
+in. A rank that has not computed enough yet borrows the fleet's mean; with no rank measured the
+speed is unknown (``None``) and admission holds the budget (``cost.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from routing.rank_metrics import RankSample
+
+#: Prompt tokens a rank must have computed between two scrapes to measure its speed.
+MIN_COMPUTED_TOKENS = 4096
+#: Weight of the newest measurement in the smoothed speed.
+SMOOTHING = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class RankLoad:
+    """What a rank's last scrape said: its scheduler queues and its KV cache use."""
+
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float | None = None
+
+
+def _prefill_seconds(sample: RankSample) -> float | None:
+    prefill = sample.histogram("prefill")
+    if prefill is not None:
+        return prefill.sum
+    ttft, queue = sample.histogram("ttft"), sample.histogram("queue")
+    if ttft is None:
+        return None
+    return ttft.sum - (queue.sum if queue is not None else 0.0)
+
+
+def _computed_tokens(sample: RankSample) -> float | None:
+    prompt = sample.value("prompt_tokens")
+    if prompt is None:
+        return None
+    return prompt - (sample.value("cached_tokens") or 0.0)
+
+
+class RankSpeeds:
+    """Per rank: smoothed seconds of prefill per computed token, and the latest load."""
+
+    def __init__(self) -> None:
+        self._base: dict[str, RankSample] = {}
+        self._seconds_per_token: dict[str, float] = {}
+        self._load: dict[str, RankLoad] = {}
+
+    def observe(self, rank: str, sample: RankSample) -> None:
+        """A new scrape of ``rank`` (from the metrics poller)."""
+        self._load[rank] = RankLoad(
+            sample.value("waiting") or 0.0, sample.value("running") or 0.0, sample.value("kv_usage")
+        )
+        base = self._base.get(rank)
+        seconds, computed = _prefill_seconds(sample), _computed_tokens(sample)
+        if base is None or seconds is None or computed is None:
+            self._base[rank] = sample
+            return
+        base_seconds, base_computed = _prefill_seconds(base), _computed_tokens(base)
+        if base_seconds is None or base_computed is None:
+            self._base[rank] = sample
+            return
+        d_tokens, d_seconds = computed - base_computed, seconds - base_seconds
+        if d_tokens < 0 or d_seconds < 0:  # the rank restarted: its counters began again
+            self._base[rank] = sample
+            return
+        # the prompt and hit counters and the prefill times move at different moments of a
+        # request's life (hits at its scheduling, the rest at its first token): wait for a span
+        # long enough to hold whole requests
+        if d_tokens < MIN_COMPUTED_TOKENS or d_seconds <= 0:
+            return  # keep the older base until enough was computed to say something
+        measured = d_seconds / d_tokens
+        old = self._seconds_per_token.get(rank)
+        self._seconds_per_token[rank] = measured if old is None else old + SMOOTHING * (measured - old)
+        self._base[rank] = sample
+
+    def seconds_per_token(self, rank: str) -> float | None:
+        """Seconds of prefill per computed token on ``rank`` (the fleet's mean while it has not
+        said; None while no rank has)."""
+        own = self._seconds_per_token.get(rank)
+        if own is not None:
+            return own
+        known = self._seconds_per_token.values()
+        return sum(known) / len(known) if known else None
+
+    def tokens_per_second(self, rank: str) -> float | None:
+        """``rank``'s measured prefill speed (None: not measured, or too fast to measure)."""
+        spt = self._seconds_per_token.get(rank)
+        return 1.0 / spt if spt else None
+
+    def load(self, rank: str) -> RankLoad:
+        return self._load.get(rank, RankLoad())
