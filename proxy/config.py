@@ -305,9 +305,7 @@ OPTIONS: tuple[Option, ...] = (
         "own pool expiry (httpx and the openai SDK: 5 s)",
     ),
     Option("header_timeout", float, "seconds a client may take to send a request's headers (then 408)"),
-    Option(
-        "body_timeout", float, "seconds a client may stay silent while sending a request's body (then 408)"
-    ),
+    Option("body_timeout", float, "seconds a client may stay silent while sending a body (then 408)"),
     Option(
         "max_connections",
         int,
@@ -315,10 +313,7 @@ OPTIONS: tuple[Option, ...] = (
         "refused with a 503 (0: what the open-files limit holds, with a connection to a backend each)",
     ),
     Option(
-        "trusted_proxies",
-        str,
-        "comma-separated addresses of reverse proxies whose X-Forwarded-For names the client "
-        "(default: none, the peer address is the client)",
+        "trusted_proxies", str, "reverse proxies (addresses, comma-separated) whose X-Forwarded-For counts"
     ),
 )
 
