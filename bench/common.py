@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -70,7 +72,12 @@ def wait_until_up(url: str, timeout: float = 30.0) -> None:
 
 
 class Subprocess:
-    """A server in its own process (so it does not share the benchmark client's GIL)."""
+    """A server in its own process (so it does not share the benchmark client's GIL).
+
+    Its stderr goes to a file, read with ``log()``: a pipe nobody drains blocks the server's logging
+    (and so its event loop) once 64 KiB are written. ``open_files``: the process's open-files limit
+    (soft and hard), to see it at the limit. ``cwd``: where it runs (another source tree).
+    """
 
     def __init__(
         self,
@@ -78,23 +85,43 @@ class Subprocess:
         health_url: str,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        open_files: int | None = None,
     ) -> None:
         self.args = args
         self.health_url = health_url
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
+        self.open_files = open_files
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_fd, self._log_path = tempfile.mkstemp(prefix="prefixgate-", suffix=".log")
+
+    def _limit(self) -> None:
+        if self.open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
+
+    def log(self) -> str:
+        """What the process wrote to stderr so far."""
+        return Path(self._log_path).read_text(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def __enter__(self) -> Subprocess:
         self.proc = subprocess.Popen(
-            self.args, env=self.env, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            self.args,
+            env=self.env,
+            cwd=self.cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log_fd,
+            preexec_fn=self._limit,
         )
         try:
             wait_until_up(self.health_url)
         except TimeoutError:
             self.proc.kill()
-            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-            raise RuntimeError(f"{' '.join(self.args)} failed to start:\n{err}") from None
+            raise RuntimeError(f"{' '.join(self.args)} failed to start:\n{self.log()}") from None
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -104,6 +131,12 @@ class Subprocess:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait(5)
+        os.close(self._log_fd)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self._log_path)
 
 
 def stub_rank_process(port: int | None = None, chunks: int = 3) -> tuple[Subprocess, str]:
@@ -118,6 +151,7 @@ def proxy_process(
     port: int | None = None,
     extra: Sequence[str] = (),
     root: Path | None = None,
+    open_files: int | None = None,
 ) -> tuple[Subprocess, str]:
     """``prefixgate serve`` in its own process in front of ``rank_specs`` (``--backend`` values:
     ``NAME=URL`` or ``URL``), plus ``extra`` flags; returns it (not started) and its URL.
@@ -129,7 +163,7 @@ def proxy_process(
         args += ["--backend", spec]
     args += list(extra)
     env = {"PYTHONPATH": str(root)} if root is not None else None
-    return Subprocess(args, url + "/health", env=env, cwd=root), url
+    return Subprocess(args, url + "/health", env=env, cwd=root, open_files=open_files), url
 
 
 @contextlib.contextmanager

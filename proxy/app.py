@@ -26,6 +26,7 @@ from proxy.ops.limits import HeaderLimitMiddleware
 from proxy.ops.metrics import export_gauges
 from proxy.ops.models import Models, json_response
 from proxy.pipeline import Pipeline
+from proxy.server import ServingOptions
 
 log = logging.getLogger("prefixgate")
 
@@ -46,6 +47,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="prefixgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.state.serving = ServingOptions.from_settings(settings)  # how proxy/server.py serves it
 
     def current() -> Gateway:
         assert gateway.pipeline is not None, "the app's lifespan has not started"
@@ -87,27 +89,34 @@ def create_app(settings: Settings) -> FastAPI:
         return await pipeline().passthrough(request, "/detokenize", CHAT)
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
         """Liveness: 200 while the process serves, whatever the ranks' state (the body tells it)."""
         ranks = [r.status() for r in gateway.fleet]
+        if not (request.scope.get("state") or {}).get("is_admin"):
+            # open to anyone: where the ranks are (their URLs, in their errors too) stays private
+            ranks = [{k: v for k, v in r.items() if k not in ("url", "last_error")} for r in ranks]
         healthy = sum(1 for r in gateway.fleet if r.healthy)
         status = "ok" if healthy else "no_healthy_backend"
         return json_response({"status": status, "healthy_backends": healthy, "backends": ranks})
 
     @app.get("/ready")
-    async def ready() -> Response:
+    async def ready(request: Request) -> Response:
         """Readiness: 503 until at least one rank is healthy (a load balancer sends nothing here
         that could only be answered 503)."""
         healthy = [r.name for r in gateway.fleet if r.healthy]
         if healthy and gateway.pipeline is not None:
             return json_response({"status": "ready", "healthy_backends": healthy})
-        down = {r.name: r.last_error for r in gateway.fleet}
+        admin = (request.scope.get("state") or {}).get("is_admin")
+        # the ranks' errors name their addresses: the admin's to see, as in /health
+        down = {r.name: r.last_error if admin else "down" for r in gateway.fleet}
         return json_response({"status": "not_ready", "healthy_backends": [], "down": down}, status=503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         gw = current()
-        export_gauges(gw.metrics, gw.fleet, gw.admission, gw.dashboard.recorder.window.rate, gw.sessions)
+        admin = bool((request.scope.get("state") or {}).get("is_admin"))  # per-session series: admin only
+        rate = gw.dashboard.recorder.window.rate
+        export_gauges(gw.metrics, gw.fleet, gw.admission, rate, gw.sessions, per_session=admin)
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.exception_handler(StarletteHTTPException)

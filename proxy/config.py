@@ -120,6 +120,14 @@ class Settings(BaseModel):
     admission_wait: float | None = Field(default=None, ge=0)
     max_sessions_per_rank: int = Field(default=0, ge=0)
     session_memory_mb: float = Field(default=512.0, gt=0)
+    # connections: to the ranks (proxy/stages/forward.py) and from clients (proxy/server.py)
+    upstream_keepalive: float = Field(default=4.0, gt=0)
+    first_byte_timeout: float = Field(default=60.0, gt=0)
+    client_keepalive: float = Field(default=75.0, gt=0)
+    header_timeout: float = Field(default=10.0, gt=0)
+    body_timeout: float = Field(default=30.0, gt=0)
+    max_connections: int = Field(default=0, ge=0)
+    trusted_proxies: str | None = None
     # Sections owned by later pipeline stages; validated by their own models.
     tokenization: dict[str, Any] = Field(default_factory=dict)
     canonical: dict[str, Any] = Field(default_factory=dict)
@@ -278,6 +286,35 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_tools", int, "most tools in a request (more: 400)"),
     Option("max_json_depth", int, "deepest nesting of arrays and objects in a request body (deeper: 400)"),
     Option("shutdown_timeout", float, "seconds in-flight requests may take to finish after SIGTERM"),
+    Option(
+        "upstream_keepalive",
+        float,
+        "seconds an idle connection to a backend is kept for reuse; keep it below the backends' own "
+        "keep-alive (vLLM's uvicorn: 5 s)",
+    ),
+    Option(
+        "first_byte_timeout",
+        float,
+        "seconds a backend may take to start a streamed answer before the next one is tried "
+        "(a whole answer has --read-timeout)",
+    ),
+    Option(
+        "client_keepalive",
+        float,
+        "seconds an idle client connection stays open (sent as Keep-Alive: timeout=); above clients' "
+        "own pool expiry (httpx and the openai SDK: 5 s)",
+    ),
+    Option("header_timeout", float, "seconds a client may take to send a request's headers (then 408)"),
+    Option("body_timeout", float, "seconds a client may stay silent while sending a body (then 408)"),
+    Option(
+        "max_connections",
+        int,
+        "most client connections open at once; past it the longest-idle one is closed, or the new one "
+        "refused with a 503 (0: what the open-files limit holds, with a connection to a backend each)",
+    ),
+    Option(
+        "trusted_proxies", str, "reverse proxies (addresses, comma-separated) whose X-Forwarded-For counts"
+    ),
 )
 
 

@@ -65,13 +65,17 @@ class Gateway:
         self.locals = SessionLocals(budget_bytes=int(settings.session_memory_mb * 1024 * 1024))
         # the idle TTL until admission has learned one from the traffic (or the configured one)
         self.sessions = SessionTable(self.state.sessions(), settings.session_idle_ttl or DEFAULT_IDLE_TTL_S)
-        self.explainer = Explainer(self.locals, self.metrics, on_break=self.sessions.add_break)
+        self.explainer = Explainer(
+            self.locals, self.metrics, on_break=self.sessions.add_break, keep_text=settings.log_bodies
+        )
         self.dashboard = Dashboard(self.locals)
         self.fleet = Fleet(
             Rank(name=b.name, url=b.url, pool_tokens=b.pool_tokens, block_size=b.block_size)
             for b in settings.backends
         )
         self.client: aiohttp.ClientSession | None = None
+        #: New connection per request: for requests whose pooled connection the rank had closed.
+        self._fresh_client: aiohttp.ClientSession | None = None
         self.router: Router | None = None
         self.admission: Admission | None = None
         self.pins: Pins | None = None
@@ -84,9 +88,11 @@ class Gateway:
     async def start(self) -> None:
         """Open the upstream client (it needs the running loop), probe every rank, build the stages."""
         settings = self.settings
+        auth = upstream_auth_headers(settings)
         self.client = client = upstream_session(
-            settings.connect_timeout, settings.read_timeout, upstream_auth_headers(settings)
+            settings.connect_timeout, settings.read_timeout, auth, settings.upstream_keepalive
         )
+        self._fresh_client = upstream_session(settings.connect_timeout, settings.read_timeout, auth, None)
         await check_all(client, self.fleet, settings.health_timeout)
         await asyncio.gather(*(self._learn_cache_config(r) for r in self.fleet if r.healthy))
         incremental = await self._incremental_tokenizer()
@@ -130,7 +136,13 @@ class Gateway:
             Blocks(incremental, self.locals),
             admission,
             router,
-            Forwarder(client, self.metrics, settings.retries),
+            Forwarder(
+                client,
+                self.metrics,
+                settings.retries,
+                fresh=self._fresh_client,
+                first_byte_timeout=settings.first_byte_timeout,
+            ),
             Observers(
                 [
                     UsageMetrics(self.metrics),
@@ -173,8 +185,9 @@ class Gateway:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.client is not None:
-            await self.client.close()
+        for client in (self.client, self._fresh_client):
+            if client is not None:
+                await client.close()
         if self._tokenizer_client is not None:
             await self._tokenizer_client.aclose()
         if self._tokenizer_pool is not None:

@@ -37,6 +37,7 @@ from proxy.stages.relay import RelayResponse, StreamOutcome
 from proxy.stages.route import Router
 from proxy.stages.threads import Threads
 from proxy.stages.usage import json_or_none, last_event_with
+from proxy.tenants import client_view
 
 log = logging.getLogger("prefixgate.pipeline")
 
@@ -95,6 +96,7 @@ class Pipeline:
                 self.forwarder.open(
                     ctx.plan, endpoint.upstream, content, upstream_headers(request.headers), stream=ctx.stream
                 ),
+                Opened.close,
             )
         except ProxyError as exc:
             self._unanswered(ctx, exc.status, exc.message)
@@ -102,7 +104,13 @@ class Pipeline:
         except ClientDisconnected:
             self._unanswered(ctx, CLIENT_CLOSED, "the client went away")
             return self._client_gone(endpoint.path, ctx)
-        return self._answer(ctx, opened, endpoint.path, started, translation)
+        try:
+            return self._answer(ctx, opened, endpoint.path, started, translation)
+        except Exception as exc:  # an open stream holds its rank's count and connection: release both
+            if opened.chunks is not None and not opened.closed:
+                opened.close()
+                self.observers.finished(Outcome(ctx, opened.rank.name, 500, error=f"{type(exc).__name__}"))
+            raise
 
     async def count(self, request: Request, api: Api, endpoint: Endpoint) -> Response:
         """Token counting: the request as it would be sent (canonicalized) to any healthy rank;
@@ -133,7 +141,8 @@ class Pipeline:
         """A stored answer (``GET``), from the rank that stored it."""
         started = time.perf_counter()
         try:
-            rank = await self.pins.rank_of(stored_id)
+            owner = (request.scope.get("state") or {}).get("client_label")
+            rank = await self.pins.rank_of(stored_id, owner)  # a client retrieves its own answers only
             headers = upstream_headers(request.headers)
             headers.pop("content-type", None)
             url = f"{rank.url}{endpoint.upstream}/{quote(stored_id, safe='')}"
@@ -229,7 +238,8 @@ class Pipeline:
 
     def _session_headers(self, ctx: RequestContext) -> dict[str, str]:
         """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""
-        headers = {"x-prefixgate-session": ctx.session_key} if ctx.session_key else {}
+        key = ctx.session_key
+        headers = {"x-prefixgate-session": client_view(key, ctx.client_label)} if key else {}
         estimated = ctx.estimated_cached_tokens
         if estimated is None and ctx.prompt_tokens is not None:
             estimated = 0  # the prompt was rendered, but is under one block: nothing of it can hit

@@ -1,14 +1,112 @@
-"""Running an ASGI app with uvicorn: in the foreground (``prefixgate serve``) or in a thread."""
+"""Running an ASGI app with uvicorn: in the foreground (``prefixgate serve``) or in a thread.
+
+prefixgate's own app is served with ``ServingOptions`` (from its settings, left on the app's state
+by ``proxy.app.create_app``): the client keep-alive, advertised in a ``Keep-Alive: timeout=`` header
+so that clients expire their pooled connections first; the guarded protocol of
+``proxy/connections.py`` (header and body timeouts, a connection cap); ``X-Forwarded-For`` believed
+only from the configured proxies. Any other app (the test ranks) gets uvicorn's defaults.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import logging
+import resource
 import socket
 import threading
 import time
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import uvicorn
+
+from proxy.connections import protocol_factory
+
+if TYPE_CHECKING:
+    from proxy.config import Settings
+
+log = logging.getLogger("prefixgate")
+
+#: Descriptors kept aside from the connection cap's share of the open-files limit (logs, Redis, ZMQ).
+RESERVED_FDS = 64
+#: uvicorn's listen backlog: how many connections may wait to be accepted (and asyncio accepts at once).
+DEFAULT_BACKLOG = 2048
+#: glibc's mallopt parameters (malloc.h).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+#: Allocations from this size up get their own pages, returned to the system when freed.
+MMAP_THRESHOLD = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ServingOptions:
+    """How prefixgate serves its clients: the connection settings of ``Settings``."""
+
+    keepalive: float = 75.0
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    #: 0: what fits in the open-files limit with a connection to a rank for each (``limits``).
+    max_connections: int = 0
+    trusted_proxies: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServingOptions:
+        return cls(
+            settings.client_keepalive,
+            settings.header_timeout,
+            settings.body_timeout,
+            settings.max_connections,
+            settings.trusted_proxies,
+        )
+
+    def limits(self) -> tuple[int, int]:
+        """The connection cap and the listen backlog, within the open-files limit.
+
+        asyncio accepts up to a backlog's worth of connections at once before any of them is
+        counted, and each client connection may hold one to a rank: the cap, the burst and the
+        connections to the ranks must fit together, else accept() fails with EMFILE, which
+        Python 3.11's loop logs once for every connection it then tries to accept.
+        """
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        files = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+        backlog = min(DEFAULT_BACKLOG, max(16, (files - RESERVED_FDS) // 4))
+        fitting = max(16, (files - RESERVED_FDS - backlog) // 2)
+        return (self.max_connections or fitting), backlog
+
+
+def prepare_process() -> None:
+    """Process-wide set-up of ``prefixgate serve``: the open-files limit raised to its hard limit
+    (every client connection and every connection to a rank is a descriptor), and freed request
+    bodies handed back to the system."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    return_freed_memory()
+
+
+def return_freed_memory() -> None:
+    """Make glibc give large freed blocks back to the system at once.
+
+    By default glibc raises its mmap threshold each time a large block is freed (up to 32 MB), so
+    after one big request body every later one is carved from the heap, which keeps its pages:
+    25 unfinished 30 MB bodies left 790 MB resident after their clients had gone. A fixed threshold
+    (setting it turns the adjustment off) keeps every body-sized buffer in pages of its own.
+    """
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        return
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -24,12 +122,26 @@ def uvicorn_config(
     port: int,
     log_level: str = "warning",
     event_loop: str = "asyncio",
+    serving: ServingOptions | None = None,
     *,
     graceful_shutdown: float = 10.0,
 ) -> uvicorn.Config:
-    """The serving config of ``prefixgate serve`` (and of ``ServerThread``). ``graceful_shutdown``:
-    on SIGTERM uvicorn stops listening and lets in-flight requests (streams too) finish this long,
-    then cancels them and runs the app's shutdown."""
+    """The serving config of ``prefixgate serve`` (and of ``ServerThread``); ``serving``: prefixgate's
+    connection settings (None: uvicorn's defaults, for other apps). ``graceful_shutdown``: on SIGTERM
+    uvicorn stops listening and lets in-flight requests (streams too) finish this long, then cancels
+    them and runs the app's shutdown."""
+    options: dict[str, Any] = {"http": "httptools"}
+    if serving is not None:
+        cap, backlog = serving.limits()
+        options = {
+            "http": protocol_factory(serving.header_timeout, serving.body_timeout, cap),
+            "backlog": backlog,
+            # uvicorn hands it to call_later: a float works where it annotates an int
+            "timeout_keep_alive": serving.keepalive,
+            "headers": [("keep-alive", f"timeout={int(serving.keepalive)}")],
+            "proxy_headers": bool(serving.trusted_proxies),
+            "forwarded_allow_ips": serving.trusted_proxies or None,
+        }
     return uvicorn.Config(
         app,
         host=host,
@@ -40,12 +152,17 @@ def uvicorn_config(
         # minutes (issue 11: 1,000 sessions, requests waiting over 120 s). asyncio's loop accepts
         # every waiting connection at once, for ~5 % less throughput.
         loop=event_loop,
-        http="httptools",
         access_log=False,
         # (uvicorn annotates it int; it is seconds handed to asyncio.wait_for, so a float works)
         timeout_graceful_shutdown=cast(Any, graceful_shutdown),
         lifespan="on",
+        **options,
     )
+
+
+def serving_options(app: Any) -> ServingOptions | None:
+    """The ``ServingOptions`` prefixgate's app carries (``create_app``), None for any other app."""
+    return getattr(getattr(app, "state", None), "serving", None)
 
 
 class ServerThread:
@@ -57,7 +174,8 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port, log_level))
+        config = uvicorn_config(app, self.host, self.port, log_level, serving=serving_options(app))
+        self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=f"uvicorn-{self.port}", daemon=True)
         self._error: BaseException | None = None
 

@@ -282,13 +282,19 @@ def _first_text(parts: Any) -> str | None:
     return None
 
 
+def is_one_of(value: Any, names: frozenset[str]) -> bool:
+    """Whether ``value`` is one of ``names``: a client's list or object there is none of them (a set
+    lookup would raise TypeError, a 500 for the client's mistake)."""
+    return isinstance(value, str) and value in names
+
+
 def _passthrough(item: Mapping[str, Any]) -> dict[str, Any]:
     message = dict(item)
     content = message.get("content")
     if isinstance(content, list):
         message["content"] = [
             {"type": "text", "text": p.get("text", "")}
-            if isinstance(p, Mapping) and p.get("type") in RESPONSES_TEXT_PARTS
+            if isinstance(p, Mapping) and is_one_of(p.get("type"), RESPONSES_TEXT_PARTS)
             else p
             for p in content
         ]

@@ -48,6 +48,12 @@ GENERATION_PROMPT = f"{IM_START}assistant\n"
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
+def is_system(message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is a system turn (a role of any other type is not: never a TypeError)."""
+    role = message.get("role")
+    return isinstance(role, str) and role in SYSTEM_ROLES
+
+
 def dump_json(value: Any) -> str:
     """JSON the way jinja's ``tojson`` in transformers writes it: key order kept, no ASCII escaping."""
     return json.dumps(value, ensure_ascii=False)
@@ -124,7 +130,7 @@ def render_segments(
     segments: list[str] = []
     rest: Iterable[Mapping[str, Any]] = messages
     system_text: str | None = None
-    if messages and messages[0].get("role") in SYSTEM_ROLES:
+    if messages and is_system(messages[0]):
         system_text = content_text(messages[0].get("content"))
         rest = messages[1:]
     system = render_system(system_text, tools)

@@ -25,7 +25,7 @@ from tokenization.base import (
     Plan,
     whole_prompt,
 )
-from tokenization.chatml import GENERATION_PROMPT, SYSTEM_ROLES, content_text, render_message, render_system
+from tokenization.chatml import GENERATION_PROMPT, content_text, is_system, render_message, render_system
 from tokenization.encoding import chatml_encoding, encode
 from tokenization.lru import LRU
 from tokenization.segments import SegmentMemo, diff
@@ -43,7 +43,7 @@ def segment_labels(
     messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None, generation: bool
 ) -> list[str]:
     """One label per segment of ``chatml.render_segments``, in order."""
-    has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
+    has_system = bool(messages) and is_system(messages[0])
     has_tools = bool(tools)
     count = int(has_system or has_tools) + len(messages) - int(has_system) + int(generation)
     return [_segment_label(j, count, has_system, has_tools, generation) for j in range(count)]
@@ -94,7 +94,7 @@ class TiktokenTokenizer:
 
     def _plan_chat(self, prompt: ChatPrompt, prev: Encoded | None) -> Plan:
         messages, tools, generation = prompt.messages, prompt.tools, prompt.add_generation_prompt
-        has_system = bool(messages) and messages[0].get("role") in SYSTEM_ROLES
+        has_system = bool(messages) and is_system(messages[0])
         has_tools = bool(tools)
         system_segment = has_system or has_tools
         off = 1 if system_segment else 0  # segment index of the first message segment

@@ -43,6 +43,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--name", default=None, help="rank name (single rank; default sim-0, fleets use sim-0..)")
     _opt(g, "--model", str, DEFAULT_MODEL, "served model name")
+    _opt(g, "--keep-alive", float, _D.keep_alive_s, "seconds an idle HTTP connection stays open (uvicorn's)")
     g = parser.add_argument_group("KV cache")
     _opt(g, "--block-size", int, _D.block_size, "tokens per KV block")
     _opt(g, "--kv-tokens", int, DEFAULT_KV_TOKENS, "KV pool size in tokens")
@@ -170,6 +171,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_replay_port=args.kv_replay_port,
         enable_prompt_tokens_details=not args.no_prompt_tokens_details,
         force_include_usage=args.force_include_usage,
+        keep_alive_s=args.keep_alive,
         scripted_tool_calls=args.scripted_tools,
         scripted_subagents=args.scripted_subagents,
         record_path=args.record,

@@ -124,6 +124,9 @@ class SimConfig:
     data_parallel_rank: int = 0
     enable_prompt_tokens_details: bool = True
     force_include_usage: bool = False
+    #: Seconds an idle keep-alive connection stays open: uvicorn's default, which vLLM's API server
+    #: runs with (a client reusing a connection idle this long races the rank's close).
+    keep_alive_s: float = 5.0
     #: Scripted-tool mode (``bench.sim.scripted``): answer with this many shell-tool calls per user
     #: turn before a final text; 0: off (words until max_tokens).
     scripted_tool_calls: int = 0

@@ -112,7 +112,7 @@ class SimRankServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=1,
-            timeout_keep_alive=30,
+            timeout_keep_alive=cast(Any, self.config.keep_alive_s),  # uvicorn hands it to call_later
         )
         server = uvicorn.Server(config)
         self._uvicorn = server

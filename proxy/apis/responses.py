@@ -30,7 +30,12 @@ from proxy.apis.base import (
 from proxy.errors import bad_request
 from proxy.ops.limits import Bounds, check_bounds, too_many
 from proxy.stages.usage import Usage
-from tokenization.chat_conversion import ConversionError, responses_to_chat, responses_tools_to_chat
+from tokenization.chat_conversion import (
+    ConversionError,
+    is_one_of,
+    responses_to_chat,
+    responses_tools_to_chat,
+)
 
 PATH = "/v1/responses"
 _TEXT_ROLES = frozenset({"user", "system", "developer"})
@@ -135,7 +140,7 @@ class ResponsesApi(NativeApi):
 
 def _input_item(message: Any) -> Any:
     """A view message as a Responses input item: text parts the rules added become ``input_text``."""
-    if not isinstance(message, dict) or message.get("role") not in _TEXT_ROLES:
+    if not isinstance(message, dict) or not is_one_of(message.get("role"), _TEXT_ROLES):
         return message
     content = message.get("content")
     if not isinstance(content, list) or not any(

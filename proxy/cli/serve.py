@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     from proxy.app import create_app
     from proxy.cli.workers import run_workers
-    from proxy.server import uvicorn_config
+    from proxy.server import prepare_process, serving_options, uvicorn_config
 
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
     flags = {option.field: getattr(args, option.field) for option in OPTIONS}
@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"prefixgate: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
         return 2
+    prepare_process()  # before the workers start: they inherit the raised open-files limit
     if settings.workers > 1:
         try:
             return run_workers(settings, listener)
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         settings.port,
         settings.log_level,
         settings.event_loop,
+        serving_options(app),
         graceful_shutdown=settings.shutdown_timeout,
     )
     server = uvicorn.Server(config)

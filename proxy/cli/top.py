@@ -67,6 +67,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
 
 
+def plain(value: object) -> Text:
+    """Text a client or a rank chose (a session key, a name), shown as it is: never read as rich
+    markup (``[/bold]`` would end the frame, ``[link=...]`` would reach the terminal), and with
+    control characters (an ESC sequence would drive the operator's terminal) written as escapes."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return Text(text)
+
+
 def pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
@@ -170,7 +180,7 @@ def render_frame(
     for rank in overview["ranks"]:
         health = Text("up", style="green") if rank["healthy"] else Text("DOWN", style="bold red")
         ranks.add_row(
-            rank["name"],
+            plain(rank["name"]),
             health,
             occupancy_bar(rank, bar_width),
             num(rank["working_set_tokens"]),
@@ -210,12 +220,14 @@ def render_frame(
     for row in sessions["data"]:
         last = row.get("last_break")
         table.add_row(
-            row["key"],
-            row["rank"] or "—",
+            plain(row["key"]),
+            plain(row["rank"] or "—"),
             num(row["turns"]),
             num(row["context_tokens"]),
             pct(row["hit_rate"]),
-            Text(f"{last['cause']} @{last['turn']}", style="red") if last else Text("—", style="dim"),
+            Text(plain(f"{last['cause']} @{last['turn']}").plain, style="red")
+            if last
+            else Text("—", style="dim"),
             idle(row["idle_s"]),
             style=None if row["active"] else "dim",
         )

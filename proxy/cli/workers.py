@@ -22,7 +22,7 @@ from pydantic import SecretStr
 from uvicorn.supervisors import Multiprocess
 
 from proxy.config import Settings
-from proxy.server import uvicorn_config
+from proxy.server import ServingOptions, return_freed_memory, uvicorn_config
 from proxy.state.embedded_redis import EmbeddedRedis
 
 log = logging.getLogger("prefixgate")
@@ -46,6 +46,7 @@ def worker_app() -> FastAPI:
     """The app of one worker process (uvicorn's factory), from the supervisor's settings file."""
     from proxy.app import create_app
 
+    return_freed_memory()  # per process: the supervisor's setting does not reach its workers
     settings = Settings.model_validate(json.loads(Path(os.environ[SETTINGS_ENV]).read_text()))
     return create_app(settings)
 
@@ -69,6 +70,7 @@ def run_workers(settings: Settings, listener: socket.socket) -> int:
             settings.port,
             settings.log_level,
             settings.event_loop,
+            ServingOptions.from_settings(settings),  # the factory's app is not built here to ask
             graceful_shutdown=settings.shutdown_timeout,
         )
         config.factory = True

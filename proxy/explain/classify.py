@@ -25,6 +25,7 @@ from proxy.explain.records import (
     TOOLS_REMOVED,
     TOOLS_REORDERED,
     UNKNOWN,
+    line_change,
     record,
 )
 from proxy.explain.turns import Turn, parts, parts_of
@@ -92,7 +93,7 @@ def classify(
         detail = "system prompt edited"
         if line is not None:
             number, a, b = line
-            extra["line"] = {"number": number, "old": a[:MAX_TEXT], "new": b[:MAX_TEXT]}
+            extra["line"] = line_change(number, a, b)
             detail = f"system prompt edited at line {number}"
         if old is not None and new is not None and old.kind != new.kind:
             detail = "system message added" if new.kind == "system" else "system message removed"
@@ -160,7 +161,7 @@ def _history(
         )
         if line is not None:
             number, a, b = line
-            extra["line"] = {"number": number, "old": a[:MAX_TEXT], "new": b[:MAX_TEXT]}
+            extra["line"] = line_change(number, a, b)
     detail = f"history message {index} ({role}) edited"
     return record(turn, prev, HISTORY_EDITED, offset, block, lost, name, detail, **extra)
 

@@ -12,7 +12,9 @@ to. It observes each request twice:
   the previous one, the session either moved to another rank or its blocks were evicted.
 
 Canonicalization runs before, so what is reported is the drift that remains. Breaks are counted in
-``prefixgate_prefix_breaks_total{cause}`` and kept per session for ``GET /admin/sessions/{id}``.
+``prefixgate_prefix_breaks_total{cause}`` and kept per session for ``GET /admin/sessions/{id}``:
+this process's recent ones with the edited line's text, the stored ones (the session table, which
+Redis keeps a day) with its positions and digests only, unless bodies may be logged.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from proxy.canonical import first_differing_part
 from proxy.context import Outcome, RequestContext
 from proxy.explain.classify import classify, explain
-from proxy.explain.records import EVICTED, MOVED, moved, rank_break
+from proxy.explain.records import EVICTED, MOVED, moved, rank_break, without_text
 from proxy.explain.turns import Expectation, Turn, divergence, extends, parts, parts_of
 from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
@@ -43,10 +45,14 @@ class Explainer(Observer):
         metrics: Metrics | None = None,
         *,
         on_break: Callable[[str, dict[str, Any]], object] | None = None,
+        keep_text: bool = False,
     ) -> None:
+        """``keep_text``: records given to ``on_break`` (stored, possibly shared through Redis) keep
+        the edited prompt text; only when request bodies may be logged (``--log-bodies``)."""
         self.locals = locals_
         self.metrics = metrics
         self.on_break = on_break
+        self.keep_text = keep_text
 
     def breaks(self, session_key: str) -> list[dict[str, Any]]:
         """The session's recorded breaks, oldest first; [] when this process holds none."""
@@ -132,7 +138,7 @@ class Explainer(Observer):
         if self.metrics is not None:
             self.metrics.prefix_breaks.labels(record["cause"]).inc()
         if self.on_break is not None:
-            self.on_break(local.key, record)
+            self.on_break(local.key, record if self.keep_text else without_text(record))
 
 
 def turn_of(ctx: RequestContext, body: dict[str, Any], number: int) -> Turn:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,40 @@ UNKNOWN = "unknown"  # the tokens differ but no request part does (a template-si
 #: Characters of a line or name list kept in a break record, and names listed at most.
 MAX_TEXT = 160
 MAX_NAMES = 20
+#: Keys a digest of an edited line: the same edit gives the same digest within this process, and a
+#: stored digest cannot be checked against guessed prompt text.
+_DIGEST_KEY = os.urandom(16)
+
+
+def line_change(number: int, old: str, new: str) -> dict[str, Any]:
+    """The first edited line of a part: where it is and what changed. The text (its first
+    ``MAX_TEXT`` characters) is for this process's own view only: ``without_text`` drops it."""
+    column = next(
+        (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new))
+    )
+    return {
+        "number": number,
+        "column": column,
+        "old_chars": len(old),
+        "new_chars": len(new),
+        "old_digest": _digest(old),
+        "new_digest": _digest(new),
+        "old": old[:MAX_TEXT],
+        "new": new[:MAX_TEXT],
+    }
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8, key=_DIGEST_KEY).hexdigest()
+
+
+def without_text(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` as it may be stored (the session table, Redis) when bodies may not be logged: the
+    edited line's positions and digests, not its text."""
+    line = record.get("line")
+    if line is None:
+        return record
+    return {**record, "line": {k: v for k, v in line.items() if k not in ("old", "new")}}
 
 
 def record(

@@ -1,7 +1,10 @@
 """The admin API over the session table: list, show and end sessions (``/admin/sessions``).
 
 Guarded by ``proxy/auth.py``: with the admin token every session is visible; a client key sees only
-its own sessions (those recorded with its label).
+its own sessions (those recorded with its label). Session keys are namespaced by client
+(``proxy/tenants.py``): a session's ``id`` is the key its client sent, and its ``client`` says whose
+it is. A client addresses its own sessions by their ids; the admin by id when only one client has
+such a session, else as ``<client>/<id>``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from starlette.responses import Response
 
 from proxy.errors import ProxyError, error_response
 from proxy.state.sessions import SORT_FIELDS, Session, SessionTable
+from proxy.tenants import client_view, tenant_key
 
 if TYPE_CHECKING:
     from proxy.gateway import Gateway
@@ -51,6 +55,30 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
 def session_not_found(session_id: str) -> Response:
     """The 404 for a session that is unknown or not the viewer's."""
     return error_response(ProxyError(404, f"no session {session_id!r}", code="session_not_found"))
+
+
+def ambiguous_session(session_id: str, found: list[Session]) -> Response:
+    """The 409 for an id that sessions of several clients have: the admin must name the client."""
+    choices = ", ".join(sorted(repr(s.key) for s in found))
+    message = f"several clients have a session {session_id!r}: ask for one of {choices}"
+    return error_response(ProxyError(409, message, code="ambiguous_session"))
+
+
+def session_of(request: Request, table: SessionTable, session_id: str) -> Session | Response:
+    """The session the caller means by ``session_id`` (see the module docstring), or the 404/409."""
+    viewer = viewer_of(request)
+    if viewer is not None:
+        mine = table.get(tenant_key(viewer or None, session_id))
+        return mine if mine is not None and mine.client == (viewer or None) else session_not_found(session_id)
+    exact = table.get(session_id)
+    if exact is not None:
+        return exact
+    keys = getattr(request.app.state, "keys", None)
+    labels = [key.label for key in keys.keys] if keys is not None else []
+    found = [s for s in (table.get(tenant_key(label, session_id)) for label in labels) if s is not None]
+    if not found:
+        return session_not_found(session_id)
+    return found[0] if len(found) == 1 else ambiguous_session(session_id, found)
 
 
 def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
@@ -102,9 +130,9 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
         """The session's record with its breaks, its turn log and its threads (this replica's)."""
         gw = gateway()
         table = gw.sessions
-        session = visible_session(request, table, session_id)
-        if session is None:
-            return session_not_found(session_id)
+        session = session_of(request, table, session_id)
+        if isinstance(session, Response):
+            return session
         row = _row(session, table.clock(), table.idle_ttl, with_breaks=True)
         # Redis loads a record without its breaks: this replica's explainer has the recent ones
         row["breaks"] = session.breaks or gw.explainer.breaks(session.key)
@@ -116,25 +144,13 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
     async def end_session(request: Request, session_id: str) -> Response:
         """End a session at once: its working set no longer counts against its rank's budget."""
         gw = gateway()
-        session = visible_session(request, gw.sessions, session_id)
-        if session is None:
-            return session_not_found(session_id)
-        gw.end_session(session_id)
+        session = session_of(request, gw.sessions, session_id)
+        if isinstance(session, Response):
+            return session
+        gw.end_session(session.key)
         return _json({"id": session_id, "object": "session", "deleted": True})
 
     return router
-
-
-def visible(request: Request, session: Session) -> bool:
-    """Whether the caller may see ``session`` (the admin sees all, a client key its own)."""
-    viewer = viewer_of(request)
-    return viewer is None or session.client == viewer
-
-
-def visible_session(request: Request, table: SessionTable, session_id: str) -> Session | None:
-    """The session ``session_id`` when it exists and the caller may see it, else None."""
-    session = table.get(session_id)
-    return session if session is not None and visible(request, session) else None
 
 
 def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> dict[str, object]:
@@ -148,6 +164,6 @@ def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> di
     elif session.admission is not None:
         # a page of the table: the decision's summary, the detail is per session
         data["admission"] = {k: session.admission.get(k) for k in ("decision", "waited_s", "rank")}
-    data["id"] = session.key
+    data["id"] = client_view(session.key, session.client)  # "key" stays the admin's unique name
     data["active"] = session.is_active(now, idle_ttl)
     return data

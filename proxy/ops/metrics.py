@@ -61,6 +61,13 @@ class Metrics:
         self.retries = Counter(
             "prefixgate_retries", "Requests retried on another backend", ("endpoint",), registry=r
         )
+        self.upstream_reconnects = Counter(
+            "prefixgate_upstream_reconnects",
+            "Requests sent again on a fresh connection to the same backend, their pooled connection "
+            "having been closed by the backend before any response byte (not a backend failure)",
+            ("backend",),
+            registry=r,
+        )
         self.stream_errors = Counter(
             "prefixgate_stream_errors",
             "Streams that broke after bytes were sent (ended with an SSE error event)",
@@ -269,9 +276,12 @@ def export_gauges(
     fleet_hit_rate: float,
     sessions: SessionTable,
     max_sessions: int = 1000,
+    *,
+    per_session: bool = True,
 ) -> None:
     """Set the gauges read at scrape time from the current state (reading it changes nothing):
-    per rank its health, load and admission count, the fleet hit rate, the active sessions' hit rates."""
+    per rank its health, load and admission count, the fleet hit rate, the active sessions' hit rates
+    (only with ``per_session``: the admin's scrape; session keys are the clients' business)."""
     for rank in fleet:
         metrics.backend_up.labels(rank.name).set(1 if rank.healthy else 0)
         metrics.in_flight.labels(rank.name).set(rank.in_flight)
@@ -293,6 +303,8 @@ def export_gauges(
     gauge = metrics.session_hit_rate
     # only active sessions are exported, so the series come and go with the sessions
     gauge.clear()
+    if not per_session:
+        return
     active = sorted(sessions.active(), key=lambda s: s.last_seen, reverse=True)[:max_sessions]
     for session in active:
         rate = session.hit_rate

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from starlette.types import Receive
@@ -23,8 +22,13 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-async def until_disconnected(receive: Receive, work: Awaitable[T]) -> T:
-    """Run ``work``; if the client disconnects first, cancel it and raise ``ClientDisconnected``."""
+async def until_disconnected(
+    receive: Receive, work: Awaitable[T], discard: Callable[[T], object] | None = None
+) -> T:
+    """Run ``work``; if the client disconnects first, cancel it and raise ``ClientDisconnected``.
+
+    ``discard`` releases what ``work`` produced when it finished anyway while being cancelled (an
+    upstream stream just opened must still be closed)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_for_disconnect(receive))
     try:
@@ -37,6 +41,11 @@ async def until_disconnected(receive: Receive, work: Awaitable[T]) -> T:
         watcher.cancel()
         return task.result()
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    try:
+        result = await task
+    except (asyncio.CancelledError, Exception):
+        pass
+    else:
+        if discard is not None:
+            discard(result)
     raise ClientDisconnected()

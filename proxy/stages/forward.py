@@ -6,12 +6,20 @@ chunk is awaited before the client's response starts: that is the only way to st
 costs the client nothing since its first byte could not come earlier. The answer is then relayed by
 ``proxy/stages/relay.py``.
 
+Pooled connections to a rank are kept idle at most ``keepalive`` seconds, below the rank's own
+keep-alive (uvicorn, which vLLM's API server runs on, closes idle connections after 5 s): a request
+written on a connection the rank is closing meets its FIN and fails. Should one fail that way anyway
+(a rank with a shorter keep-alive, a rank restarted behind the pool), the request goes again on a
+fresh connection to the same rank before anything else: not a failure of the rank, and the session
+does not move.
+
 Upstream traffic goes through aiohttp: measured here, httpx's connection pool fell from 1,190 to
 104 requests/s between concurrency 1 and 64 against the same rank, while aiohttp held 3,000-8,000.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -62,13 +70,28 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
     return response.headers.get("content-type", "").startswith("text/event-stream")
 
 
+#: Seconds a pooled connection to a rank may idle before it is dropped: under uvicorn's 5 s.
+DEFAULT_KEEPALIVE_S = 4.0
+
+
 def upstream_session(
-    connect_timeout: float, read_timeout: float, headers: dict[str, str] | None = None
+    connect_timeout: float,
+    read_timeout: float,
+    headers: dict[str, str] | None = None,
+    keepalive: float | None = DEFAULT_KEEPALIVE_S,
 ) -> aiohttp.ClientSession:
-    """The one HTTP client of a prefixgate process towards its ranks; ``headers`` go on every request."""
+    """The HTTP client of a prefixgate process towards its ranks; ``headers`` go on every request.
+
+    ``keepalive``: seconds an idle connection is kept for the next request; None: every connection
+    is new and closed after its answer (the forwarder's client for requests that met a stale one).
+    """
+    if keepalive is None:
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    else:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=keepalive, enable_cleanup_closed=True)
     return aiohttp.ClientSession(
         headers=headers,
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True),
+        connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout),
         auto_decompress=False,
         trust_env=False,  # never send rank traffic through an environment proxy
@@ -76,9 +99,22 @@ def upstream_session(
     )
 
 
+def stale_connection(exc: BaseException) -> bool:
+    """Whether ``exc``, raised before any response byte, is what writing on a connection the rank
+    already closed gives: the peer gone (``ServerDisconnectedError``) or a reset / broken pipe
+    (``ClientOSError``); never a refused connection, which is the rank's own failure."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
+
+
 @dataclass(slots=True)
 class Opened:
-    """A rank's answer, either complete (``body``) or a stream whose first chunk was read."""
+    """A rank's answer, either complete (``body``) or a stream whose first chunk was read.
+
+    An open stream holds its rank's in-flight count and its connection until ``close``: whoever
+    takes it (the relay) must close it, whatever happens.
+    """
 
     rank: Rank
     response: aiohttp.ClientResponse
@@ -88,15 +124,39 @@ class Opened:
     checker: SseChecker | None = None
     #: Ranks tried until this one answered.
     attempts: int = 1
+    closed: bool = False
+
+    def close(self, reusable: bool = False) -> None:
+        """Done with a stream (idempotent): the rank's in-flight count is released, the connection
+        goes back to the pool when ``reusable`` (read to its end), else is closed."""
+        if self.closed or self.chunks is None:
+            return
+        self.closed = True
+        self.rank.in_flight -= 1
+        if reusable:
+            self.response.release()
+        else:
+            self.response.close()
 
 
 class Forwarder:
-    """Sends requests to ranks over the process's one upstream client."""
+    """Sends requests to ranks over the process's upstream clients: ``client`` (pooled), and
+    ``fresh`` (a new connection each time) for a request whose pooled connection was stale."""
 
-    def __init__(self, client: aiohttp.ClientSession, metrics: Metrics, retries: int) -> None:
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        metrics: Metrics,
+        retries: int,
+        *,
+        fresh: aiohttp.ClientSession | None = None,
+        first_byte_timeout: float | None = None,
+    ) -> None:
         self.client = client
+        self.fresh = fresh
         self.metrics = metrics
         self.retries = retries
+        self.first_byte_timeout = first_byte_timeout
 
     async def open(
         self,
@@ -132,14 +192,21 @@ class Forwarder:
         response: aiohttp.ClientResponse | None = None
         keep_open = False
         try:
-            response = await self.client.post(rank.url + path, data=content, headers=headers)
+            if stream and self.first_byte_timeout is not None:
+                # a rank that accepts but never starts answering (hung, yet up on /health) is left for
+                # the next one after this, not after the read timeout meant for gaps between chunks
+                async with asyncio.timeout(self.first_byte_timeout):
+                    response = await self._post(rank, path, content, headers)
+                    first = await self._first_chunk(response)
+            else:
+                response = await self._post(rank, path, content, headers)
+                first = await self._first_chunk(response) if stream else None
             status = response.status
             if status >= 500:
                 await response.read()
                 self.metrics.upstream_failures.labels(rank.name, f"http_{status}").inc()
                 return None, f"{rank.name} answered HTTP {status}"
-            if stream and status == 200 and is_event_stream(response):
-                first = await response.content.readany()
+            if first is not None:
                 checker = SseChecker()
                 problem = checker.feed(first)
                 if problem is not None:  # nothing reached the client yet: another rank may do better
@@ -166,3 +233,27 @@ class Forwarder:
                 rank.in_flight -= 1
                 if response is not None:
                     response.release()
+
+    async def _post(
+        self, rank: Rank, path: str, content: bytes, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
+        """POST on a pooled connection; when that connection turns out stale before any response
+        byte, once more on a fresh one to the same rank."""
+        url = rank.url + path
+        try:
+            return await self.client.post(url, data=content, headers=headers)
+        except aiohttp.ClientError as exc:
+            if self.fresh is None or not stale_connection(exc):
+                raise
+            log.debug(
+                "%s: pooled connection failed before any byte (%s), sent again on a new one", rank.name, exc
+            )
+            self.metrics.upstream_reconnects.labels(rank.name).inc()
+            return await self.fresh.post(url, data=content, headers=headers)
+
+    @staticmethod
+    async def _first_chunk(response: aiohttp.ClientResponse) -> bytes | None:
+        """A stream's first chunk, read before the client's response starts (None: not a stream)."""
+        if response.status != 200 or not is_event_stream(response):
+            return None
+        return await response.content.readany()

@@ -6,6 +6,9 @@ and the conversation's stable head (system, tools, first user message, as the AP
 same agent task re-sends the same head to the same model every turn, and two conversations that
 open alike ("hi") with different models are different sessions. The session's local state
 (``proxy.state.local``) is opened for the stages after this one.
+
+The key is made safe (``proxy.tenants.safe_key``: printable ASCII, bounded) and, with client keys
+configured, namespaced by the client's key: one client can never continue another's session.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import xxhash
 
 from proxy.context import RequestContext
 from proxy.state.local import SessionLocals
+from proxy.tenants import safe_key, tenant_key
 
 DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "x-session-id",
@@ -66,8 +70,9 @@ class Identify:
         found = self.key_of(ctx)
         if found is None:
             return
-        ctx.session_key, ctx.session_source = found
-        ctx.local = self.locals.open(found[0])
+        key = tenant_key(ctx.client_label, safe_key(found[0]))
+        ctx.session_key, ctx.session_source = key, found[1]
+        ctx.local = self.locals.open(key)
 
     def key_of(self, ctx: RequestContext) -> tuple[str, str] | None:
         for name in self.headers:

@@ -6,12 +6,13 @@ import time
 from typing import Any
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from proxy.apis.base import Api, check_stream_and_model
 from proxy.context import RequestContext
 from proxy.errors import ProxyError, bad_request
 from proxy.ops.limits import Bounds
+from proxy.stages.disconnect import ClientDisconnected
 
 
 def too_large(limit: int) -> ProxyError:
@@ -23,7 +24,13 @@ def too_large(limit: int) -> ProxyError:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than ``limit`` bytes without reading them all."""
+    """The body, refusing more than ``limit`` bytes without reading them all.
+
+    Chunks go into one growing buffer rather than a list joined at the end: a large body is then one
+    allocation in pages of its own (``proxy.server.return_freed_memory``), handed back to the system
+    when the request ends or its client leaves half-way, where thousands of 64 KiB chunks would
+    leave the heap fragmented and resident.
+    """
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -31,14 +38,27 @@ async def read_body(request: Request, limit: int) -> bytes:
                 raise too_large(limit)
         except ValueError:
             raise bad_request("invalid Content-Length header") from None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+    first: bytes | None = None
+    buffer: bytearray | None = None
+    try:
+        async for chunk in request.stream():
+            if not chunk:
+                continue
+            if first is None:
+                first = chunk
+                continue
+            if buffer is None:
+                buffer = bytearray(first)
+            buffer += chunk
+            if len(buffer) > limit:
+                raise too_large(limit)
+    except ClientDisconnect:
+        raise ClientDisconnected() from None
+    if buffer is None:
+        if first is not None and len(first) > limit:
             raise too_large(limit)
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return first or b""
+    return bytes(buffer)
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:

@@ -4,6 +4,11 @@ retrieval of one, must reach the rank that stored it, never another.
 ``Pins`` finds that rank (the response map, ``proxy.state.responses``; for ids stored before this
 process knew them, by asking the healthy ranks) and, as an observer of finished requests, remembers
 the rank of every answer a rank stored.
+
+With client keys configured, an answer belongs to the client that had it stored: the map keeps it
+under that client's namespace (``proxy.tenants``), so another client asking for the same id finds
+nothing (404), and ids the map does not hold are not looked for on the ranks (that would hand any
+client's answer to whoever knows its id).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from proxy.errors import ProxyError
 from proxy.stages.observe import Observer
 from proxy.state.local import SessionLocals
 from proxy.state.responses import ResponseRanks
+from proxy.tenants import tenant_key
 from routing.ranks import Fleet, Rank
 
 RESPONSES_PATH = "/v1/responses"
@@ -60,14 +66,16 @@ class Pins(Observer):
         self.locals = locals_
         self.probe_timeout = probe_timeout
 
-    async def rank_of(self, response_id: str) -> Rank:
-        """The healthy rank storing ``response_id``; a 404 or 503 ``ProxyError`` when there is none."""
-        name = self.ranks.get(response_id)
+    async def rank_of(self, response_id: str, owner: str | None = None) -> Rank:
+        """The healthy rank storing ``owner``'s ``response_id`` (``owner``: the client key's label);
+        a 404 or 503 ``ProxyError`` when there is none."""
+        key = tenant_key(owner, response_id)
+        name = self.ranks.get(key)
         if name is None:
-            name = await self._probe(response_id)
+            name = await self._probe(response_id) if owner is None else None
             if name is None:
                 raise response_not_found(response_id)
-            self.ranks.put(response_id, name)
+            self.ranks.put(key, name)
         rank = self.fleet.get(name)
         if rank is None:
             raise rank_unavailable(response_id, name, "no longer configured")
@@ -92,12 +100,13 @@ class Pins(Observer):
         """Remember where an answer was stored (and that its session holds it)."""
         if outcome.stored_id is None or outcome.rank is None:
             return
-        self.ranks.put(outcome.stored_id, outcome.rank)
+        key = tenant_key(outcome.ctx.client_label, outcome.stored_id)
+        self.ranks.put(key, outcome.rank)
         local = outcome.ctx.local
         if local is not None:
-            local.response_ids.append(outcome.stored_id)
+            local.response_ids.append(key)
 
     def forget(self, response_ids: list[str]) -> None:
-        """The session holding these answers ended."""
+        """The session holding these answers (their namespaced ids) ended."""
         for response_id in response_ids:
             self.ranks.forget(response_id)

@@ -3,8 +3,10 @@
 Chunks are relayed as they arrive, never buffered or parsed beyond the SSE well-formedness check;
 the last few are kept to read the usage from (vLLM sends it last). A break (the rank dies, stalls
 past ``read_timeout`` or sends an undecodable event) ends the stream with an SSE error event in the
-client API's shape. A client that goes away cancels the upstream request. Whatever happens, the
-rank's in-flight count is released and ``on_done`` runs exactly once.
+client API's shape, and so does a stream the server cuts (the shutdown deadline passed: uvicorn
+cancels the request), so the client knows its answer is incomplete. A client that goes away cancels
+the upstream request. Whatever happens, the rank's in-flight count is released and ``on_done`` runs
+exactly once.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class RelayResponse(Response):
         self._completed = False
         self._first_byte_at = time.perf_counter()
         self._settled = False
+        #: Why the server cut the stream (its request was cancelled), if it did.
+        self._cut: str | None = None
         self._reported = False
         self.end_marker = end_marker
 
@@ -81,6 +85,11 @@ class RelayResponse(Response):
         watcher = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             done, _ = await asyncio.wait((relay, watcher), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # not the client leaving (the watcher's): the server ended the request, which at
+            # shutdown means the stream outlived --shutdown-timeout
+            self._cut = "prefixgate is shutting down: the stream was cut at its shutdown timeout"
+            raise
         finally:
             if not relay.done():
                 relay.cancel()
@@ -131,6 +140,16 @@ class RelayResponse(Response):
             end = translate.end() if translate is not None else b""
             await send({"type": "http.response.body", "body": end, "more_body": False})
             self._completed = True
+        except asyncio.CancelledError:
+            cut = self._cut
+            if cut is not None:
+                self._error = cut
+                log.warning("%s: %s", rank.name, cut)
+                with contextlib.suppress(Exception):  # best effort: the connection may be gone
+                    await send(
+                        {"type": "http.response.body", "body": self.error_event(cut), "more_body": False}
+                    )
+            raise
         finally:
             self._settle()
 
@@ -139,13 +158,9 @@ class RelayResponse(Response):
         if self._settled:
             return
         self._settled = True
-        opened = self.opened
-        opened.rank.in_flight -= 1
-        if self._completed and self._error is None:
-            opened.response.release()
-        else:  # the connection is in an unknown state: never reuse it
-            opened.response.close()
-        self._report(left=not self._completed)
+        # the connection is reused only after a whole stream; else its state is unknown
+        self.opened.close(reusable=self._completed and self._error is None)
+        self._report(left=not self._completed and self._cut is None)  # a cut stream is an error
 
     def _report(self, *, left: bool) -> None:
         """Tell ``on_done`` how the stream ended (``left``: the client went away first), once."""

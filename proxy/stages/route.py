@@ -108,7 +108,7 @@ class Router(Observer):
         """The plan for ``ctx``: pinned to a stored answer's rank, else ranked by the policy."""
         stored = ctx.api.continues(ctx.body)
         if stored is not None and self.pins is not None:
-            rank = await self.pins.rank_of(stored)
+            rank = await self.pins.rank_of(stored, ctx.client_label)  # only the client's own answers
             plan = RoutePlan([rank], pinned=stored)
             self._charge(ctx, plan, rank, Lookup())
             return plan

@@ -56,6 +56,7 @@ class SseChecker:
             return None
         try:
             orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return f"malformed SSE event: {payload[:80]!r}"
+        except orjson.JSONDecodeError as exc:
+            # where, not what: the event is completion text, which logs and clients must not get
+            return f"malformed SSE event: {len(payload)} bytes of data, {exc}"
         return None

@@ -3,7 +3,17 @@ every prefixgate replica, each with a local memory mirror that answers while Red
 
 Session records live under ``{prefix}:``: ``s:{key}`` the record as JSON (expires ``retention``
 seconds after its last save), ``b:{key}`` its breaks (a capped list, same expiry), ``seen`` a sorted
-set of keys scored by last-seen time (active sessions are one ``ZRANGEBYSCORE`` away).
+set of keys scored by last-seen time (active sessions are one ``ZRANGEBYSCORE`` away), ``d:{key}``
+a session ended on purpose (``DELETE /admin/sessions``): a record Redis lacks without one was lost
+(Redis restarted), and this replica's copy of it still stands.
+
+The three stores share one ``RedisLink`` (``routing/redis_link.py``): one client that fails fast, one
+circuit breaker. While Redis answers, the session table reads and writes it directly (one bounded
+round trip each; replicas must see each other's records at once). The first failure opens the
+circuit for all three: they answer from their mirrors without trying Redis again, and the link's
+thread, never the event loop, probes it; before the circuit closes, each store pushes its mirror
+back. For the session table that push keeps whichever record was seen last (a restarted, empty
+Redis gets this replica's records back: sessions keep their turn counts and their rank).
 """
 
 from __future__ import annotations
@@ -13,15 +23,36 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-import redis
 
 from proxy.state.memory import MemorySessionStore
 from proxy.state.responses import RedisResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_RETENTION_S, MAX_BREAKS, Session, SessionStore
 from routing.index import PrefixIndex
 from routing.index.redis_store import RedisPrefixIndex
+from routing.redis_link import RedisLink, fail_fast_client
 
 log = logging.getLogger("prefixgate.sessions")
+
+#: Records pushed back per round trip when Redis returns.
+RESYNC_BATCH = 500
+
+#: Push one record back unless Redis holds one seen later (another replica's) or the session was
+#: ended meanwhile: the record, its ``seen`` entry and, when Redis has none, its breaks.
+_PUSH = """
+if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+local current = redis.call('GET', KEYS[1])
+if current then
+  local seen = cjson.decode(current)['last_seen']
+  if seen and tonumber(seen) > tonumber(ARGV[2]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[4])
+if #ARGV > 4 and redis.call('EXISTS', KEYS[2]) == 0 then
+  for i = 5, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+return 1
+"""
 
 
 class RedisSessionStore:
@@ -35,16 +66,25 @@ class RedisSessionStore:
         retention_s: float = DEFAULT_RETENTION_S,
         socket_timeout: float = 0.25,
         client: Any = None,
+        link: RedisLink | None = None,
     ) -> None:
-        self._errors: tuple[type[Exception], ...] = (redis.RedisError, OSError)
-        self.redis = client or redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
+        """``link``: the one shared with the other stores on this Redis (None: one of its own, over
+        ``client`` or a new client of ``url``)."""
+        self._owns_link = link is None
+        self.link = link or RedisLink(
+            client or fail_fast_client(url, socket_timeout), name="redis session table"
         )
+        self.redis = self.link.client
         self.prefix = prefix
         self.retention_ms = int(retention_s * 1000)
         self.retention_s = retention_s
         self.local = MemorySessionStore()
-        self.up = True
+        self._push = self.redis.register_script(_PUSH)
+        self.link.on_resync(self.resync)
+
+    @property
+    def up(self) -> bool:
+        return self.link.up
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}:s:{key}"
@@ -52,63 +92,67 @@ class RedisSessionStore:
     def _breaks_key(self, key: str) -> str:
         return f"{self.prefix}:b:{key}"
 
+    def _ended_key(self, key: str) -> str:
+        return f"{self.prefix}:d:{key}"
+
     @property
     def _seen(self) -> str:
         return f"{self.prefix}:seen"
 
-    def _failed(self, exc: Exception) -> None:
-        if self.up:
-            log.warning("redis unreachable for the session table (%s): using this replica's records", exc)
-        self.up = False
-
-    def _ok(self) -> None:
-        if not self.up:
-            log.info("redis reachable again: session table shared again")
-        self.up = True
-
     def get(self, key: str) -> Session | None:
-        try:
+        def fetch() -> tuple[Any, Any, Any]:
             pipe = self.redis.pipeline(transaction=False)
             pipe.get(self._key(key))
             pipe.lrange(self._breaks_key(key), 0, -1)
-            raw, breaks = pipe.execute()
-        except self._errors as exc:
-            self._failed(exc)
+            pipe.exists(self._ended_key(key))
+            raw, breaks, ended = pipe.execute()
+            return raw, breaks, ended
+
+        found = self.link.call(fetch)
+        if found is None:
             return self.local.get(key)
-        self._ok()
+        raw, breaks, ended = found
         if raw is None:
-            return None
+            if ended:  # ended by another replica: so it is here
+                self.local.delete(key)
+                return None
+            return self.local.get(key)  # lost by Redis (a restart), not ended: this replica's copy
         session = Session.loads(raw)
         session.breaks = [orjson.loads(b) for b in breaks]
         return session
 
     def save(self, session: Session) -> None:
         self.local.save(session)
-        try:
+
+        def write() -> None:
             pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(self._ended_key(session.key))  # the same key begins a new session
             pipe.set(self._key(session.key), session.dumps(), px=self.retention_ms)
             pipe.zadd(self._seen, {session.key: session.last_seen})
             # idle past retention: the record has expired, its entry in ``seen`` goes too
             pipe.zremrangebyscore(self._seen, "-inf", session.last_seen - self.retention_s)
             pipe.execute()
-        except self._errors as exc:
-            self._failed(exc)
-            return
-        self._ok()
+
+        self.link.call(write)
 
     def delete(self, key: str) -> Session | None:
         found = self.get(key)
         self.local.delete(key)
-        try:
-            self.redis.delete(self._key(key), self._breaks_key(key))
-            self.redis.zrem(self._seen, key)
-        except self._errors as exc:
-            self._failed(exc)
+
+        def remove() -> None:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(self._key(key), self._breaks_key(key))
+            pipe.zrem(self._seen, key)
+            pipe.set(self._ended_key(key), 1, px=self.retention_ms)  # other replicas drop their copies
+            pipe.execute()
+
+        self.link.call(remove)
         return found
 
     def add_break(self, key: str, record: dict[str, Any]) -> bool:
         self.local.add_break(key, record)
-        try:
+
+        def append() -> bool:
             if not self.redis.exists(self._key(key)):
                 return False
             pipe = self.redis.pipeline(transaction=False)
@@ -116,10 +160,10 @@ class RedisSessionStore:
             pipe.ltrim(self._breaks_key(key), -MAX_BREAKS, -1)
             pipe.pexpire(self._breaks_key(key), self.retention_ms)
             pipe.execute()
-        except self._errors as exc:
-            self._failed(exc)
-            return self.local.get(key) is not None
-        return True
+            return True
+
+        appended = self.link.call(append)
+        return appended if appended is not None else self.local.get(key) is not None
 
     def _load(self, keys: Any) -> list[Session]:
         """The records of ``keys`` (a Redis reply: a list of bytes)."""
@@ -129,22 +173,38 @@ class RedisSessionStore:
         return [Session.loads(raw) for raw in raws if raw is not None]
 
     def seen_since(self, since: float) -> list[Session]:
-        try:
-            sessions = self._load(self.redis.zrangebyscore(self._seen, since, "+inf"))
-        except self._errors as exc:
-            self._failed(exc)
-            return self.local.seen_since(since)
-        self._ok()
-        return sessions
+        sessions = self.link.call(lambda: self._load(self.redis.zrangebyscore(self._seen, since, "+inf")))
+        return sessions if sessions is not None else self.local.seen_since(since)
 
     def all(self) -> list[Session]:
-        try:
-            sessions = self._load(self.redis.zrange(self._seen, 0, -1))
-        except self._errors as exc:
-            self._failed(exc)
-            return self.local.all()
-        self._ok()
-        return sessions
+        sessions = self.link.call(lambda: self._load(self.redis.zrange(self._seen, 0, -1)))
+        return sessions if sessions is not None else self.local.all()
+
+    def resync(self) -> None:
+        """Push this replica's records back, each unless Redis holds one seen later (the link's
+        thread, before the circuit closes). Raises on Redis errors."""
+        records = self.local.all()  # a copy: the event loop may save meanwhile
+        for start in range(0, len(records), RESYNC_BATCH):
+            pipe = self.redis.pipeline(transaction=False)
+            for session in records[start : start + RESYNC_BATCH]:
+                key = session.key
+                keys = [self._key(key), self._breaks_key(key), self._seen, self._ended_key(key)]
+                breaks = [orjson.dumps(b) for b in session.breaks[-MAX_BREAKS:]]
+                args: list[bytes | str | int] = [
+                    session.dumps(),
+                    repr(session.last_seen),
+                    self.retention_ms,
+                    session.key,
+                    *breaks,
+                ]
+                self._push(keys=keys, args=args, client=pipe)
+            pipe.execute()
+        if records:
+            log.info("session table: %d records of this replica pushed back to Redis", len(records))
+
+    def close(self) -> None:
+        if self._owns_link:
+            self.link.close()
 
 
 class RedisState:
@@ -156,13 +216,15 @@ class RedisState:
         self.url = url
         self.timeout = timeout
         self.index_ttl = index_ttl
-        self.client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        #: One client and one circuit breaker for every store on this Redis.
+        self.link = RedisLink(fail_fast_client(url, timeout))
+        self.client = self.link.client
 
     def sessions(self) -> SessionStore:
-        return RedisSessionStore(self.url, socket_timeout=self.timeout, client=self.client)
+        return RedisSessionStore(self.url, socket_timeout=self.timeout, link=self.link)
 
     def response_ranks(self) -> ResponseRanks:
-        return RedisResponseRanks(self.client)
+        return RedisResponseRanks(self.client, link=self.link)
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]
@@ -175,7 +237,8 @@ class RedisState:
             ttl_s=self.index_ttl,
             socket_timeout=self.timeout,
             on_state=on_state,
+            link=self.link,
         )
 
     def close(self) -> None:
-        self.client.close()
+        self.link.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from routing.redis_link import RedisLink
 from tokenization.lru import LRU
 
 log = logging.getLogger("prefixgate.responses")
@@ -47,22 +48,30 @@ class MemoryResponseRanks(LRU[str, str]):
 
 
 class RedisResponseRanks:
-    """Response id -> rank name in Redis (shared by replicas), with a local copy for when it is down."""
+    """Response id -> rank name in Redis (shared by replicas), with a local copy for when it is down.
 
-    def __init__(self, client: Any, ttl: int = REDIS_TTL_S, local: MemoryResponseRanks | None = None) -> None:
-        self.client = client
+    Behind the ``RedisLink`` shared with the other stores on that Redis: while its circuit is open,
+    the local copy answers and Redis is not tried; the copy is pushed back when Redis returns.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        ttl: int = REDIS_TTL_S,
+        local: MemoryResponseRanks | None = None,
+        link: RedisLink | None = None,
+    ) -> None:
+        self.link = link or RedisLink(client, name="redis response map")
+        self.client = self.link.client
         self.ttl = ttl
         self.local = local or MemoryResponseRanks()
+        self.link.on_resync(self.resync)
 
     def get(self, response_id: str) -> str | None:
         rank = self.local.get(response_id)
         if rank is not None:
             return rank
-        try:
-            value = self.client.get(REDIS_PREFIX + response_id)
-        except Exception as exc:  # a Redis outage must not fail requests: answer from the local copy
-            log.warning("redis lookup of a response id failed: %s", exc)
-            return None
+        value = self.link.call(lambda: self.client.get(REDIS_PREFIX + response_id))
         if value is None:
             return None
         rank = value.decode() if isinstance(value, bytes) else str(value)
@@ -71,14 +80,19 @@ class RedisResponseRanks:
 
     def put(self, response_id: str, rank: str) -> None:
         self.local.put(response_id, rank)
-        try:
-            self.client.set(REDIS_PREFIX + response_id, rank, ex=self.ttl)
-        except Exception as exc:
-            log.warning("redis store of a response id failed: %s", exc)
+        self.link.call(lambda: self.client.set(REDIS_PREFIX + response_id, rank, ex=self.ttl))
 
     def forget(self, response_id: str) -> None:
         self.local.forget(response_id)
-        try:
-            self.client.delete(REDIS_PREFIX + response_id)
-        except Exception as exc:
-            log.warning("redis delete of a response id failed: %s", exc)
+        self.link.call(lambda: self.client.delete(REDIS_PREFIX + response_id))
+
+    def resync(self) -> None:
+        """Push the local copy back (ids Redis lacks only). Raises on Redis errors."""
+        pipe = self.client.pipeline(transaction=False)
+        for count, response_id in enumerate(self.local, 1):
+            rank = self.local.peek(response_id)
+            if rank is not None:
+                pipe.set(REDIS_PREFIX + response_id, rank, ex=self.ttl, nx=True)
+            if count % 1000 == 0:
+                pipe.execute()
+        pipe.execute()

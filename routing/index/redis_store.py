@@ -16,29 +16,26 @@ in the middle of a chain (rare) can make the match overstate that chain.
 
 Redis is never on a request's critical path for correctness: every update is also applied to a
 local ``MemoryPrefixIndex``; when Redis fails, the store answers from that mirror, reports itself
-down, retries every ``retry_interval`` seconds and, once Redis answers, pushes the local mirror back
-(Redis may have restarted empty) before serving from Redis again.
+down, and its ``RedisLink`` (``routing/redis_link.py``: the circuit breaker shared with every store
+on the same Redis) probes it every ``retry_interval`` seconds off the event loop; once Redis
+answers, the local mirror is pushed back (Redis may have restarted empty) before serving from Redis
+again.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
 from collections.abc import Callable, Sequence
-
-import redis
 
 from routing.index import Lookup
 from routing.index.memory import MemoryPrefixIndex
+from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
 
 log = logging.getLogger("prefixgate.index.redis")
 
 DEFAULT_TTL_S = 3600.0
 #: Short: a hung Redis must not stall the event loop, which calls the index synchronously.
 DEFAULT_SOCKET_TIMEOUT_S = 0.25
-DEFAULT_RETRY_INTERVAL_S = 1.0
 #: Members per ZADD/ZREM call inside the scripts (Lua's unpack limit is about 8,000 values).
 WRITE_CHUNK = 2000
 
@@ -146,61 +143,51 @@ class RedisPrefixIndex:
         retry_interval: float = DEFAULT_RETRY_INTERVAL_S,
         on_state: Callable[[bool], None] | None = None,
         local: MemoryPrefixIndex | None = None,
+        link: RedisLink | None = None,
     ) -> None:
+        """``link``: the Redis link shared with the other stores on this Redis (None: one of its own,
+        over ``url``)."""
         self.url = url
         self.namespace = f"{prefix}:{model}:{block_size}:{hash_algo}:"
         self.ttl_s = ttl_s
-        self.retry_interval = retry_interval
         self.local = local if local is not None else MemoryPrefixIndex()
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout
-        )
+        self._owns_link = link is None
+        self.link = link or RedisLink(fail_fast_client(url, socket_timeout), retry_interval, "redis index")
+        self._client = self.link.client
         self._match = self._client.register_script(_MATCH)
         self._record = self._client.register_script(_RECORD)
         self._remove = self._client.register_script(_REMOVE)
         self._capacity: dict[str, int | None] = {}
         self._ranks: list[str] = []
         self._lru_keys: list[str] = []
-        self._on_state = on_state
-        self.up = True
-        self._next_retry = 0.0
-        self.failures = 0
-        self.resyncs = 0
-        self._writer: threading.Thread | None = None
-        self._retry_lock = threading.Lock()
+        if on_state is not None:
+            self.link.on_state(on_state)
+        self.link.on_resync(self.resync)
+
+    @property
+    def up(self) -> bool:
+        return self.link.up
+
+    @property
+    def failures(self) -> int:
+        return self.link.failures
+
+    @property
+    def resyncs(self) -> int:
+        return self.link.resyncs
 
     # -- background writes ------------------------------------------------------------------------
-    # Writes (record, remove, session) go to Redis from one writer thread, in order, so a request
+    # Writes (record, remove, session) go to Redis from the link's thread, in order, so a request
     # never waits for them: recording a 100k-token prompt costs ~10 ms of Redis time. The local
     # mirror is updated at once, and lookups merge it in, so this replica's own fresh records are
     # seen immediately; other replicas see them once written.
 
     def _submit(self, write: Callable[[], object]) -> None:
-        if self._writer is None:
-            self._writes: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
-            self._writer = threading.Thread(target=self._write_loop, name="redis-index-writer", daemon=True)
-            self._writer.start()
-        self._writes.put(write)
-
-    def _write_loop(self) -> None:
-        while True:
-            write = self._writes.get()
-            if write is None:
-                return
-            if not self._available():
-                continue
-            try:
-                write()
-            except redis.RedisError as exc:
-                self._failed(exc)
+        self.link.submit(write)
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until every submitted write reached Redis (or was dropped because it is down)."""
-        if self._writer is None:
-            return
-        done = threading.Event()
-        self._writes.put(done.set)
-        done.wait(timeout)
+        self.link.flush(timeout)
 
     def _lru_key(self, rank: str) -> str:
         return f"{self.namespace}lru:{rank}"
@@ -211,45 +198,14 @@ class RedisPrefixIndex:
         keys = [self._lru_key(rank), self.namespace + "tick"]
         return keys, [_keys_blob(block_hashes), -1 if cap is None else cap, int(self.ttl_s * 1e6)]
 
-    def _failed(self, exc: Exception) -> None:
-        self.failures += 1
-        if self.up:
-            log.warning(
-                "redis index unreachable (%s: %s); routing from the local mirror", type(exc).__name__, exc
-            )
-            self.up = False
-            if self._on_state is not None:
-                self._on_state(False)
-        self._next_retry = time.monotonic() + self.retry_interval
-
     def _available(self) -> bool:
-        """True when Redis may be used now; retries (and resynchronizes) a down Redis when due."""
-        if self.up:
-            return True
-        if time.monotonic() < self._next_retry:
-            return False
-        with self._retry_lock:  # the writer thread and the event loop may both retry
-            if self.up:
-                return True
-            return self._retry()
-
-    def _retry(self) -> bool:
-        try:
-            self._client.ping()
-            self.resync()
-        except redis.RedisError as exc:
-            self._failed(exc)
-            return False
-        self.up = True
-        self.resyncs += 1
-        log.info("redis index reachable again; local mirror pushed back")
-        if self._on_state is not None:
-            self._on_state(True)
-        return True
+        return self.link.available()
 
     def resync(self) -> None:
-        """Push the local mirror (blocks in LRU order, sessions) to Redis. Raises on Redis errors."""
-        for rank in self._ranks:
+        """Push the local mirror (blocks in LRU order, sessions) to Redis. Raises on Redis errors.
+        Runs on the link's thread (or a caller's without an event loop) while the loop may update
+        the mirror: it reads snapshots (``blocks``, ``sessions`` copy under the GIL)."""
+        for rank in list(self._ranks):
             blocks = self.local.blocks(rank)  # least recent first: head of the list = newest
             blocks.reverse()
             keys, args = self._record_call(rank, blocks)
@@ -284,8 +240,8 @@ class RedisPrefixIndex:
             out = self._match(
                 keys=keys, args=[_keys_blob(block_hashes), int(self.ttl_s * 1e6), len(self._ranks)]
             )
-        except redis.RedisError as exc:
-            self._failed(exc)
+        except ERRORS as exc:
+            self.link.failed(exc)
             return local
         matches = {b: int(n) for b, n in zip(self._ranks, out, strict=False) if n}
         for rank, blocks in local.matches.items():  # this replica's writes not yet in Redis
@@ -325,8 +281,8 @@ class RedisPrefixIndex:
             return
         try:
             self._client.delete(self._lru_key(rank))
-        except redis.RedisError as exc:
-            self._failed(exc)
+        except ERRORS as exc:
+            self.link.failed(exc)
 
     def set_session_rank(self, session_key: str, rank: str) -> None:
         self.local.set_session_rank(session_key, rank)
@@ -349,7 +305,6 @@ class RedisPrefixIndex:
         }
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writes.put(None)
-            self._writer.join(5.0)
-        self._client.close()
+        self.link.flush()
+        if self._owns_link:
+            self.link.close()

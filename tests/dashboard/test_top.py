@@ -72,6 +72,25 @@ def test_top_once_exit_codes(deployment, capsys):
     assert args.handler is top_cmd.run and args.interval == 2.0
 
 
+def test_top_shows_client_chosen_keys_as_text_never_as_markup_or_terminal_codes(deployment):
+    dep = deployment(1)
+    hostile = ["[/bold]", "[link=http://evil.example]click[/link]", "[red]alarm"]
+    for key in hostile:
+        converse(dep.url, key, 1)
+    client = top_cmd.TopClient(dep.url, None, sessions=10)
+    overview, sessions = client.fetch()
+    client.close()
+    # a record stored before keys were made safe (an older replica's, in Redis) may hold anything
+    sessions["data"].append({**sessions["data"][0], "key": "esc\x1b]8;;http://evil.example\x1b\\x\x1b[2J"})
+    console = Console(record=True, width=200, force_terminal=True, color_system="truecolor")
+    console.print(top_cmd.render_frame(overview, sessions, dep.url, width=200))
+    shown = console.export_text(styles=True)
+    for key in hostile:
+        assert key in shown  # the literal key, not its markup's effect
+    assert "evil.example\x1b" not in shown and "\x1b[2J" not in shown and "\x1b]8;" not in shown
+    assert "\\x1b]8;;http://evil.example" in shown  # written as an escape instead
+
+
 def test_top_fits_80_columns(deployment):
     dep = deployment(2, admin_token="tok")
     long_key = "a-session-key-far-longer-than-an-80-column-terminal-has-room-for-0123456789"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from bench.common import Subprocess, proxy_process
 from proxy.app import create_app
 from proxy.config import load_settings
 from proxy.server import ServerThread
@@ -50,3 +51,9 @@ class Gateways:
     def stop_all(self) -> None:
         for server in self.started:
             server.stop()
+
+
+def serve_process(rank_url: str, *flags: str, open_files: int | None = None) -> tuple[Subprocess, str]:
+    """``prefixgate serve`` in its own process before ``rank_url`` (not started: use it as a context
+    manager) and its URL; its log is kept in a file (``log()``); ``open_files``: its open-files limit."""
+    return proxy_process([f"rank={rank_url}"], extra=flags, open_files=open_files)

@@ -9,7 +9,6 @@ and it keeps serving afterwards. The number of inputs tried is printed and writt
 
 from __future__ import annotations
 
-import json
 import string
 from collections import Counter
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import fuzz_values
 from tests.reliability.conftest import SIM_MODEL, chat
 
 OUT = Path(__file__).resolve().parents[2] / "bench" / "out" / "fuzz.json"
@@ -31,18 +31,7 @@ FUZZ_SETTINGS = settings(
 TRIED: Counter[str] = Counter()
 STATUSES: Counter[str] = Counter()
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-    max_leaves=20,
-)
+json_values = fuzz_values.json_values(text_size=20, items=4, leaves=20)
 roles = st.sampled_from(["system", "user", "assistant", "tool", "developer", "function"]) | st.text(
     max_size=10
 )
@@ -126,10 +115,7 @@ def fuzz_target():
 
 
 def write_report() -> None:
-    total = sum(TRIED.values())
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"inputs_tried": total, "by_kind": TRIED, "statuses": STATUSES}, indent=2))
-    print(f"\nfuzz: {total} inputs tried {dict(TRIED)}; statuses {dict(STATUSES)} -> {OUT}")
+    fuzz_values.write_counts(OUT, "fuzz", TRIED, STATUSES)
 
 
 def check(response: httpx.Response, kind: str) -> None:

@@ -120,3 +120,15 @@ def test_sigterm_cuts_streams_that_outlive_the_deadline(rank_servers):
         reader.join(10)
         assert not reader.is_alive()
         assert "[DONE]" not in reader.text  # cut, not completed
+
+
+def test_a_stream_cut_by_the_shutdown_deadline_ends_with_an_error_event(rank_servers):
+    with streaming_through_serve(rank_servers, chunks=40, shutdown_timeout=0.5) as (proc, _, reader):
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        reader.join(10)
+        assert not reader.is_alive() and reader.error is None  # the stream ended cleanly, cut
+    events = sse_events(reader.text)  # every event decodes
+    assert "[DONE]" not in events
+    error = events[-1]["error"]
+    assert "shutting down" in error["message"] and error["type"] == "upstream_error"

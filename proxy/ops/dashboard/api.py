@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import ProxyError, error_response
-from proxy.ops.admin import session_not_found, viewer_of, visible_session
+from proxy.ops.admin import session_of, viewer_of
 from proxy.ops.dashboard import views
 from proxy.ops.dashboard.stats import Recorder
 from proxy.state.sessions import SORT_FIELDS
@@ -95,7 +95,8 @@ def dashboard_router(gateway: Callable[[], Gateway], recorder: Callable[[], Reco
             since = float(raw) if raw is not None else None
         except ValueError:
             return _bad("'since' must be a number (seconds since the epoch)", "since")
-        return _json(views.overview(gateway(), recorder(), since))
+        # where the ranks are is the operator's business: their URLs go to the admin only
+        return _json(views.overview(gateway(), recorder(), since, show_urls=viewer_of(request) is None))
 
     @router.get("/admin/overview/sessions")
     async def sessions(request: Request) -> Response:
@@ -127,9 +128,9 @@ def dashboard_router(gateway: Callable[[], Gateway], recorder: Callable[[], Reco
     @router.get("/admin/overview/sessions/{session_id:path}")
     async def session(request: Request, session_id: str) -> Response:
         gw = gateway()
-        found = visible_session(request, gw.sessions, session_id)
-        if found is None:
-            return session_not_found(session_id)
+        found = session_of(request, gw.sessions, session_id)
+        if isinstance(found, Response):
+            return found
         return _json(views.session_detail(gw, recorder(), found))
 
     return router

@@ -26,6 +26,7 @@ from prometheus_client import Counter
 
 from proxy.ops.dashboard.stats import HIT_RATE_WINDOW, Point, Recorder, computed_per_100, hit_rate
 from proxy.state.sessions import Session
+from proxy.tenants import client_view
 
 if TYPE_CHECKING:
     from proxy.gateway import Gateway
@@ -51,8 +52,11 @@ def _point(point: Point) -> list[Any]:
     return list(point)
 
 
-def overview(gateway: Gateway, recorder: Recorder, since: float | None = None) -> dict[str, Any]:
-    """Fleet, series, ranks and admission as one document (see the module docstring)."""
+def overview(
+    gateway: Gateway, recorder: Recorder, since: float | None = None, *, show_urls: bool = True
+) -> dict[str, Any]:
+    """Fleet, series, ranks and admission as one document (see the module docstring); each rank's
+    ``url`` only with ``show_urls`` (the admin)."""
     admission = gateway.admission
     metrics = gateway.metrics
     window = recorder.window
@@ -69,7 +73,7 @@ def overview(gateway: Gateway, recorder: Recorder, since: float | None = None) -
         ranks.append(
             {
                 "name": rank.name,
-                "url": rank.url,
+                "url": rank.url if show_urls else None,
                 "healthy": rank.healthy,
                 "last_error": rank.last_error,
                 "in_flight": rank.in_flight,
@@ -171,7 +175,7 @@ def _last_break(gateway: Gateway, session: Session) -> dict[str, Any] | None:
 def session_row(gateway: Gateway, session: Session, now: float, idle_ttl: float) -> dict[str, Any]:
     """One line of the sessions table."""
     return {
-        "key": session.key,
+        "key": client_view(session.key, session.client),
         "rank": session.rank,
         "client": session.client,
         "turns": session.turns,
