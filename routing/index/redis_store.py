@@ -14,6 +14,12 @@ of n), and reads the session's rank. Bisection assumes each rank's blocks form p
 the mirror maintains: blocks are evicted tail first and corrections trim a chain's suffix; a hole
 in the middle of a chain (rare) can make the match overstate that chain.
 
+A record is one round trip too, off the request's path, and costs O(new blocks): a returning
+session's chain, whose leading blocks this replica wrote before, gets only its new tail written,
+scored just below its last held block (``redis_scripts.EXTEND``); the whole chain is rewritten when
+Redis lost that block or the chain sank past a quarter of the rank's capacity or of the TTL, so
+the LRU order stays within a quarter of the pool's turnover of the truth.
+
 Redis is never on a request's critical path for correctness: every update is also applied to a
 local ``MemoryPrefixIndex``; when Redis fails, the store answers from that mirror, reports itself
 down, and its ``RedisLink`` (``routing/redis_link.py``: the circuit breaker shared with every store
@@ -29,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 from routing.index import Lookup
 from routing.index.memory import MemoryPrefixIndex
+from routing.index.redis_scripts import EXTEND, MATCH, RECORD, REMOVE
 from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
 
 log = logging.getLogger("prefixgate.index.redis")
@@ -36,89 +43,6 @@ log = logging.getLogger("prefixgate.index.redis")
 DEFAULT_TTL_S = 3600.0
 #: Short: a hung Redis must not stall the event loop, which calls the index synchronously.
 DEFAULT_SOCKET_TIMEOUT_S = 0.25
-#: Members per ZADD/ZREM call inside the scripts (Lua's unpack limit is about 8,000 values).
-WRITE_CHUNK = 2000
-
-_MATCH = """
-local blob = ARGV[1]
-local n = #blob / 8
-local t = redis.call('TIME')
-local cutoff = tonumber(t[1]) * 1000000 + tonumber(t[2]) - tonumber(ARGV[2])
-local nb = tonumber(ARGV[3])
-local out = {}
-local function held(key, i)
-  local s = redis.call('ZSCORE', key, string.sub(blob, i * 8 - 7, i * 8))
-  return s and tonumber(s) >= cutoff
-end
-for k = 1, nb do
-  local key = KEYS[k]
-  local lo, hi = 0, n + 1
-  -- gallop: 1, 2, 4, ... until a miss, then bisect between the last hit and that miss
-  local probe = 1
-  while probe <= n do
-    if held(key, probe) then lo = probe; probe = probe * 2 else hi = probe; break end
-  end
-  if probe > n and lo < n then
-    if held(key, n) then lo = n else hi = n end
-  end
-  while hi - lo > 1 do
-    local mid = math.floor((lo + hi) / 2)
-    if held(key, mid) then lo = mid else hi = mid end
-  end
-  out[k] = lo
-end
-local session = false
-if #KEYS > nb then session = redis.call('GET', KEYS[nb + 1]) end
-out[nb + 1] = session
-return out
-"""
-
-_RECORD = """
-local blob = ARGV[1]
-local n = #blob / 8
-local cap = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local start = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') + 1)
-redis.call('SET', KEYS[2], string.format('%d', start + n))
-local i = 0
-while i < n do
-  local m = math.min(%(chunk)d, n - i)
-  local args = {}
-  for j = 1, m do
-    local idx = i + j
-    args[2 * j - 1] = start + n - idx
-    args[2 * j] = string.sub(blob, idx * 8 - 7, idx * 8)
-  end
-  redis.call('ZADD', KEYS[1], unpack(args))
-  i = i + m
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - ttl))
-if cap >= 0 then
-  local excess = redis.call('ZCARD', KEYS[1]) - cap
-  if excess > 0 then redis.call('ZPOPMIN', KEYS[1], excess) end
-end
-redis.call('PEXPIRE', KEYS[1], math.floor(ttl / 1000))
-return n
-""".replace("%(chunk)d", str(WRITE_CHUNK // 2))
-
-_REMOVE = """
-local blob = ARGV[1]
-local n = #blob / 8
-local i = 0
-while i < n do
-  local m = math.min(%(chunk)d, n - i)
-  local args = {}
-  for j = 1, m do
-    local idx = i + j
-    args[j] = string.sub(blob, idx * 8 - 7, idx * 8)
-  end
-  redis.call('ZREM', KEYS[1], unpack(args))
-  i = i + m
-end
-return n
-""".replace("%(chunk)d", str(WRITE_CHUNK))
 
 
 def _keys_blob(block_hashes: Sequence[bytes]) -> bytes:
@@ -154,9 +78,14 @@ class RedisPrefixIndex:
         self._owns_link = link is None
         self.link = link or RedisLink(fail_fast_client(url, socket_timeout), retry_interval, "redis index")
         self._client = self.link.client
-        self._match = self._client.register_script(_MATCH)
-        self._record = self._client.register_script(_RECORD)
-        self._remove = self._client.register_script(_REMOVE)
+        self._match = self._client.register_script(MATCH)
+        self._record = self._client.register_script(RECORD)
+        self._remove = self._client.register_script(REMOVE)
+        self._extend = self._client.register_script(EXTEND)
+        #: Chains written whole, and chains of which only the new tail was written (on a
+        #: returning session's turn): what keeps Redis's work per request O(new blocks).
+        self.full_writes = 0
+        self.tail_writes = 0
         self._capacity: dict[str, int | None] = {}
         self._ranks: list[str] = []
         self._lru_keys: list[str] = []
@@ -257,14 +186,53 @@ class RedisPrefixIndex:
             fresh = self.local.missing(rank, block_hashes)
             self.local.record(rank, block_hashes, counted=True)
             block_hashes = fresh if len(fresh) != len(block_hashes) else block_hashes
+            held = 0
         else:
+            held = self._held_prefix(rank, block_hashes)
             self.local.record(rank, block_hashes)
         if not block_hashes:
             return
         if rank not in self._capacity:
             self.set_capacity(rank, None)
-        keys, args = self._record_call(rank, block_hashes)
-        self._submit(lambda: self._record(keys=keys, args=args))
+        if held:
+            self._submit(lambda: self._write_tail(rank, block_hashes, held))
+            return
+        self._submit(lambda: self._write_whole(rank, block_hashes))
+
+    def _held_prefix(self, rank: str, chain: Sequence[bytes]) -> int:
+        """Leading blocks of ``chain`` that the local mirror holds on ``rank``, so that this replica
+        wrote them to Redis already: O(log n) probes, by bisection, because a chain is always
+        recorded from block 0 and evicted tail first (Redis checks the last one is still there)."""
+        missing = self.local.missing
+        lo, hi = 0, len(chain)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if missing(rank, chain[mid - 1 : mid]):
+                hi = mid - 1
+            else:
+                lo = mid
+        return lo
+
+    def _write_tail(self, rank: str, chain: Sequence[bytes], held: int) -> None:
+        """On the link's thread: write ``chain``'s blocks past ``held`` below its last held block, or
+        the whole chain when Redis lost that block or its place in the LRU order is too old."""
+        cap = self._capacity.get(rank)
+        args: list[bytes | int] = [
+            _keys_blob(chain[held:]),
+            chain[held - 1][-8:],
+            held,
+            -1 if cap is None else cap,
+            int(self.ttl_s * 1e6),
+        ]
+        if int(self._extend(keys=[self._lru_key(rank)], args=args)) >= 0:
+            self.tail_writes += 1
+        else:
+            self._write_whole(rank, chain)
+
+    def _write_whole(self, rank: str, chain: Sequence[bytes]) -> None:
+        keys, args = self._record_call(rank, chain)
+        self._record(keys=keys, args=args)
+        self.full_writes += 1
 
     def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
         self.local.remove(rank, block_hashes, counted=counted)
@@ -302,6 +270,8 @@ class RedisPrefixIndex:
             "redis_up": self.up,
             "redis_failures": self.failures,
             "redis_resyncs": self.resyncs,
+            "redis_full_writes": self.full_writes,
+            "redis_tail_writes": self.tail_writes,
         }
 
     def close(self) -> None:

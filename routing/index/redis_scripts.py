@@ -1,0 +1,137 @@
+"""The Lua scripts of the Redis prefix index (``redis_store``): one round trip each, run atomically.
+
+Scores are microseconds from a shared tick (``KEYS[2]``), so a chain's blocks get distinct scores,
+its head highest; ``ZPOPMIN`` past capacity therefore drops the least recent chain's tail first.
+"""
+
+from __future__ import annotations
+
+#: Members per ZADD/ZREM call inside the scripts (Lua's unpack limit is about 8,000 values).
+WRITE_CHUNK = 2000
+
+#: A chain whose recorded prefix has sunk past this share of the rank's capacity (or of the TTL)
+#: is written whole again rather than only its new tail: its scores then stay within a quarter of
+#: the pool's turnover of the truth, which orders evictions as well as the mirror's own estimate.
+REFRESH_SHARE = 4
+
+MATCH = """
+local blob = ARGV[1]
+local n = #blob / 8
+local t = redis.call('TIME')
+local cutoff = tonumber(t[1]) * 1000000 + tonumber(t[2]) - tonumber(ARGV[2])
+local nb = tonumber(ARGV[3])
+local out = {}
+local function held(key, i)
+  local s = redis.call('ZSCORE', key, string.sub(blob, i * 8 - 7, i * 8))
+  return s and tonumber(s) >= cutoff
+end
+for k = 1, nb do
+  local key = KEYS[k]
+  local lo, hi = 0, n + 1
+  -- gallop: 1, 2, 4, ... until a miss, then bisect between the last hit and that miss
+  local probe = 1
+  while probe <= n do
+    if held(key, probe) then lo = probe; probe = probe * 2 else hi = probe; break end
+  end
+  if probe > n and lo < n then
+    if held(key, n) then lo = n else hi = n end
+  end
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    if held(key, mid) then lo = mid else hi = mid end
+  end
+  out[k] = lo
+end
+local session = false
+if #KEYS > nb then session = redis.call('GET', KEYS[nb + 1]) end
+out[nb + 1] = session
+return out
+"""
+
+RECORD = """
+local blob = ARGV[1]
+local n = #blob / 8
+local cap = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local start = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') + 1)
+redis.call('SET', KEYS[2], string.format('%d', start + n))
+local i = 0
+while i < n do
+  local m = math.min(%(chunk)d, n - i)
+  local args = {}
+  for j = 1, m do
+    local idx = i + j
+    args[2 * j - 1] = start + n - idx
+    args[2 * j] = string.sub(blob, idx * 8 - 7, idx * 8)
+  end
+  redis.call('ZADD', KEYS[1], unpack(args))
+  i = i + m
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - ttl))
+if cap >= 0 then
+  local excess = redis.call('ZCARD', KEYS[1]) - cap
+  if excess > 0 then redis.call('ZPOPMIN', KEYS[1], excess) end
+end
+redis.call('PEXPIRE', KEYS[1], math.floor(ttl / 1000))
+return n
+""".replace("%(chunk)d", str(WRITE_CHUNK // 2))
+
+REMOVE = """
+local blob = ARGV[1]
+local n = #blob / 8
+local i = 0
+while i < n do
+  local m = math.min(%(chunk)d, n - i)
+  local args = {}
+  for j = 1, m do
+    local idx = i + j
+    args[j] = string.sub(blob, idx * 8 - 7, idx * 8)
+  end
+  redis.call('ZREM', KEYS[1], unpack(args))
+  i = i + m
+end
+return n
+""".replace("%(chunk)d", str(WRITE_CHUNK))
+
+# Record a chain whose first blocks Redis already holds: only the new tail is written, with scores
+# just below the last held block's (the chain keeps one recency, tail below head), so a returning
+# session's turn costs O(new blocks) instead of rewriting its whole conversation. Returns -1, and
+# writes nothing, when that block is gone or has sunk far enough that the whole chain must be
+# rewritten to keep its place in the LRU order (the caller then runs RECORD).
+#   KEYS: lru:{rank}, tick   ARGV: tail blob, held block key, held blocks, capacity (-1: none), TTL us
+EXTEND = """
+local blob = ARGV[1]
+local n = #blob / 8
+local held = tonumber(ARGV[3])
+local cap = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
+local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
+if not score then return -1 end
+score = tonumber(score)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if now - score > ttl / %(share)d then return -1 end
+if cap >= 0 then
+  local newer = redis.call('ZREVRANK', KEYS[1], ARGV[2]) - (held - 1)
+  if newer > cap / %(share)d then return -1 end
+end
+local i = 0
+while i < n do
+  local m = math.min(%(chunk)d, n - i)
+  local args = {}
+  for j = 1, m do
+    local idx = i + j
+    args[2 * j - 1] = score - idx
+    args[2 * j] = string.sub(blob, idx * 8 - 7, idx * 8)
+  end
+  redis.call('ZADD', KEYS[1], 'GT', unpack(args))
+  i = i + m
+end
+if n > 0 and cap >= 0 then
+  local excess = redis.call('ZCARD', KEYS[1]) - cap
+  if excess > 0 then redis.call('ZPOPMIN', KEYS[1], excess) end
+end
+return n
+""".replace("%(chunk)d", str(WRITE_CHUNK // 2)).replace("%(share)d", str(REFRESH_SHARE))
