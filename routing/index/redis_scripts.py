@@ -14,6 +14,32 @@ WRITE_CHUNK = 2000
 #: the pool's turnover of the truth, which orders evictions as well as the mirror's own estimate.
 REFRESH_SHARE = 4
 
+
+def _zadd_chain(score: str, flags: str = "") -> str:
+    """Lua that adds the ``n`` 8-byte keys of ``blob`` to ``KEYS[1]``, the ``idx``-th (1-based) at
+    ``score``, in ZADD calls of at most ``WRITE_CHUNK`` values."""
+    return f"""local i = 0
+while i < n do
+  local m = math.min({WRITE_CHUNK // 2}, n - i)
+  local args = {{}}
+  for j = 1, m do
+    local idx = i + j
+    args[2 * j - 1] = {score}
+    args[2 * j] = string.sub(blob, idx * 8 - 7, idx * 8)
+  end
+  redis.call('ZADD', KEYS[1], {flags}unpack(args))
+  i = i + m
+end
+"""
+
+
+#: Lua: past ``cap`` (>= 0) entries, drop the least recent.
+_TRIM_TO_CAPACITY = """if cap >= 0 then
+  local excess = redis.call('ZCARD', KEYS[1]) - cap
+  if excess > 0 then redis.call('ZPOPMIN', KEYS[1], excess) end
+end
+"""
+
 MATCH = """
 local blob = ARGV[1]
 local n = #blob / 8
@@ -48,7 +74,8 @@ out[nb + 1] = session
 return out
 """
 
-RECORD = """
+RECORD = (
+    """
 local blob = ARGV[1]
 local n = #blob / 8
 local cap = tonumber(ARGV[2])
@@ -57,26 +84,15 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local start = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') + 1)
 redis.call('SET', KEYS[2], string.format('%d', start + n))
-local i = 0
-while i < n do
-  local m = math.min(%(chunk)d, n - i)
-  local args = {}
-  for j = 1, m do
-    local idx = i + j
-    args[2 * j - 1] = start + n - idx
-    args[2 * j] = string.sub(blob, idx * 8 - 7, idx * 8)
-  end
-  redis.call('ZADD', KEYS[1], unpack(args))
-  i = i + m
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - ttl))
-if cap >= 0 then
-  local excess = redis.call('ZCARD', KEYS[1]) - cap
-  if excess > 0 then redis.call('ZPOPMIN', KEYS[1], excess) end
-end
-redis.call('PEXPIRE', KEYS[1], math.floor(ttl / 1000))
+"""
+    + _zadd_chain("start + n - idx")
+    + """redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - ttl))
+"""
+    + _TRIM_TO_CAPACITY
+    + """redis.call('PEXPIRE', KEYS[1], math.floor(ttl / 1000))
 return n
-""".replace("%(chunk)d", str(WRITE_CHUNK // 2))
+"""
+)
 
 REMOVE = """
 local blob = ARGV[1]
@@ -100,8 +116,9 @@ return n
 # session's turn costs O(new blocks) instead of rewriting its whole conversation. Returns -1, and
 # writes nothing, when that block is gone or has sunk far enough that the whole chain must be
 # rewritten to keep its place in the LRU order (the caller then runs RECORD).
-#   KEYS: lru:{rank}, tick   ARGV: tail blob, held block key, held blocks, capacity (-1: none), TTL us
-EXTEND = """
+#   KEYS: lru:{rank}   ARGV: tail blob, held block key, held blocks, capacity (-1: none), TTL us
+EXTEND = (
+    """
 local blob = ARGV[1]
 local n = #blob / 8
 local held = tonumber(ARGV[3])
@@ -117,21 +134,12 @@ if cap >= 0 then
   local newer = redis.call('ZREVRANK', KEYS[1], ARGV[2]) - (held - 1)
   if newer > cap / %(share)d then return -1 end
 end
-local i = 0
-while i < n do
-  local m = math.min(%(chunk)d, n - i)
-  local args = {}
-  for j = 1, m do
-    local idx = i + j
-    args[2 * j - 1] = score - idx
-    args[2 * j] = string.sub(blob, idx * 8 - 7, idx * 8)
-  end
-  redis.call('ZADD', KEYS[1], 'GT', unpack(args))
-  i = i + m
-end
-if n > 0 and cap >= 0 then
-  local excess = redis.call('ZCARD', KEYS[1]) - cap
-  if excess > 0 then redis.call('ZPOPMIN', KEYS[1], excess) end
-end
+"""
+    + _zadd_chain("score - idx", "'GT', ")
+    + """if n > 0 then
+"""
+    + _TRIM_TO_CAPACITY
+    + """end
 return n
-""".replace("%(chunk)d", str(WRITE_CHUNK // 2)).replace("%(share)d", str(REFRESH_SHARE))
+"""
+).replace("%(share)d", str(REFRESH_SHARE))
