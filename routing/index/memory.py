@@ -60,6 +60,12 @@ class MemoryPrefixIndex:
                     held[name] = mirror.held_prefix(block_hashes)
         return held
 
+    def held_prefix(self, rank: str, block_hashes: Sequence[bytes]) -> int:
+        """Leading blocks of ``block_hashes`` that ``rank`` holds (``match`` for one rank)."""
+        with self._lock:
+            mirror = self._mirrors.get(rank)
+            return 0 if mirror is None or not block_hashes else mirror.held_prefix(block_hashes)
+
     def walk_match(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
         """``match`` testing the blocks one by one: the reference the run-by-run walk must agree with."""
         held: dict[str, int] = {}

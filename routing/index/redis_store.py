@@ -188,7 +188,9 @@ class RedisPrefixIndex:
             block_hashes = fresh if len(fresh) != len(block_hashes) else block_hashes
             held = 0
         else:
-            held = self._held_prefix(rank, block_hashes)
+            # what this replica wrote to Redis already: a chain is recorded from block 0 and
+            # evicted tail first, so it is the mirror's held prefix (Redis checks its last block)
+            held = self.local.held_prefix(rank, block_hashes)
             self.local.record(rank, block_hashes)
         if not block_hashes:
             return
@@ -198,20 +200,6 @@ class RedisPrefixIndex:
             self._submit(lambda: self._write_tail(rank, block_hashes, held))
             return
         self._submit(lambda: self._write_whole(rank, block_hashes))
-
-    def _held_prefix(self, rank: str, chain: Sequence[bytes]) -> int:
-        """Leading blocks of ``chain`` that the local mirror holds on ``rank``, so that this replica
-        wrote them to Redis already: O(log n) probes, by bisection, because a chain is always
-        recorded from block 0 and evicted tail first (Redis checks the last one is still there)."""
-        missing = self.local.missing
-        lo, hi = 0, len(chain)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if missing(rank, chain[mid - 1 : mid]):
-                hi = mid - 1
-            else:
-                lo = mid
-        return lo
 
     def _write_tail(self, rank: str, chain: Sequence[bytes], held: int) -> None:
         """On the link's thread: write ``chain``'s blocks past ``held`` below its last held block, or
