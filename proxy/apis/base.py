@@ -71,8 +71,8 @@ class Api(Protocol):
     #: How the rank renders the prompt: ``chat`` (messages and tools, through the chat template) or
     #: ``text`` (a completion prompt, tokenized as is).
     prompt_kind: Literal["chat", "text"]
-    #: Bytes that mark a stream's last event (``data: [DONE]``): the answer is observed before that
-    #: chunk reaches the client, so the client's next request finds this one counted.
+    #: The start of the SSE line of a stream's last event (``data: [DONE]``): the answer is observed
+    #: before the chunk holding it reaches the client, so the client's next request finds it counted.
     stream_end: bytes
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:

@@ -63,7 +63,7 @@ class MessagesApi(NativeApi):
         Endpoint("POST", COUNT_TOKENS_PATH, "count", COUNT_TOKENS_PATH),
     )
     prompt_kind: Literal["chat", "text"] = "chat"
-    stream_end = b"message_stop"
+    stream_end = b"event: message_stop"
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:
         check_stream_and_model(body)

@@ -48,7 +48,7 @@ class ResponsesApi(NativeApi):
         Endpoint("GET", PATH + "/{response_id}", "retrieve", PATH),
     )
     prompt_kind: Literal["chat", "text"] = "chat"
-    stream_end = b"response.completed"
+    stream_end = b"event: response.completed"
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:
         check_stream_and_model(body)

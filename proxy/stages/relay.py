@@ -61,8 +61,10 @@ class RelayResponse(Response):
     ) -> None:
         """``error_event`` renders the event that ends a broken stream, in the client API's own shape;
         ``translation`` turns the rank's chunks into the client API's (None: relayed as they are);
-        ``end_marker`` marks the chunk holding the stream's last event: the outcome is reported
-        before that chunk is sent, so a client that asks again at once finds this answer counted."""
+        ``end_marker`` starts the SSE line of the stream's last event: the outcome is reported before
+        the chunk holding it is sent, so a client that asks again at once finds this answer counted.
+        It is matched only at a line's start, where no event's text can put it (JSON escapes
+        newlines)."""
         self.opened = opened
         self.on_done = on_done
         self.error_event = error_event
@@ -78,6 +80,7 @@ class RelayResponse(Response):
         #: Why the server cut the stream (its request was cancelled), if it did.
         self._cut: str | None = None
         self._reported = False
+        self._end_line = None if end_marker is None else b"\n" + end_marker
         self.end_marker = end_marker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -111,10 +114,10 @@ class RelayResponse(Response):
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
             first = opened.first_chunk
-            end_marker = self.end_marker
+            ends = self._ends
             if first:
                 tail.append(first)
-                if end_marker is not None and end_marker in first:
+                if ends(first):
                     self._report(left=False)
                 out = translate.chunk(first) if translate is not None else first
                 await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -126,7 +129,7 @@ class RelayResponse(Response):
                     if problem is not None:  # end the stream here rather than relay what clients cannot parse
                         raise MalformedStream(problem)
                     tail.append(chunk)
-                    if end_marker is not None and not self._reported and end_marker in chunk:
+                    if not self._reported and ends(chunk):
                         self._report(left=False)
                     out = translate.chunk(chunk) if translate is not None else chunk
                     await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -152,6 +155,11 @@ class RelayResponse(Response):
             raise
         finally:
             self._settle()
+
+    def _ends(self, chunk: bytes) -> bool:
+        """Whether ``chunk`` holds the stream's last event (the end marker at a line's start)."""
+        marker, line = self.end_marker, self._end_line
+        return marker is not None and line is not None and (chunk.startswith(marker) or line in chunk)
 
     def _settle(self) -> None:
         """Release the rank and report the outcome (unless the last event did already), once."""
