@@ -83,10 +83,15 @@ class Option:
     #: by ending, at the time it would be judged ended.
     departures: tuple[tuple[float, float], ...] = ()
     waiting_requests: float = 0.0
+    #: Once sessions' lifetimes are learned: seconds until enough of its sessions will have ended to
+    #: free the shortfall (None: not even all of them would, or lifetimes not learned).
+    room_at_s: float | None = None
 
     @property
     def room_in_s(self) -> float | None:
-        """The soonest room may come here (None: no single session's end would make it)."""
+        """The soonest room may come here (None: no session's end is known to make it)."""
+        if self.room_at_s is not None:
+            return self.room_at_s
         return min((at for at, _ in self.departures), default=None)
 
     @property
@@ -140,13 +145,16 @@ def option(
     ends_at: Callable[[Session], float],
     rounds: float = 1.0,
     last_turn: float = 0.0,
+    expected_end: Callable[[Session], float] | None = None,
 ) -> Option:
     """The cost of admitting on ``candidate``'s rank a session of ``prompt_tokens`` that needs
     ``need`` projected tokens of room there (its share not held yet), for ``rounds`` turns;
-    ``last_turn``: the chance a turn in flight is its session's last."""
+    ``last_turn``: the chance a turn in flight is its session's last; ``expected_end``: when a
+    session will have ended, once lifetimes are learned (``room_at``)."""
     state = candidate.state
     budget = state.budget_tokens
     over = 0 if budget is None else state.projected_tokens + state.reserved_tokens + need - budget
+    room_at_s = room_at(state, over, now, expected_end) if expected_end is not None else None
     short = over
     evicted = 0
     expected = 0.0
@@ -180,7 +188,24 @@ def option(
         candidate.seconds_per_token,
         tuple(sorted(departures)),
         candidate.waiting_requests,
+        room_at_s,
     )
+
+
+def room_at(
+    state: RankState, short: int, now: float, expected_end: Callable[[Session], float]
+) -> float | None:
+    """Seconds until the sessions on ``state``'s rank that will have ended by then free ``short``
+    projected tokens: room comes from several sessions ending, one after another, not only from one
+    large enough on its own (None: not even all of them would free it)."""
+    if short <= 0:
+        return 0.0
+    freed = 0
+    for at, tokens in sorted((expected_end(session), tokens) for session, tokens in state.lru):
+        freed += tokens
+        if freed >= short:
+            return max(at - now, 0.0)
+    return None
 
 
 def room_odds(options: Sequence[Option], horizon_s: float) -> tuple[float, float]:
@@ -198,6 +223,15 @@ def room_odds(options: Sequence[Option], horizon_s: float) -> tuple[float, float
     return waited, 1.0 - still
 
 
+def _room_by_lifetime(options: Sequence[Option], horizon_s: float) -> tuple[float, float]:
+    """``room_odds`` once lifetimes are learned: room comes at the soonest rank's ``room_at_s``,
+    expected, so within ``horizon_s`` or not at all."""
+    soonest = min((o.room_at_s for o in options if o.room_at_s is not None), default=None)
+    if soonest is None or soonest > horizon_s:
+        return horizon_s, 0.0
+    return soonest, 1.0
+
+
 def _cost(option: Option, timed: bool) -> float:
     cost = option.cost_s if timed else None
     return cost if cost is not None else option.cost_tokens
@@ -210,9 +244,14 @@ def choose(
     bound_s: float,
     at_bound: bool,
     learned: bool = True,
+    by_lifetime: bool = False,
+    overdue: bool = False,
 ) -> Choice:
     """Admit now (where) or wait, for a session ``waited_s`` into a wait of at most ``bound_s``
-    (``learned``: the clocks that predict room, the idle TTL among them, come from the traffic)."""
+    (``learned``: the clocks that predict room, the idle TTL among them, come from the traffic;
+    ``by_lifetime``: the options' ``room_at_s`` say when room comes, from sessions' learned
+    lifetimes, instead of each quiet session's chance of ending now; ``overdue``: room did not come
+    by the time its first wait expected it)."""
     opts = tuple(options)
     timed = bool(opts) and all(o.seconds_per_token is not None for o in opts)
     if room.allowed:
@@ -224,7 +263,7 @@ def choose(
             reason += f"; cheaper past it: {', '.join(sorted(cheaper))}"
         return Choice(True, "room", room.allowed | cheaper, room.victims, opts, 0.0, 1.0, reason)
     left = max(bound_s - waited_s, 0.0)
-    wait, chance = room_odds(opts, left)
+    wait, chance = room_odds(opts, left) if not by_lifetime else _room_by_lifetime(opts, left)
     if not opts:
         reason = "every rank is at its session limit"
         return Choice(False, "wait", frozenset(), {}, opts, wait, chance, reason)
@@ -235,6 +274,9 @@ def choose(
     if at_bound:
         reason = f"waited the bound of {bound_s:.3g} s"
         return Choice(True, "after_wait", allowed, {}, opts, wait, chance, reason)
+    if overdue:
+        reason = "room did not come when its wait expected it: the least costly ranks"
+        return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
     if not learned or eviction is None:
         why = "the clocks" if not learned else "the ranks' speeds"
         reason = f"no room; {why} are not learned yet: the budget holds up to the bound ({left:.3g} s left)"

@@ -211,6 +211,9 @@ class Admission(Ledger):
         hits = self.placement.holds(ctx.block_hashes) if self.placement and ctx.block_hashes else {}
         bound = self.time.wait_bound()
         started = time.monotonic()
+        #: When its first wait expected room (the table's clock, like the estimate): past it, the
+        #: estimate failed once and the session stops waiting rather than follow one that keeps moving.
+        promised: list[float] = []
 
         def attempt(at_bound: bool = False, behind: bool = False) -> Choice | None:
             """The decision now, when it admits (``behind``: others wait for room first, so room
@@ -228,8 +231,13 @@ class Admission(Ledger):
                 if retry is not None:
                     self._rejected("overload")
                     raise overload_refusal(tokens, retry)
-                waited = time.monotonic() - started
-                choice = choose(room, options, waited, now_bound, at_bound, self.time.learned())
+                clock = self.table.clock()
+                waited, overdue = time.monotonic() - started, bool(promised) and clock > promised[0]
+                by_lifetime = self.time.lifetimes_known()
+                learned = self.time.learned()
+                choice = choose(room, options, waited, now_bound, at_bound, learned, by_lifetime, overdue)
+                if not choice.admit and by_lifetime and not promised and choice.wait_s is not None:
+                    promised.append(clock + choice.wait_s)
             if choice is None or not choice.admit or (behind and choice.decision == "room"):
                 return None
             self._reserve(key, Room(choice.allowed, choice.victims), need)
@@ -242,7 +250,8 @@ class Admission(Ledger):
             self.metrics.admission_queued.inc()
         client = ctx.client
         ticket = Ticket(client.label, client.priority, client.weight) if client is not None else Ticket()
-        waiting = self.queue.wait(attempt, bound, self._set_queue_depth, ticket, self.time.wait_bound)
+        behind = (lambda: attempt(behind=True)) if self.config.policy == "cost" else None
+        waiting = self.queue.wait(attempt, bound, self._set_queue_depth, ticket, self.time.wait_bound, behind)
         try:
             choice = await (guard(waiting) if guard is not None else waiting)
         except TimeoutError:
@@ -272,6 +281,13 @@ class Admission(Ledger):
             last = session.answered_at if session.answered else now + request_s
             return last + self.release_after(session)
 
+        def expected_end(session: Session) -> float:
+            """When ``session`` will have ended: its expected remaining life at its age, then quiet
+            long enough to be judged ended."""
+            last = session.answered_at if session.answered else now + request_s
+            left = self.time.remaining_life(now - session.created) or 0.0
+            return max(now + left, last) + self.release_after(session)
+
         out = []
         for rank in self.fleet.healthy():
             state = states[rank.name]
@@ -284,5 +300,7 @@ class Admission(Ledger):
             candidate = Candidate(state, hit, queued, speed, load.waiting)
             chance, rounds = self.time.return_probability, self.time.turns_per_session()
             last_turn = self.time.ended_share() or 0.0
-            out.append(option(candidate, tokens, max(need - hit, 0), now, chance, ends_at, rounds, last_turn))
+            ending = expected_end if self.time.lifetimes_known() else None
+            need_here = max(need - hit, 0)
+            out.append(option(candidate, tokens, need_here, now, chance, ends_at, rounds, last_turn, ending))
         return out

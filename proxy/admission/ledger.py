@@ -199,9 +199,14 @@ class Ledger(Observer):
         for key, tokens in self._live.items():
             if key not in live:
                 ended = self.table.get(key)
-                if ended is None or not ended.released:
+                if ended is None:
                     self.peaks.add(tokens)
-                    self.time.note_end(ended.turns if ended is not None else None)
+                    self.time.note_end()
+                elif not ended.released:
+                    self.peaks.add(tokens)
+                    self.time.note_end(ended.turns, ended.last_seen - ended.created)
+                else:
+                    self.time.note_released(ended.turns, ended.last_seen - ended.created)
         self._live = live
 
     def _expire_reservations(self) -> None:

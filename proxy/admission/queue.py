@@ -9,9 +9,10 @@ and a key arriving later is not stuck behind another key's whole backlog. Equal 
 first served.
 
 Only the waiter at the head checks for room (so a small later session cannot overtake a large
-earlier one); every change that may free room (an answer, a release, a waiter leaving, a rank's new
-figures) wakes the waiters, and a poll interval catches what no event signals (sessions idling out
-with time).
+earlier one); a waiter behind it checks only for what takes nobody's room (``attempt_behind``:
+admitted past a budget, which the head's wait does not change). Every change that may free room
+(an answer, a release, a waiter leaving, a rank's new figures) wakes the waiters, and a poll
+interval catches what no event signals (sessions idling out with time).
 """
 
 from __future__ import annotations
@@ -83,11 +84,12 @@ class WaitQueue:
         on_depth: Callable[[int], None],
         ticket: Ticket | None = None,
         limit: Callable[[], float] | None = None,
+        attempt_behind: Callable[[], T | None] | None = None,
     ) -> T:
-        """``attempt()``'s first non-None result, tried whenever this waiter is at the head; raises
-        ``TimeoutError`` after ``timeout`` seconds, or sooner when ``limit()`` (re-read as it waits:
-        a bound learned meanwhile) says fewer. ``on_depth(n)`` is told the queue's length as it
-        changes."""
+        """``attempt()``'s first non-None result, tried whenever this waiter is at the head (and
+        ``attempt_behind()``'s while it is not); raises ``TimeoutError`` after ``timeout`` seconds,
+        or sooner when ``limit()`` (re-read as it waits: a bound learned meanwhile) says fewer.
+        ``on_depth(n)`` is told the queue's length as it changes."""
         waiter = self._enter(ticket or Ticket())
         on_depth(len(self._waiters))
         started = time.monotonic()
@@ -95,8 +97,9 @@ class WaitQueue:
         served = False
         try:
             while True:
-                if self._waiters[0] is waiter:
-                    found = attempt()
+                check = attempt if self._waiters[0] is waiter else attempt_behind
+                if check is not None:
+                    found = check()
                     if found is not None:
                         served = True
                         return found

@@ -23,6 +23,9 @@ comes from what the traffic shows, and a configured value (``--session-idle-ttl`
   of requests take to serve. Within it, ``cost.py`` admits earlier whenever evicting costs less.
 - **How many turns a session takes**: the mean of the sessions that ended (what an overflowing rank
   makes its sessions recompute, round after round, in ``cost.py``).
+- **How long a session lives** (first request to last), from the sessions that ended or were
+  released: a session's expected remaining life at its age, so when the sessions on a full rank will
+  have ended and how soon a waiter gets room (``cost.py``).
 
 Before enough samples, the defaults of ``config.py`` apply (300 s, 30 s) and every quiet session is
 assumed to come back.
@@ -74,6 +77,7 @@ class LearnedTime:
         self._spells: deque[bool] = deque(maxlen=SPELL_WINDOW)
         self._ended = 0
         self._turns: deque[int] = deque(maxlen=TURNS_WINDOW)
+        self._lifetimes: deque[float] = deque(maxlen=TURNS_WINDOW)
 
     # -- what the traffic shows -------------------------------------------------------------------
 
@@ -81,12 +85,19 @@ class LearnedTime:
         self.gaps.add(gap_s)
         self._spell(False)
 
-    def note_end(self, turns: int | None = None) -> None:
-        """A session stopped counting (idle past the TTL, or ended) after ``turns`` turns: a quiet
-        spell that did not close."""
+    def note_end(self, turns: int | None = None, lifetime_s: float | None = None) -> None:
+        """A session stopped counting (idle past the TTL, or ended) after ``turns`` turns and
+        ``lifetime_s`` seconds from its first request to its last: a quiet spell that did not close."""
         self._spell(True)
+        self.note_released(turns, lifetime_s)
+
+    def note_released(self, turns: int | None = None, lifetime_s: float | None = None) -> None:
+        """Admission released a session judged ended (its room taken): how long it lived and how many
+        turns it took, but not a quiet spell known to be its last (it may still come back)."""
         if turns:
             self._turns.append(turns)
+        if lifetime_s is not None and lifetime_s >= 0:
+            self._lifetimes.append(lifetime_s)
 
     def note_duration(self, seconds: float) -> None:
         """A request that did not wait for admission took ``seconds`` from arrival to its last byte."""
@@ -116,6 +127,19 @@ class LearnedTime:
         if len(self._turns) < MIN_ENDED:
             return 1.0
         return sum(self._turns) / len(self._turns)
+
+    def lifetimes_known(self) -> bool:
+        """Whether enough sessions ended or were released to say how long sessions live."""
+        return len(self._lifetimes) >= MIN_ENDED
+
+    def remaining_life(self, age_s: float) -> float | None:
+        """Seconds a session ``age_s`` old has left to live: the mean of ``l - age_s`` over the recent
+        lifetimes ``l`` longer than it (a session that has lived long is one of the long-lived ones,
+        not one about to end); 0 when none lived as long; None before ``MIN_ENDED``."""
+        if len(self._lifetimes) < MIN_ENDED:
+            return None
+        longer = [life - age_s for life in self._lifetimes if life > age_s]
+        return sum(longer) / len(longer) if longer else 0.0
 
     def idle_ttl(self) -> float:
         """Seconds after its last request a session has ended: configured, else learned."""

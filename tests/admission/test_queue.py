@@ -79,3 +79,27 @@ def test_the_keys_file_gives_priority_and_weight(tmp_path: Path) -> None:
         keys.write_text(f"- {{key: k, label: l, {bad}}}\n")
         with pytest.raises(ConfigError):
             read_keys_file(keys)
+
+
+async def test_a_waiter_behind_the_head_is_admitted_past_a_budget_without_waiting_for_it() -> None:
+    queue = WaitQueue(poll_interval=10.0)
+    head = asyncio.ensure_future(queue.wait(lambda: None, 30.0, lambda depth: None))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    past_budget: list[str] = []
+    behind = asyncio.ensure_future(
+        queue.wait(
+            lambda: "room",
+            30.0,
+            lambda depth: None,
+            attempt_behind=lambda: past_budget.pop() if past_budget else None,
+        )
+    )
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(queue) == 2 and not behind.done()  # behind the head: room is not its to take
+    past_budget.append("over_budget")
+    queue.notify()
+    assert await asyncio.wait_for(behind, 5) == "over_budget"
+    assert not head.done() and len(queue) == 1
+    head.cancel()
