@@ -24,7 +24,9 @@ from typing import Any
 
 import orjson
 
+from proxy.state.claims import RoomClaims
 from proxy.state.memory import MemorySessionStore
+from proxy.state.redis_claims import RedisClaims
 from proxy.state.responses import RedisResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_RETENTION_S, MAX_BREAKS, Session, SessionStore
 from routing.index import PrefixIndex
@@ -225,6 +227,9 @@ class RedisState:
 
     def response_ranks(self) -> ResponseRanks:
         return RedisResponseRanks(self.client, link=self.link)
+
+    def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
+        return RedisClaims(self.link, on_state=on_state)
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]
