@@ -280,8 +280,10 @@ class Ledger(Observer):
             note_placed(session, rank.name, admitted.choice, self.metrics)
             if admitted.choice is not None and admitted.choice.decision in ("over_budget", "after_wait"):
                 self._over_budget.add(rank.name)
+        moved = session.rank != rank.name
         self.moves.move(self.table, session, rank.name)
-        self._claim(session, rank.name)
+        if admitted.fresh or moved or reservation is not None:  # else its answer updates the claim
+            self._claim(session, rank.name)
 
     def finished(self, outcome: Outcome) -> None:
         """The request ended: the session's counters and its context after the answer; a request
