@@ -1,10 +1,11 @@
 """Admission's claims in Redis (``claims.RoomClaims``): every replica takes room from one ledger.
 
-Keys, all under one hash tag (``{prefix}:{admission}:``) so each script touches one Redis Cluster
-slot: ``T`` (hash: rank -> tokens claimed and reserved), ``C`` (hash: session -> its claim: rank,
-body tokens, head, head tokens), ``H`` (hash: rank + head -> sessions holding it there: a shared
-head counts once per rank), ``R`` (hash: session -> its reservation: rank and tokens pairs), ``E``
-(sorted set: reservations by expiry), ``S`` (sorted set: claims by last touch).
+Keys under ``{prefix}:admission:`` (a hash tag on a Redis Cluster, so each script touches one
+slot: ``routing/redis_topology.py``): ``T`` (hash: rank -> tokens claimed and reserved), ``C``
+(hash: session -> its claim: rank, body tokens, head, head tokens), ``H`` (hash: rank + head ->
+sessions holding it there: a shared head counts once per rank), ``R`` (hash: session -> its
+reservation: rank and tokens pairs), ``E`` (sorted set: reservations by expiry), ``S`` (sorted
+set: claims by last touch).
 
 Each call is one script, O(ranks allowed) plus a bounded purge: expired reservations and claims
 idle past the idle TTL (sessions that ended on a replica that died before releasing them) go in
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from routing.redis_link import ERRORS, RedisLink
+from routing.redis_topology import ScriptBatch, slot_prefix
 
 log = logging.getLogger("prefixgate.admission")
 
@@ -142,7 +144,7 @@ class RedisClaims:
     ) -> None:
         self.link = link
         self.clock = clock
-        base = f"{prefix}:{{admission}}:"
+        base = slot_prefix(f"{prefix}:admission", link.client) + ":"
         self.keys = [base + name for name in ("T", "C", "H", "R", "E", "S")]
         client = link.client
         self._reserve = client.register_script(RESERVE)
@@ -219,10 +221,10 @@ class RedisClaims:
         mine = list(self._mine.items())  # a copy: the event loop may claim meanwhile
         now = repr(self.clock())
         for start in range(0, len(mine), RESYNC_BATCH):
-            pipe = self.link.client.pipeline(transaction=False)
+            batch = ScriptBatch(self.link.client)
             for key, claim in mine[start : start + RESYNC_BATCH]:
-                self._claim(keys=self.keys, args=[now, key, *claim], client=pipe)
-            pipe.execute()
+                self._claim(keys=self.keys, args=[now, key, *claim], client=batch.target)
+            batch.execute()
         if not self._shared:
             self._shared = True
             log.info(

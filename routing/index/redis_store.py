@@ -38,6 +38,7 @@ from routing.index import Lookup
 from routing.index.memory import MemoryPrefixIndex
 from routing.index.redis_scripts import BIND, EXTEND, MATCH, RECORD, REMOVE
 from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
+from routing.redis_topology import slot_prefix
 
 log = logging.getLogger("prefixgate.index.redis")
 
@@ -73,11 +74,12 @@ class RedisPrefixIndex:
         """``link``: the Redis link shared with the other stores on this Redis (None: one of its own,
         over ``url``)."""
         self.url = url
-        self.namespace = f"{prefix}:{model}:{block_size}:{hash_algo}:"
-        self.ttl_s = ttl_s
-        self.local = local if local is not None else MemoryPrefixIndex()
         self._owns_link = link is None
         self.link = link or RedisLink(fail_fast_client(url, socket_timeout), retry_interval, "redis index")
+        # a hash tag on a cluster: a lookup's script reads every rank's set and the session's key
+        self.namespace = slot_prefix(f"{prefix}:{model}:{block_size}:{hash_algo}", self.link.client) + ":"
+        self.ttl_s = ttl_s
+        self.local = local if local is not None else MemoryPrefixIndex()
         self._client = self.link.client
         self._match = self._client.register_script(MATCH)
         self._record = self._client.register_script(RECORD)

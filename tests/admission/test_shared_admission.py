@@ -41,8 +41,14 @@ def admit_at_once(urls: list[str], sessions: int) -> list[httpx.Response]:
 def test_replicas_admitting_at_once_keep_each_rank_within_its_budget(
     rank_servers: RankServers, redis_server: RedisServer
 ) -> None:
+    replicas_keep_each_rank_within_its_budget(rank_servers, redis_server.url)
+
+
+def replicas_keep_each_rank_within_its_budget(rank_servers: RankServers, redis_url: str) -> None:
+    """Three replica processes on ``redis_url`` admit 24 new sessions at once over two ranks with
+    room for two each: what each rank holds, as it reports it, stays within its budget."""
     ranks = rank_servers.sim(2)
-    flags = ["--redis-url", redis_server.url, "--admission-policy", "budget", "--admission-wait", "0.5"]
+    flags = ["--redis-url", redis_url, "--admission-policy", "budget", "--admission-wait", "0.5"]
     flags += ["--session-idle-ttl", "120", "--health-interval", "0.5"]
     with contextlib.ExitStack() as stack:
         urls = []
