@@ -17,7 +17,6 @@ Writes ``bench/out/redis_round_trips[-LABEL].json``. Counts, not times: no clock
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import threading
 import time
@@ -40,8 +39,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.sim import SimConfig, start_fleet, stop_fleet
     from proxy.app import create_app
     from proxy.config import load_settings
-    from proxy.server import ServerThread, free_port
-    from proxy.state.embedded_redis import redis_binary
+    from proxy.server import ServerThread
+    from proxy.state.embedded_redis import EmbeddedRedis
 
     sent: Counter[str] = Counter()
     by_command: Counter[tuple[str, str]] = Counter()
@@ -59,22 +58,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             by_command[(thread.split("-")[0], what)] += 1
         original(self, command, check_health)
 
-    port = free_port()
-    server = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    server = EmbeddedRedis().start()  # a private redis-server on a unix socket
+    url = server.url
     probe = redis.Redis.from_url(url)
     fleet = start_fleet(args.ranks, SimConfig(time_scale=0, kv_tokens=args.pool_tokens))
     try:
-        for _ in range(100):
-            try:
-                probe.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         flags = {"redis_url": url, "log_level": "warning", "session_idle_ttl": 600.0}
         specs = [f"{s.config.name}={s.url}" for s in fleet]
         gateway = ServerThread(
@@ -110,8 +98,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         setattr(redis.connection.AbstractConnection, "send_packed_command", original)  # noqa: B010
         stop_fleet(fleet)
         probe.close()
-        server.kill()
-        server.wait(5)
+        server.stop()
     out: dict[str, Any] = {"sessions": args.sessions, "turns": args.turns, "threads": threads}
     if args.by_command:
         out["by_command"] = {f"{t} {c}": n for (t, c), n in by_command.most_common()}

@@ -26,7 +26,7 @@ from proxy.admission.turns import Before, lost_tokens, settle
 from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
 from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
-from proxy.state.claims import LocalClaims, RoomClaims
+from proxy.state.claims import Ask, LocalClaims, RoomClaims
 from proxy.state.sessions import Session, SessionTable
 from routing.rank_metrics import RankSample
 from routing.ranks import Fleet, Rank
@@ -159,16 +159,8 @@ class Ledger(Observer):
         budgets. The ranks granted, empty when none is."""
         budgets = {name: self._budget(name) for name in room.allowed}
         body = tokens - head_tokens if head_key is not None else tokens
-        granted = self.claims.reserve(
-            key,
-            budgets,
-            body,
-            head_key,
-            head_tokens,
-            force=force,
-            idle_ttl=self.time.idle_ttl(),
-            expires_in=RESERVATION_TTL_S,
-        )
+        ask = Ask(key, budgets, body, head_key, head_tokens, force, self.time.idle_ttl(), RESERVATION_TTL_S)
+        granted = self.claims.reserve(ask)
         if granted:
             # in the same step as the room check: the next waiter must see this session's claim
             victims = {name: keys for name, keys in room.victims.items() if name in granted}

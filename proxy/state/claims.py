@@ -14,29 +14,33 @@ count is the whole truth. ``redis_claims.RedisClaims`` shares the claims between
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A new session's request for room: ``body`` tokens plus its ``head`` (``head_tokens``, counted
+    once per rank) on any rank of ``budgets`` (rank -> its budget in tokens; None: unbounded)."""
+
+    key: str
+    budgets: Mapping[str, int | None]
+    body: int
+    head: str | None
+    head_tokens: int
+    #: Past the budgets (the cost policy chose so): every rank asked is granted.
+    force: bool
+    #: Claims untouched this long (seconds) have ended; the reservation lapses after ``expires_in``.
+    idle_ttl: float
+    expires_in: float
 
 
 class RoomClaims(Protocol):
     """Where room is taken (see the module docstring)."""
 
-    def reserve(
-        self,
-        key: str,
-        budgets: Mapping[str, int | None],
-        body: int,
-        head: str | None,
-        head_tokens: int,
-        *,
-        force: bool = False,
-        idle_ttl: float,
-        expires_in: float,
-    ) -> frozenset[str]:
-        """Reserve room for session ``key`` on each rank of ``budgets`` (rank -> its budget in
-        tokens; None: unbounded) still having it; ``force``: on each, past its budget (the cost
-        policy chose so). The reservation lapses after ``expires_in`` seconds unless claimed;
-        claims untouched for ``idle_ttl`` seconds have ended. The ranks granted (empty: none has
-        room any more)."""
+    def reserve(self, ask: Ask) -> frozenset[str]:
+        """Reserve room for ``ask.key`` on each rank asked that still has it, in one step; the
+        reservation lapses unless claimed. The ranks granted (empty: none has room any more)."""
         ...
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
@@ -55,19 +59,8 @@ class RoomClaims(Protocol):
 class LocalClaims:
     """One process's claims: its own count decided, so every rank it allowed is granted."""
 
-    def reserve(
-        self,
-        key: str,
-        budgets: Mapping[str, int | None],
-        body: int,
-        head: str | None,
-        head_tokens: int,
-        *,
-        force: bool = False,
-        idle_ttl: float,
-        expires_in: float,
-    ) -> frozenset[str]:
-        return frozenset(budgets)
+    def reserve(self, ask: Ask) -> frozenset[str]:
+        return frozenset(ask.budgets)
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
         pass

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
+from proxy.state.claims import Ask
 from routing.redis_link import ERRORS, RedisLink
 from routing.redis_topology import ScriptBatch, slot_prefix
 
@@ -166,41 +167,30 @@ class RedisClaims:
             if self._on_state is not None:
                 self._on_state(False)
 
-    def reserve(
-        self,
-        key: str,
-        budgets: Mapping[str, int | None],
-        body: int,
-        head: str | None,
-        head_tokens: int,
-        *,
-        force: bool = False,
-        idle_ttl: float,
-        expires_in: float,
-    ) -> frozenset[str]:
-        if not budgets:
+    def reserve(self, ask: Ask) -> frozenset[str]:
+        if not ask.budgets:
             return frozenset()
         if not self.link.available():
             self._local("its circuit is open")
-            return frozenset(budgets)
+            return frozenset(ask.budgets)
         args: list[str | int | float] = [
             repr(self.clock()),
-            repr(expires_in),
-            repr(idle_ttl),
-            key,
-            max(body, 0),
-            head or "-",
-            head_tokens if head else 0,
-            1 if force else 0,
+            repr(ask.expires_in),
+            repr(ask.idle_ttl),
+            ask.key,
+            max(ask.body, 0),
+            ask.head or "-",
+            ask.head_tokens if ask.head else 0,
+            1 if ask.force else 0,
         ]
-        for rank, budget in budgets.items():
+        for rank, budget in ask.budgets.items():
             args += [rank, -1 if budget is None else budget]
         try:
             granted = self._reserve(keys=self.keys, args=args)
         except ERRORS as exc:
             self.link.failed(exc)
             self._local(exc)
-            return frozenset(budgets)
+            return frozenset(ask.budgets)
         return frozenset(r.decode() if isinstance(r, bytes) else str(r) for r in granted)
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:

@@ -18,6 +18,13 @@ from proxy.state.embedded_redis import redis_binary
 from tests.helpers.wait import wait_until
 
 
+def _kill(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL (no shutdown save) and reap."""
+    if proc is not None:
+        proc.kill()
+        proc.wait(5)
+
+
 class RedisServer:
     """A redis-server without persistence that tests can kill and start again on the same port."""
 
@@ -61,10 +68,8 @@ class RedisServer:
 
     def stop(self) -> None:
         """Kill the server (SIGKILL: no shutdown save); a later ``start`` comes back empty."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(5)
-            self.proc = None
+        _kill(self.proc)
+        self.proc = None
 
     kill = stop  # the name the fault tests use: the server is killed, not shut down
 
@@ -148,8 +153,7 @@ class RedisClusterServers:
 
     def stop(self) -> None:
         for proc in self.procs:
-            proc.kill()
-            proc.wait(5)
+            _kill(proc)
         self.procs = []
         shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -189,9 +193,7 @@ class RedisSentinelServers:
         return self
 
     def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(5)
-            self.proc = None
+        _kill(self.proc)
+        self.proc = None
         self.master.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
