@@ -156,6 +156,12 @@ class RedisClaims:
         self._shared = True
         self._on_state = on_state
         link.on_resync(self.resync)
+        link.on_state(self._link_state)
+
+    def _link_state(self, up: bool) -> None:
+        # any store on this Redis failing opens the shared circuit: say so before the next admission
+        if not up:
+            self._local("the link to it failed")
 
     def _local(self, why: object) -> None:
         if self._shared:
