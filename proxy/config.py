@@ -203,8 +203,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "redis_url",
         str,
-        "redis://[:password@]host:port/db or rediss://...: state shared by replicas (sessions, prefix "
-        "index, response ids)",
+        "redis://[:password@]host:port/db or rediss://..., redis+sentinel://host:port[,host:port]/SERVICE"
+        "[/db] (Sentinel), redis+cluster://host:port[,host:port] (Redis Cluster): state shared by "
+        "replicas (sessions, prefix index, response ids, admission's claims)",
     ),
     Option("index_ttl", float, "seconds an unused prefix-index entry lives in Redis"),
     Option(

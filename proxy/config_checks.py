@@ -17,11 +17,12 @@ from pydantic import BaseModel, ValidationError
 
 from proxy.canonical.config import CanonicalConfig
 from routing.kv_sources import parse_kv_event_specs
+from routing.redis_topology import SCHEMES, parse
 from tokenization.config import TokenizerConfig
 
 #: ``log_level`` values, as Python's logging names them (case-insensitive).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = SCHEMES
 
 Section = TypeVar("Section", bound=BaseModel)
 
@@ -72,6 +73,8 @@ def redis_url(url: str | None) -> str | None:
     if url is not None and urlsplit(url).scheme not in REDIS_SCHEMES:
         schemes = ", ".join(s + "://" for s in REDIS_SCHEMES)
         raise ValueError(f"redis url must start with {schemes}, got {url!r}")
+    if url is not None:
+        parse(url)  # a Sentinel or Cluster URL's nodes, service and database (ValueError: which is wrong)
     return url
 
 

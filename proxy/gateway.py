@@ -103,8 +103,10 @@ class Gateway:
         index = self.state.prefix_index(await self._model_name(), block_size, algo, self._index_state)
         if self.state.name == "redis":
             self.metrics.index_redis_up.set(1)
-        else:  # a 0 would read as an outage: without Redis the gauge is not exported at all
+            self.metrics.admission_shared_up.set(1)
+        else:  # a 0 would read as an outage: without Redis the gauges are not exported at all
             self.metrics.registry.unregister(self.metrics.index_redis_up)
+            self.metrics.registry.unregister(self.metrics.admission_shared_up)
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )
@@ -123,7 +125,13 @@ class Gateway:
         hasher = incremental.hasher if incremental is not None else None
         self._kv_feeds = await start_kv_event_feeds(settings.kv_events, client, router, hasher, self.metrics)
         self.admission = admission = admission_from_settings(
-            settings, self.sessions, self.fleet, self.metrics, block_size, router
+            settings,
+            self.sessions,
+            self.fleet,
+            self.metrics,
+            block_size,
+            router,
+            self.state.claims(lambda shared: self.metrics.admission_shared_up.set(1 if shared else 0)),
         )
         # the ranks' context lengths and first figures before the first request
         await poll_all(client, self.fleet, settings.health_timeout, admission.observe_rank)

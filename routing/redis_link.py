@@ -30,22 +30,24 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from redis.exceptions import RedisClusterException
+
+from routing.redis_topology import fail_fast
 
 log = logging.getLogger("prefixgate.redis")
 
 T = TypeVar("T")
 DEFAULT_RETRY_INTERVAL_S = 1.0
 #: What a Redis call raises when Redis is unreachable, hung, restarting or refusing.
-ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OSError)
+#: (A cluster with no reachable node raises ``RedisClusterException``, which is none of the others.)
+ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException, OSError)
 
 
 def fail_fast_client(url: str, timeout: float) -> redis.Redis:
-    """A client whose every call is one attempt of at most ``timeout`` seconds."""
-    return redis.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-    )
+    """A client whose every call is one attempt of at most ``timeout`` seconds: of one server, a
+    Sentinel's master or a Redis Cluster, as ``url`` says (``routing/redis_topology.py``)."""
+    client: redis.Redis = fail_fast(url, timeout)
+    return client
 
 
 def on_event_loop() -> bool:

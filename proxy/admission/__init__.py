@@ -23,6 +23,7 @@ from proxy.admission.config import AdmissionConfig
 from proxy.admission.gate import Admission, Admitted, Placement
 from proxy.config import Settings
 from proxy.ops.metrics import Metrics
+from proxy.state.claims import RoomClaims
 from proxy.state.sessions import SessionTable
 from routing.ranks import Fleet
 
@@ -34,6 +35,7 @@ def admission_from_settings(
     metrics: Metrics,
     block_size: int,
     placement: Placement | None = None,
+    claims: RoomClaims | None = None,
 ) -> Admission:
     """``Admission`` for ``no_admission``, ``admission_policy``, ``target_fraction``,
     ``session_idle_ttl`` and ``admission_wait`` (None: learned), ... ."""
@@ -46,7 +48,7 @@ def admission_from_settings(
         block_size=block_size,
         policy=settings.admission_policy,
     )
-    return Admission(table, fleet, config, metrics, placement)
+    return Admission(table, fleet, config, metrics, placement, claims)
 
 
 __all__ = [

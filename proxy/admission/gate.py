@@ -23,8 +23,9 @@ learned from the traffic (``timing.py``); the ranks' speeds from their own metri
 - A request that fails (no rank answered, or the rank refused it) releases what was counted for it.
 
 The count, the reservations and what answers and time change are the ``Ledger``'s
-(``ledger.py``). The queue is per replica; with Redis the replicas share the session table, not the
-queue.
+(``ledger.py``). With Redis the replicas share the session table and the claims on room
+(``proxy/state/redis_claims.py``: a reservation is checked against every replica's claims and taken
+in one atomic step), not the queue: each replica's waiters are served in its own order.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from proxy.admission.accounting import RankState
 from proxy.admission.cost import Candidate, Choice, Option, choose, option, overloaded
@@ -240,7 +242,14 @@ class Admission(Ledger):
                     promised.append(clock + choice.wait_s)
             if choice is None or not choice.admit or (behind and choice.decision == "room"):
                 return None
-            self._reserve(key, Room(choice.allowed, choice.victims), need)
+            room_taken = Room(choice.allowed, choice.victims)
+            forced = choice.decision != "room"  # the cost policy chose to go past a budget
+            granted = self._reserve(key, room_taken, need, head_key, head_tokens, force=forced)
+            if not granted:
+                return None  # another replica took that room since this count: wait for more
+            if granted != choice.allowed:
+                victims = {name: keys for name, keys in choice.victims.items() if name in granted}
+                choice = replace(choice, allowed=granted, victims=victims)
             return choice
 
         found = attempt(behind=len(self.queue) > 0)

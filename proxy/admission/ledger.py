@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.admission.accounting import RankState, Reservation, count, log_over_pool
-from proxy.admission.config import AdmissionConfig
+from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
 from proxy.admission.cost import Choice
 from proxy.admission.explain import note_placed
 from proxy.admission.growth import PeakEstimator
@@ -26,6 +26,7 @@ from proxy.admission.turns import Before, lost_tokens, settle
 from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
 from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
+from proxy.state.claims import Ask, LocalClaims, RoomClaims
 from proxy.state.sessions import Session, SessionTable
 from routing.rank_metrics import RankSample
 from routing.ranks import Fleet, Rank
@@ -69,8 +70,11 @@ class Ledger(Observer):
         config: AdmissionConfig,
         metrics: Metrics | None = None,
         placement: Placement | None = None,
+        claims: RoomClaims | None = None,
     ) -> None:
+        """``claims``: where room is taken, shared by replicas with Redis (None: this process's)."""
         self.table = table
+        self.claims: RoomClaims = claims if claims is not None else LocalClaims()
         self.fleet = fleet
         self.config = config
         self.metrics = metrics
@@ -140,10 +144,40 @@ class Ledger(Observer):
             release=release,
         )
 
-    def _reserve(self, key: str, room: Room, tokens: int) -> frozenset[str]:
-        # in the same step as the room check: the next waiter must see this session's claim
-        self._reservations[key] = Reservation(room.allowed, tokens, room.victims)
-        return room.allowed
+    def _reserve(
+        self,
+        key: str,
+        room: Room,
+        tokens: int,
+        head_key: str | None = None,
+        head_tokens: int = 0,
+        *,
+        force: bool = False,
+    ) -> frozenset[str]:
+        """Reserve ``tokens`` for session ``key`` on the ranks of ``room`` that the claims still
+        grant (another replica may have taken the room since this count); ``force``: past their
+        budgets. The ranks granted, empty when none is."""
+        budgets = {name: self._budget(name) for name in room.allowed}
+        body = tokens - head_tokens if head_key is not None else tokens
+        ask = Ask(key, budgets, body, head_key, head_tokens, force, self.time.idle_ttl(), RESERVATION_TTL_S)
+        granted = self.claims.reserve(ask)
+        if granted:
+            # in the same step as the room check: the next waiter must see this session's claim
+            victims = {name: keys for name, keys in room.victims.items() if name in granted}
+            self._reservations[key] = Reservation(granted, tokens, victims)
+        return granted
+
+    def _budget(self, name: str) -> int | None:
+        rank = self.fleet.get(name)
+        pool = rank.pool_tokens if rank is not None else None
+        return int(pool * self.config.target_fraction) if pool else None
+
+    def _claim(self, session: Session, rank: str) -> None:
+        """``session`` holds its projected working set on ``rank`` (its head counted once there)."""
+        head = session.head_key
+        shared = min(session.head_tokens, session.context_tokens) if head is not None else 0
+        body = self.projected(session.context_tokens) - shared
+        self.claims.claim(session.key, rank, body, head, shared)
 
     def reservation(self, key: str) -> Reservation | None:
         """The session's pending claim on room (between its room check and its rank's pick)."""
@@ -198,6 +232,7 @@ class Ledger(Observer):
         peak (unless admission released them: cut short, they may come back and grow on)."""
         for key, tokens in self._live.items():
             if key not in live:
+                self.claims.release(key)
                 ended = self.table.get(key)
                 if ended is None:
                     self.peaks.add(tokens)
@@ -234,11 +269,18 @@ class Ledger(Observer):
         if reservation is not None and reservation.victims.get(rank.name):
             victims = reservation.victims[rank.name]
             self.moves.release_idle(self.table, rank.name, victims, session.key, self.release_after)
+            for victim in victims:
+                released = self.table.get(victim)
+                if released is not None and released.released:
+                    self.claims.release(victim)
         if admitted.fresh:
             note_placed(session, rank.name, admitted.choice, self.metrics)
             if admitted.choice is not None and admitted.choice.decision in ("over_budget", "after_wait"):
                 self._over_budget.add(rank.name)
+        moved = session.rank != rank.name
         self.moves.move(self.table, session, rank.name)
+        if admitted.fresh or moved or reservation is not None:  # else its answer updates the claim
+            self._claim(session, rank.name)
 
     def finished(self, outcome: Outcome) -> None:
         """The request ended: the session's counters and its context after the answer; a request
@@ -271,6 +313,7 @@ class Ledger(Observer):
             self.time.note_duration(time.perf_counter() - outcome.ctx.started)
         session.answered_at = session.last_seen
         self.table.save(session)
+        self._claim(session, rank)
         self.queue.notify()
 
     def _unwind(self, admitted: Admitted, session: Session) -> None:
@@ -283,12 +326,17 @@ class Ledger(Observer):
         else:
             (before.restore_all if admitted.fresh else before.restore_turn)(session)
             self.table.save(session)
+        if before is None or admitted.fresh or session.rank is None:
+            self.claims.release(session.key)
+        else:
+            self._claim(session, session.rank)
         self.moves.forget_counts()
         self.queue.notify()
 
     def release(self, key: str) -> Session | None:
         """End a session at once (``DELETE /admin/sessions/{id}``): its budget is free for the queue."""
         self._reservations.pop(key, None)
+        self.claims.release(key)
         session = self.table.delete(key)
         if session is not None:
             self.time.note_end()

@@ -94,7 +94,8 @@ class Moves:
             rank.pool_tokens,
             ", ".join(sorted(allowed)),
         )
-        return self._reserve(session.key, Room(allowed), self._projected(session.context_tokens))
+        # None when the shared claims granted none of them: another replica took that room first
+        return self._reserve(session.key, Room(allowed), self._projected(session.context_tokens)) or None
 
     def release_idle(
         self,

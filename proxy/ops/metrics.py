@@ -126,6 +126,12 @@ class Metrics:
             "1 while the Redis prefix index is reachable; 0 while routing uses the local mirror",
             registry=r,
         )
+        self.admission_shared_up = Gauge(
+            "prefixgate_admission_shared_up",
+            "1 while admission takes room from the claims shared in Redis; 0 while this replica "
+            "admits on its own count",
+            registry=r,
+        )
         self.kv_events = Counter(
             "prefixgate_kv_events",
             "KV-cache events applied to a rank's mirror, by backend and event type",

@@ -9,26 +9,28 @@ fails, tells which of these it is; the URL in messages never carries the passwor
 from __future__ import annotations
 
 import logging
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
+from routing.redis_topology import fail_fast
+
 log = logging.getLogger("prefixgate.redis")
+
+
+#: The password of a URL's credentials (``scheme://[user]:PASSWORD@``), whatever follows the ``@``
+#: (one host, or a Sentinel or Cluster URL's list of nodes).
+_PASSWORD = re.compile(r"^([^:/]+://[^:@/]*:)[^@/]*@")
 
 
 def redact(url: str) -> str:
     """``url`` without its password (user names stay: they help find the right ACL entry)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return _PASSWORD.sub(r"\1***@", url, count=1)
 
 
 def _ping(url: str, timeout: float) -> None:
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    client = fail_fast(url, timeout)
     try:
         client.ping()
     finally:

@@ -142,8 +142,29 @@ class Router(Observer):
             self.inflight_tokens,
         )
         plan = RoutePlan(self.policy.order(request, candidates))
-        self._charge(ctx, plan, plan.ranks[0], found)
+        bound = self._bind(key, plan, found) if key else False
+        self._charge(ctx, plan, plan.ranks[0], found, bound=bound)
         return plan
+
+    def _bind(self, key: str, plan: RoutePlan, found: Lookup) -> bool:
+        """Bind the session to the plan's first rank, first writer wins across replicas: when
+        another replica bound it elsewhere since the lookup, that rank goes first (the loser
+        adopts the winner's). False when the winner's rank is not a candidate here (down, or no
+        room per admission): the session then moves, as for a failed rank."""
+        chosen = plan.ranks[0].name
+        if found.session_rank == chosen:
+            return True
+        winner = self.index.bind_session(key, chosen, found.session_rank)
+        if winner == chosen:
+            return True
+        adopted = next((r for r in plan.ranks if r.name == winner), None)
+        if adopted is None:
+            return False
+        log.info("session %s: another replica bound it to %s first; adopted (not %s)", key, winner, chosen)
+        plan.ranks.remove(adopted)
+        plan.ranks.insert(0, adopted)
+        found.session_rank = winner
+        return True
 
     def any(self) -> RoutePlan:
         """A plan for a request that caches nothing (token counting, ``/tokenize``): the healthy
@@ -204,10 +225,18 @@ class Router(Observer):
     # -- the charge -------------------------------------------------------------------------------
 
     def _charge(
-        self, ctx: RequestContext, plan: RoutePlan, rank: Rank, found: Lookup, why: str | None = None
+        self,
+        ctx: RequestContext,
+        plan: RoutePlan,
+        rank: Rank,
+        found: Lookup,
+        why: str | None = None,
+        *,
+        bound: bool = False,
     ) -> None:
         """``rank`` holds ``ctx`` now: its expected hit, its queued prefill and prompt tokens, the
-        prompt's blocks and the session's rank (``why``: the reason it left its previous rank)."""
+        prompt's blocks and the session's rank (``why``: the reason it left its previous rank;
+        ``bound``: the session's binding to ``rank`` is written already)."""
         name = rank.name
         hashes = ctx.block_hashes
         hit_blocks = min(
@@ -223,7 +252,8 @@ class Router(Observer):
         if key and found.session_rank != name:
             if found.session_rank is not None:
                 self._log_move(ctx, found.session_rank, name, plan.prefill, why)
-            self.index.set_session_rank(key, name)
+            if not bound:
+                self.index.set_session_rank(key, name)
         if hashes and name not in self.exact:
             self.index.record(name, hashes)
 

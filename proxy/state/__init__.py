@@ -1,6 +1,7 @@
 """Where the state that decides placement lives: one backend, chosen once per process.
 
-A backend serves the session table's store, the prefix index and the response id -> rank map
+A backend serves the session table's store, the prefix index, the response id -> rank map and
+admission's claims on room
 (``StateBackend``). ``memory`` keeps them in this process; ``redis`` shares them between replicas.
 A new backend is one new module plus one line in ``BACKENDS``.
 """
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from proxy.config import ConfigError, Settings
+from proxy.state.claims import RoomClaims
 from proxy.state.memory import MemoryState
 from proxy.state.redis import RedisState
 from proxy.state.responses import ResponseRanks
@@ -26,6 +28,11 @@ class StateBackend(Protocol):
     def sessions(self) -> SessionStore: ...
 
     def response_ranks(self) -> ResponseRanks: ...
+
+    def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
+        """Where admission takes room (``on_state(shared)``: told when a shared ledger becomes
+        unreachable, so that each replica admits on its own count, and back)."""
+        ...
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]

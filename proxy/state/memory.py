@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from proxy.state.claims import LocalClaims, RoomClaims
 from proxy.state.responses import MemoryResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_MAX_SESSIONS, MAX_BREAKS, MAX_SAVE_LAG_S, Session, SessionStore
 from routing.index import PrefixIndex
@@ -72,6 +73,9 @@ class MemoryState:
 
     def response_ranks(self) -> ResponseRanks:
         return MemoryResponseRanks()
+
+    def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
+        return LocalClaims()
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]

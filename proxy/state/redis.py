@@ -24,12 +24,15 @@ from typing import Any
 
 import orjson
 
+from proxy.state.claims import RoomClaims
 from proxy.state.memory import MemorySessionStore
+from proxy.state.redis_claims import RedisClaims
 from proxy.state.responses import RedisResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_RETENTION_S, MAX_BREAKS, Session, SessionStore
 from routing.index import PrefixIndex
 from routing.index.redis_store import RedisPrefixIndex
 from routing.redis_link import RedisLink, fail_fast_client
+from routing.redis_topology import ScriptBatch, slot_prefix
 
 log = logging.getLogger("prefixgate.sessions")
 
@@ -75,7 +78,7 @@ class RedisSessionStore:
             client or fail_fast_client(url, socket_timeout), name="redis session table"
         )
         self.redis = self.link.client
-        self.prefix = prefix
+        self.prefix = slot_prefix(prefix, self.redis)  # the push script touches four of its keys
         self.retention_ms = int(retention_s * 1000)
         self.retention_s = retention_s
         self.local = MemorySessionStore()
@@ -185,7 +188,7 @@ class RedisSessionStore:
         thread, before the circuit closes). Raises on Redis errors."""
         records = self.local.all()  # a copy: the event loop may save meanwhile
         for start in range(0, len(records), RESYNC_BATCH):
-            pipe = self.redis.pipeline(transaction=False)
+            batch = ScriptBatch(self.redis)
             for session in records[start : start + RESYNC_BATCH]:
                 key = session.key
                 keys = [self._key(key), self._breaks_key(key), self._seen, self._ended_key(key)]
@@ -197,8 +200,8 @@ class RedisSessionStore:
                     session.key,
                     *breaks,
                 ]
-                self._push(keys=keys, args=args, client=pipe)
-            pipe.execute()
+                self._push(keys=keys, args=args, client=batch.target)
+            batch.execute()
         if records:
             log.info("session table: %d records of this replica pushed back to Redis", len(records))
 
@@ -225,6 +228,9 @@ class RedisState:
 
     def response_ranks(self) -> ResponseRanks:
         return RedisResponseRanks(self.client, link=self.link)
+
+    def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
+        return RedisClaims(self.link, on_state=on_state)
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]

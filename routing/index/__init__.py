@@ -56,7 +56,14 @@ class PrefixIndex(Protocol):
         ...
 
     def set_session_rank(self, session_key: str, rank: str) -> None:
-        """Remember the rank a session was sent to."""
+        """Remember the rank a session was sent to (unconditionally: its rank failed it, or a
+        resynchronization)."""
+        ...
+
+    def bind_session(self, session_key: str, rank: str, previous: str | None) -> str:
+        """Bind the session to ``rank`` unless another replica bound it elsewhere since this one's
+        lookup saw ``previous`` (None: unbound): the first writer wins, atomically. Returns the rank
+        the session is bound to now (``rank``, or the winner's, which the caller adopts)."""
         ...
 
     def forget_session(self, session_key: str) -> None:

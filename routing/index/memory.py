@@ -90,6 +90,11 @@ class MemoryPrefixIndex:
     def set_session_rank(self, session_key: str, rank: str) -> None:
         self._sessions.put(session_key, rank)
 
+    def bind_session(self, session_key: str, rank: str, previous: str | None) -> str:
+        # one process, one event loop: nobody else can have bound it since the lookup
+        self._sessions.put(session_key, rank)
+        return rank
+
     def forget_session(self, session_key: str) -> None:
         self._sessions.discard(session_key)
 

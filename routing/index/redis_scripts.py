@@ -143,3 +143,18 @@ end
 return n
 """
 ).replace("%(share)d", str(REFRESH_SHARE))
+
+# Bind a session to a rank, first writer wins: the binding is written when the key is unset (a new
+# session, or a binding Redis lost), still holds what the caller's lookup saw, or holds this rank
+# already; otherwise another replica bound it since that lookup, and its rank is returned for the
+# caller to adopt (its TTL refreshed: the session is live).
+#   KEYS: sess:{key}   ARGV: rank, the rank the caller's lookup saw ('' for none), TTL seconds
+BIND = """
+local current = redis.call('GET', KEYS[1])
+if not current or current == ARGV[2] or current == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+  return ARGV[1]
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return current
+"""

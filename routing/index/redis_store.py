@@ -6,7 +6,8 @@ Layout, namespaced per model, block size and block hash algorithm
   score = its last use in microseconds (a shared monotonic tick, so a request's blocks get distinct
   scores, head highest: past capacity ``ZPOPMIN`` drops the tail of the least recent chain first,
   and entries older than the TTL are dropped and never matched);
-- ``tick``: that clock; ``sess:{key}``: a session's rank, with the same TTL.
+- ``tick``: that clock; ``sess:{key}``: a session's rank, with the same TTL, bound first writer
+  wins (``redis_scripts.BIND``: two replicas placing one new session at once agree on the first's).
 
 A lookup is ONE round trip: a Lua script finds, per rank, the longest held (and unexpired)
 prefix by galloping then bisecting over block positions (about 2 log2(n) ``ZSCORE`` probes instead
@@ -35,8 +36,9 @@ from collections.abc import Callable, Sequence
 
 from routing.index import Lookup
 from routing.index.memory import MemoryPrefixIndex
-from routing.index.redis_scripts import EXTEND, MATCH, RECORD, REMOVE
+from routing.index.redis_scripts import BIND, EXTEND, MATCH, RECORD, REMOVE
 from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
+from routing.redis_topology import slot_prefix
 
 log = logging.getLogger("prefixgate.index.redis")
 
@@ -72,16 +74,18 @@ class RedisPrefixIndex:
         """``link``: the Redis link shared with the other stores on this Redis (None: one of its own,
         over ``url``)."""
         self.url = url
-        self.namespace = f"{prefix}:{model}:{block_size}:{hash_algo}:"
-        self.ttl_s = ttl_s
-        self.local = local if local is not None else MemoryPrefixIndex()
         self._owns_link = link is None
         self.link = link or RedisLink(fail_fast_client(url, socket_timeout), retry_interval, "redis index")
+        # a hash tag on a cluster: a lookup's script reads every rank's set and the session's key
+        self.namespace = slot_prefix(f"{prefix}:{model}:{block_size}:{hash_algo}", self.link.client) + ":"
+        self.ttl_s = ttl_s
+        self.local = local if local is not None else MemoryPrefixIndex()
         self._client = self.link.client
         self._match = self._client.register_script(MATCH)
         self._record = self._client.register_script(RECORD)
         self._remove = self._client.register_script(REMOVE)
         self._extend = self._client.register_script(EXTEND)
+        self._bind = self._client.register_script(BIND)
         #: Chains written whole, and chains of which only the new tail was written (on a
         #: returning session's turn): what keeps Redis's work per request O(new blocks).
         self.full_writes = 0
@@ -244,6 +248,21 @@ class RedisPrefixIndex:
         self.local.set_session_rank(session_key, rank)
         key, ttl = f"{self.namespace}sess:{session_key}", max(1, int(self.ttl_s))
         self._submit(lambda: self._client.set(key, rank, ex=ttl))
+
+    def bind_session(self, session_key: str, rank: str, previous: str | None) -> str:
+        # On the request's path (one round trip, for a new or moving session only): the router must
+        # know the winner before it forwards. Redis down: this replica's own view decides.
+        bound = rank
+        if self._available():
+            key, ttl = f"{self.namespace}sess:{session_key}", max(1, int(self.ttl_s))
+            try:
+                won = self._bind(keys=[key], args=[rank, previous or "", ttl])
+            except ERRORS as exc:
+                self.link.failed(exc)
+            else:
+                bound = won.decode() if isinstance(won, bytes) else str(won)
+        self.local.set_session_rank(session_key, bound)
+        return bound
 
     def forget_session(self, session_key: str) -> None:
         self.local.forget_session(session_key)

@@ -12,32 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from bench.balancer import haproxy_binary, haproxy_config
 from proxy.server import free_port
 from tests.helpers.wait import wait_until
-
-CONFIG = """\
-global
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 300s
-    timeout server 300s
-    option http-server-close
-frontend prefixgate
-    bind 127.0.0.1:{port}
-    default_backend replicas
-backend replicas
-    balance roundrobin
-{servers}
-"""
-
-
-def haproxy_binary() -> str:
-    found = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
-    if found is None:
-        raise RuntimeError("haproxy is not installed: tests/replicas/install_balancer.sh installs it")
-    return found
 
 
 class Balancer:
@@ -54,11 +31,8 @@ class Balancer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Balancer:
-        servers = "\n".join(
-            f"    server r{i} {url.removeprefix('http://')}" for i, url in enumerate(self.urls)
-        )
         config = Path(self._dir) / "haproxy.cfg"
-        config.write_text(CONFIG.format(port=self.port, servers=servers))
+        config.write_text(haproxy_config(self.port, self.urls))
         self.proc = subprocess.Popen(
             [haproxy_binary(), "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )

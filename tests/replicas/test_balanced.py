@@ -25,8 +25,16 @@ def answered(url: str) -> int:
 def test_a_session_dealt_across_replicas_keeps_one_record_and_one_rank(
     rank_servers: RankServers, gateway: Gateways, redis_server: RedisServer
 ) -> None:
+    a_session_dealt_across_replicas_keeps_one_rank(rank_servers, gateway, redis_server.url)
+
+
+def a_session_dealt_across_replicas_keeps_one_rank(
+    rank_servers: RankServers, gateway: Gateways, redis_url: str
+) -> None:
+    """Two replicas on ``redis_url`` behind a balancer dealing requests in turn: one session's
+    eight turns reach both, yet one rank serves them all and both see one record."""
     ranks = rank_servers.sim(2)
-    replicas = [gateway(ranks, redis_url=redis_server.url) for _ in range(2)]
+    replicas = [gateway(ranks, redis_url=redis_url) for _ in range(2)]
     with Balancer([r.url for r in replicas]) as balancer:
         history = [{"role": "system", "content": "You are a careful agent. " * 60}]
         placed = set()

@@ -1,0 +1,164 @@
+"""Replicas replaying one trace: one prefixgate against N behind HAProxy sharing one Redis.
+
+The same Claude Code conversations (``../shared/traces/claude-code``: ``--conversations``, their
+first ``--requests`` requests, ``--concurrency`` at a time) are replayed, streamed, against each
+system in turn, each on a fresh fleet of 4 simulated ranks (``prefixgate sim``) whose pools make the
+replay's mean working set ``--pressure`` x the fleet's pool (``bench.pressure``: estimated from the
+schedule before any run, then measured during each):
+
+- ``1 replica``: one ``prefixgate serve`` (memory state);
+- ``N replicas``: ``--replicas`` ``prefixgate serve --redis-url`` processes on one Redis (a private
+  ``redis-server``, ``proxy/state/embedded_redis.py``) behind HAProxy dealing requests in turn, so a
+  session's consecutive requests reach different replicas.
+
+Per system, from the ranks' own usage: hit rate, prefill tokens, TTFT p50/p99, completion time
+p50, completed conversations, 429s and errors, and the conversations answered by more than one rank.
+Clocks: think times x ``--think-scale`` and the sim's model time x ``--time-scale``; prefixgate's
+idle TTL and wait bound are learned from the traffic each replica sees (not configured), so they
+follow the compressed replay. Each system's requests hit its own fresh fleet::
+
+    python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
+
+Writes ``bench/out/replica_replay.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench.balancer import haproxy_binary, haproxy_config
+from bench.common import Subprocess, machine, median, proxy_process, write_json
+from bench.pressure import mean_working_set, pool_for
+from bench.replay import ReplayResult, TraceReplayConfig, replay_trace
+from bench.systems import FleetConfig, SimFleetProcess
+from bench.traces import TraceSession, load_claude_code
+from proxy.server import free_port
+from proxy.state.embedded_redis import EmbeddedRedis
+
+RANKS = 4
+
+
+def _replay(url: str, sessions: list[TraceSession], args: argparse.Namespace, model: str) -> ReplayResult:
+    config = TraceReplayConfig(model, concurrency=args.concurrency, time_scale=args.think_scale)
+    return asyncio.run(replay_trace(url, sessions, config))
+
+
+def run_system(
+    replicas: int, sessions: list[TraceSession], args: argparse.Namespace, kv_tokens: int
+) -> dict[str, Any]:
+    """One system on a fresh fleet: ``replicas`` = 1 (memory state), else that many on Redis behind
+    HAProxy. Its row of figures."""
+    fleet_config = FleetConfig(ranks=RANKS, kv_tokens=kv_tokens, time_scale=args.time_scale)
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(SimFleetProcess(fleet_config))
+        specs = [f"sim-{i}={url}" for i, url in enumerate(fleet.urls)]
+        flags: list[str] = []
+        if replicas > 1:
+            redis = EmbeddedRedis().start()
+            stack.callback(redis.stop)
+            flags = ["--redis-url", redis.url]
+        urls = []
+        for _ in range(replicas):
+            proxy, url = proxy_process(specs, extra=flags)
+            stack.enter_context(proxy)
+            urls.append(url)
+        if replicas > 1:
+            port = free_port()
+            config = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "haproxy.cfg"
+            config.write_text(haproxy_config(port, urls))
+            url = f"http://127.0.0.1:{port}"
+            stack.enter_context(Subprocess([haproxy_binary(), "-db", "-f", str(config)], url + "/health"))
+        else:
+            url = urls[0]
+        result = _replay(url, sessions, args, fleet_config.model)
+    summary = result.summary()
+    ranks_of: dict[str, set[str]] = defaultdict(set)
+    for turn in result.turns:
+        ranks_of[turn.session].add(turn.rank)
+    pool = RANKS * kv_tokens
+    return {
+        "system": "1 replica" if replicas == 1 else f"{replicas} replicas + HAProxy",
+        "replicas": replicas,
+        "hit_rate": summary["hit_rate"],
+        "prefill_tokens": summary["prefill_tokens"],
+        "prompt_tokens": summary["prompt_tokens"],
+        "ttft_p50_ms": summary["ttft_p50_ms"],
+        "ttft_p99_ms": summary["ttft_p99_ms"],
+        "completion_p50_ms": median([t.latency_s for t in result.turns]) * 1000,
+        "requests": summary["requests"],
+        "errors": summary["errors"],
+        "refused_429": sum(1 for e in result.errors if "HTTP 429" in e),
+        "error_samples": result.errors[:5],
+        "completed_sessions": result.completed_sessions,
+        "sessions_on_two_ranks": sum(1 for ranks in ranks_of.values() if len(ranks) > 1),
+        "sessions": len(ranks_of),
+        "working_set_x_pool": statistics.fmean(result.working_set) / pool if result.working_set else 0.0,
+        "wall_s": result.wall_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=2, help="replicas behind HAProxy beside one")
+    parser.add_argument("--conversations", type=int, default=24)
+    parser.add_argument("--requests", type=int, default=8, help="first requests kept per conversation")
+    parser.add_argument(
+        "--max-prompt", type=int, default=60_000, help="skip conversations with longer prompts"
+    )
+    parser.add_argument("--concurrency", type=int, default=16, help="conversations in flight at once")
+    parser.add_argument("--think-scale", type=float, default=0.01, help="trace think times x this")
+    parser.add_argument("--time-scale", type=float, default=0.2, help="the sim's model time x this")
+    parser.add_argument("--pressure", type=float, default=1.25, help="mean working set / fleet pool")
+    args = parser.parse_args(argv)
+    sessions = load_claude_code(
+        max_prompt_tokens=args.max_prompt, limit=args.conversations, max_requests=args.requests
+    )
+    largest = max(s.max_input_tokens for top in sessions for s in top.all_sessions())
+    estimate = mean_working_set(sessions, args.concurrency, args.think_scale)
+    kv_tokens = max(pool_for(estimate, args.pressure, RANKS), int(largest * 1.05) // 16 * 16 + 16)
+    print(
+        f"{len(sessions)} Claude Code conversations (first {args.requests} requests), {args.concurrency} "
+        f"at a time, {RANKS} ranks of {kv_tokens:,} tokens (estimated working set "
+        f"{estimate / (RANKS * kv_tokens):.2f}x the fleet pool)",
+        flush=True,
+    )
+    rows = []
+    for replicas in (1, args.replicas):
+        rows.append(run_system(replicas, sessions, args, kv_tokens))
+        print(f"  {rows[-1]['system']} done", flush=True)
+    print(
+        f"{'system':24} {'hit rate':>9} {'prefill tok':>12} {'TTFT p50':>9} {'TTFT p99':>9} {'done p50':>9} "
+        f"{'429':>4} {'err':>4} {'2 ranks':>8} {'WS/pool':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['system']:24} {r['hit_rate']:>9.1%} {r['prefill_tokens']:>12,} {r['ttft_p50_ms']:>7.0f}ms "
+            f"{r['ttft_p99_ms']:>7.0f}ms {r['completion_p50_ms']:>7.0f}ms {r['refused_429']:>4} "
+            f"{r['errors']:>4} {r['sessions_on_two_ranks']:>8} {r['working_set_x_pool']:>8.2f}"
+        )
+    gap = rows[1]["hit_rate"] - rows[0]["hit_rate"]
+    print(f"hit rate, {rows[1]['system']} minus 1 replica: {gap * 100:+.2f} points")
+    path = write_json(
+        "replica_replay.json",
+        {
+            "config": vars(args),
+            "kv_tokens_per_rank": kv_tokens,
+            "machine": machine(),
+            "runs": rows,
+            "hit_rate_gap": gap,
+        },
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

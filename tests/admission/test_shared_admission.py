@@ -1,0 +1,74 @@
+"""Admission shared by replicas through Redis: three replica processes admitting new sessions at once
+keep each rank's admitted working set, as the ranks report it, within its budget.
+
+On main (claims per process) the same run put three sessions on a rank in 4 runs of 4: the
+window between one replica's room check and its session's rank reaching the shared table is a few
+Redis round trips wide. ``test_shared_claims.py`` opens that window deterministically."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import httpx
+
+from bench.common import proxy_process
+from tests.admission.conftest import KV_TOKENS, chat
+from tests.helpers.ranks import RankServers
+from tests.helpers.redis_server import RedisServer
+
+BUDGET = int(KV_TOKENS * 0.8)
+SESSION_TOKENS = 700  # two fit a rank's budget, a third does not
+
+
+def admit_at_once(urls: list[str], sessions: int) -> list[httpx.Response]:
+    """The first request of ``sessions`` new sessions, all sent at once, dealt across ``urls``."""
+    answers: dict[int, httpx.Response] = {}
+    start = threading.Barrier(sessions)
+
+    def send(i: int) -> None:
+        start.wait(10)
+        answers[i] = chat(urls[i % len(urls)], f"race-{i}", SESSION_TOKENS)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(sessions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return [answers[i] for i in range(sessions)]
+
+
+def test_replicas_admitting_at_once_keep_each_rank_within_its_budget(
+    rank_servers: RankServers, redis_server: RedisServer
+) -> None:
+    replicas_keep_each_rank_within_its_budget(rank_servers, redis_server.url)
+
+
+def replicas_keep_each_rank_within_its_budget(rank_servers: RankServers, redis_url: str) -> None:
+    """Three replica processes on ``redis_url`` admit 24 new sessions at once over two ranks with
+    room for two each: what each rank holds, as it reports it, stays within its budget."""
+    ranks = rank_servers.sim(2)
+    flags = ["--redis-url", redis_url, "--admission-policy", "budget", "--admission-wait", "0.5"]
+    flags += ["--session-idle-ttl", "120", "--health-interval", "0.5"]
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for _ in range(3):  # one process each, as replicas are: they admit truly at once
+            replica, url = proxy_process([f"{r.name}={r.url}" for r in ranks], extra=flags)
+            stack.enter_context(replica)
+            urls.append(url)
+        answers = admit_at_once(urls, 24)
+        for url in urls:
+            assert "prefixgate_admission_shared_up 1.0" in httpx.get(url + "/metrics").text
+    assert {a.status_code for a in answers} <= {200, 429}
+    # what each rank holds, in its own figures: the prompt and the answer of every session it served
+    held: dict[str, list[int]] = {r.name: [] for r in ranks}
+    for answer in answers:
+        if answer.status_code == 200:
+            usage = answer.json()["usage"]
+            held[answer.headers["x-prefixgate-backend"]].append(
+                usage["prompt_tokens"] + usage["completion_tokens"]
+            )
+    for name, sizes in held.items():
+        assert sizes, f"rank {name} admitted nobody"
+        # the issue allows one session past the budget; the shared claims keep within it
+        assert sum(sizes) <= BUDGET, f"rank {name} holds {sizes} past its budget of {BUDGET}"

@@ -1,0 +1,157 @@
+"""Admission's claims on room shared through Redis (``proxy/state/redis_claims.py``): replicas that
+count the same sessions but admit at the same moment take each rank's room once, not once each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from proxy.admission import Admission, AdmissionConfig
+from proxy.context import Outcome, RequestContext
+from proxy.errors import ProxyError
+from proxy.stages.usage import Usage
+from proxy.state.claims import LocalClaims
+from proxy.state.redis import RedisSessionStore
+from proxy.state.redis_claims import RedisClaims
+from proxy.state.sessions import SessionTable
+from routing.ranks import Fleet, Rank
+from routing.redis_link import RedisLink, fail_fast_client
+from tests.admission.test_release import ctx_for
+from tests.helpers.redis_server import RedisServer
+
+POOL = 2000  # budget 1,600 tokens at the default 0.8: two 700-token sessions fit, a third does not
+BUDGET = int(POOL * 0.8)
+TOKENS = 700
+TTL = 300.0
+
+
+class Replica:
+    """One replica's admission over the shared Redis: its own link, session store and claims."""
+
+    def __init__(self, url: str, ranks: int = 1, shared: bool = True) -> None:
+        self.link = RedisLink(fail_fast_client(url, 0.25), retry_interval=0.1)
+        self.claims = RedisClaims(self.link) if shared else None
+        store = RedisSessionStore(url, link=self.link)
+        fleet = Fleet(Rank(f"r{i}", f"http://r{i}", pool_tokens=POOL) for i in range(ranks))
+        config = AdmissionConfig(idle_ttl=TTL, wait=0.0, block_size=16, policy="budget")
+        self.admission = Admission(
+            SessionTable(store, TTL), fleet, config, None, None, self.claims or LocalClaims()
+        )
+
+    async def admit(self, key: str) -> RequestContext | None:
+        """Admit a new session's first request (None: refused, no room)."""
+        ctx = ctx_for(key, TOKENS)
+        try:
+            ctx.admitted = await self.admission.admit(ctx)
+        except ProxyError:
+            return None
+        return ctx
+
+    def place_and_answer(self, ctx: RequestContext) -> str:
+        """The router's pick (the first allowed rank), then the rank's answer."""
+        admitted = ctx.admitted
+        assert admitted is not None and admitted.allowed
+        rank = self.admission.fleet.get(sorted(admitted.allowed)[0])
+        assert rank is not None
+        self.admission.placed(ctx, rank)
+        self.admission.finished(Outcome(ctx, rank.name, 200, Usage(TOKENS, 16, 0)))
+        return rank.name
+
+    def close(self) -> None:
+        self.link.flush()
+        self.link.close()
+
+
+@pytest.fixture
+def replicas(redis_server: RedisServer) -> Iterator[list[Replica]]:
+    made = [Replica(redis_server.url) for _ in range(3)]
+    yield made
+    for replica in made:
+        replica.close()
+
+
+async def admit_interleaved(replicas: list[Replica], per_replica: int) -> dict[str, list[str]]:
+    """Every replica admits ``per_replica`` new sessions before any of them is placed (the moment
+    they all check room at once); then each is placed and answered. Sessions per rank."""
+    admitted = []
+    for n in range(per_replica):
+        for i, replica in enumerate(replicas):
+            ctx = await replica.admit(f"s{i}-{n}")
+            if ctx is not None:
+                admitted.append((replica, ctx))
+    placed: dict[str, list[str]] = {}
+    for replica, ctx in admitted:
+        assert ctx.session_key is not None
+        placed.setdefault(replica.place_and_answer(ctx), []).append(ctx.session_key)
+    return placed
+
+
+def working_set(replica: Replica, rank: str) -> int:
+    return replica.admission.count()[rank].working_set_tokens
+
+
+async def test_replicas_admitting_at_once_fill_a_rank_to_its_budget_once(replicas: list[Replica]) -> None:
+    placed = await admit_interleaved(replicas, 2)
+    assert len(placed["r0"]) == 2, f"two sessions fit r0's budget, the replicas placed {placed}"
+    for replica in replicas:  # each replica counts the same sessions, within the budget
+        assert working_set(replica, "r0") <= BUDGET
+    for replica in replicas:
+        replica.link.flush()
+    claims = replicas[0].claims
+    assert claims is not None
+    # the two sessions' contexts after their answers, whichever replica wrote them
+    assert claims.totals() == {"r0": 2 * (TOKENS + 16)} == {"r0": working_set(replicas[0], "r0")}
+
+
+async def test_without_shared_claims_each_replica_takes_the_same_room(redis_server: RedisServer) -> None:
+    """What the shared claims fix: each replica's own reservations only hold back its own waiters."""
+    local = [Replica(redis_server.url, shared=False) for _ in range(3)]
+    try:
+        placed = await admit_interleaved(local, 2)
+        assert len(placed["r0"]) == 6
+    finally:
+        for replica in local:
+            replica.close()
+
+
+async def test_a_released_session_frees_its_room_for_every_replica(replicas: list[Replica]) -> None:
+    first, third = replicas[0], replicas[2]
+    placed = await admit_interleaved(replicas, 1)
+    assert len(placed["r0"]) == 2
+    refused = await third.admit("late")
+    assert refused is None
+    first.admission.release(placed["r0"][0])
+    first.link.flush()
+    ctx = await third.admit("late")
+    assert ctx is not None and third.place_and_answer(ctx) == "r0"
+
+
+async def test_redis_down_each_replica_admits_on_its_own_count_then_claims_are_pushed_back(
+    redis_server: RedisServer,
+) -> None:
+    replica = Replica(redis_server.url)
+    assert replica.claims is not None
+    states: list[bool] = []
+    replica.claims._on_state = states.append
+    try:
+        ctx = await replica.admit("before")
+        assert ctx is not None
+        replica.place_and_answer(ctx)
+        replica.link.flush()
+        redis_server.stop()
+        ctx = await replica.admit("during")  # Redis is down: the replica's own count decides
+        assert ctx is not None and ctx.admitted is not None and ctx.admitted.allowed == {"r0"}
+        replica.place_and_answer(ctx)
+        assert states == [False]
+        assert await replica.admit("third") is None, "its own count still holds the budget"
+        redis_server.start()  # empty: the claims are pushed back when the link sees it again
+        deadline = time.monotonic() + 10
+        while not replica.link.up and time.monotonic() < deadline:
+            replica.link.available()
+            time.sleep(0.05)
+        assert states == [False, True]
+        assert replica.claims.totals() == {"r0": 2 * (TOKENS + 16)}
+    finally:
+        replica.close()
