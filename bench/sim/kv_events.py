@@ -143,18 +143,24 @@ class KVEventPublisher:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._seq = 0
+        self._published = 0
+        self._publishing = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"kv-events-{self.endpoint}", daemon=True)
         self._thread.start()
 
     @property
     def next_seq(self) -> int:
-        """The sequence number the next batch sent will carry (batches sent so far)."""
-        return self._seq
+        """The sequence number the next batch published will carry (batches published so far,
+        queued ones included: the thread numbers them in the order they were queued, so a reader
+        waiting for ``next_seq - 1`` also waits for those the thread has not sent yet)."""
+        return self._published
 
     def publish(self, ts: float, events: list[PoolEvent]) -> None:
         """Queue one batch (no-op when ``events`` is empty)."""
         if events:
-            self._queue.put((ts, events))
+            with self._publishing:
+                self._published += 1
+                self._queue.put((ts, events))
 
     def close(self, timeout: float = 5.0) -> None:
         """Send what is queued, stop the thread and close the sockets."""
