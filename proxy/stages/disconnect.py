@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.types import Receive
 
@@ -22,7 +22,8 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[object]) -> bool:
+async def cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> bool:
+    """Cancel ``task`` when the client disconnects (run as a task of its own beside it)."""
     await wait_for_disconnect(receive)
     task.cancel()
     return True
@@ -39,16 +40,16 @@ async def until_disconnected(
     finished anyway while being cancelled (an upstream stream just opened must still be closed)."""
     current = asyncio.current_task()
     assert current is not None, "until_disconnected runs in a task"
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, current))
+    watcher = asyncio.ensure_future(cancel_on_disconnect(receive, current))
     try:
         result = await work
     except asyncio.CancelledError:
-        if not _fired(watcher):
+        if not fired(watcher):
             watcher.cancel()
             raise  # cancelled from elsewhere (the server shutting down): not the client leaving
         current.uncancel()
         raise ClientDisconnected() from None
-    if not _fired(watcher):
+    if not fired(watcher):
         watcher.cancel()
         return result
     # the client left, but the work absorbed the cancellation and finished anyway
@@ -58,6 +59,6 @@ async def until_disconnected(
     raise ClientDisconnected()
 
 
-def _fired(watcher: asyncio.Task[bool]) -> bool:
+def fired(watcher: asyncio.Task[bool] | None) -> bool:
     """Whether the watcher saw the client leave (and so cancelled the request's task)."""
-    return watcher.done() and not watcher.cancelled() and watcher.exception() is None
+    return watcher is not None and watcher.done() and not watcher.cancelled() and watcher.exception() is None
