@@ -262,43 +262,46 @@ class Pipeline:
     def _count_whole(self, endpoint: str, rank: str, status: int, started: float) -> None:
         """Count a whole (non-streamed) answer: its time to first byte equals its duration."""
         elapsed = time.perf_counter() - started
-        self.metrics.ttfb.labels(endpoint).observe(elapsed)
-        self.metrics.duration.labels(endpoint).observe(elapsed)
-        self.metrics.requests.labels(endpoint, rank, str(status)).inc()
-        self.metrics.traffic.add(status, elapsed if status == 200 else None)
+        metrics = self.metrics
+        metrics.series(metrics.ttfb, endpoint).observe(elapsed)
+        metrics.series(metrics.duration, endpoint).observe(elapsed)
+        metrics.series(metrics.requests, endpoint, rank, str(status)).inc()
+        metrics.traffic.add(status, elapsed if status == 200 else None)
 
     def _count_relayed(self, endpoint: str, rank: str, status: int, started: float) -> None:
-        self.metrics.requests.labels(endpoint, rank, str(status)).inc()
-        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
-        self.metrics.traffic.add(status)
+        metrics = self.metrics
+        metrics.series(metrics.requests, endpoint, rank, str(status)).inc()
+        metrics.series(metrics.duration, endpoint).observe(time.perf_counter() - started)
+        metrics.traffic.add(status)
 
     def _count_stream(self, endpoint: str, rank: str, stream: StreamOutcome, started: float) -> None:
         metrics = self.metrics
         first_byte = stream.first_byte_at - started
-        metrics.ttfb.labels(endpoint).observe(first_byte)
-        metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        metrics.series(metrics.ttfb, endpoint).observe(first_byte)
+        metrics.series(metrics.duration, endpoint).observe(time.perf_counter() - started)
         if stream.disconnected:
-            metrics.client_disconnects.labels(endpoint).inc()
-            metrics.requests.labels(endpoint, rank, str(CLIENT_CLOSED)).inc()
+            metrics.series(metrics.client_disconnects, endpoint).inc()
+            metrics.series(metrics.requests, endpoint, rank, str(CLIENT_CLOSED)).inc()
             metrics.traffic.add(CLIENT_CLOSED)
             return
         if stream.error is not None:
-            metrics.stream_errors.labels(rank).inc()
-        metrics.requests.labels(endpoint, rank, "200").inc()
+            metrics.series(metrics.stream_errors, rank).inc()
+        metrics.series(metrics.requests, endpoint, rank, "200").inc()
         metrics.traffic.add(200, first_byte, broken=stream.error is not None)
 
     def _refused(self, api: Api, endpoint: str, exc: ProxyError, started: float) -> Response:
         """A request that failed before (or instead of) reaching a rank, in the API's error shape."""
-        self.metrics.requests.labels(endpoint, NO_BACKEND, str(exc.status)).inc()
-        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
-        self.metrics.traffic.add(exc.status)
+        metrics = self.metrics
+        metrics.series(metrics.requests, endpoint, NO_BACKEND, str(exc.status)).inc()
+        metrics.series(metrics.duration, endpoint).observe(time.perf_counter() - started)
+        metrics.traffic.add(exc.status)
         return api.error_response(exc, NO_BACKEND)
 
     def _client_gone(self, endpoint: str, ctx: RequestContext | None) -> Response:
         """Count a client that went away before its answer started, and the 499 logged for it."""
-        self.metrics.client_disconnects.labels(endpoint).inc()
+        self.metrics.series(self.metrics.client_disconnects, endpoint).inc()
         rank = ctx.rank.name if ctx is not None and ctx.rank is not None else NO_BACKEND
-        self.metrics.requests.labels(endpoint, rank, str(CLIENT_CLOSED)).inc()
+        self.metrics.series(self.metrics.requests, endpoint, rank, str(CLIENT_CLOSED)).inc()
         self.metrics.traffic.add(CLIENT_CLOSED)
         log.info("client went away before %s completed", endpoint)
         return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": rank})

@@ -278,21 +278,24 @@ def upstream_auth_headers(settings: Settings) -> dict[str, str]:
 
 def install(
     app: Any, settings: Settings, metrics: Any = None, login_page: LoginPage | None = None
-) -> KeyRing:
-    """Add ``AuthMiddleware`` for ``settings`` to a Starlette/FastAPI ``app``; the key ring it uses.
+) -> tuple[KeyRing, Callable[[ASGIApp], AuthMiddleware]]:
+    """Add ``AuthMiddleware`` for ``settings`` to a Starlette/FastAPI ``app``; the key ring it uses,
+    and a maker of the same middleware around another app (the lean path of ``proxy/endpoints.py``).
     ``login_page``: what a request for the dashboard without the right credential gets."""
     keys = KeyRing.from_settings(settings)
-    app.add_middleware(
-        AuthMiddleware,
-        keys=keys,
-        admin_token=settings.admin_token.get_secret_value() if settings.admin_token else None,
-        forward_client_auth=settings.forward_client_auth,
-        upstream_api_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
-        metrics=metrics,
-        login_page=login_page,
-    )
+    options: dict[str, Any] = {
+        "keys": keys,
+        "admin_token": settings.admin_token.get_secret_value() if settings.admin_token else None,
+        "forward_client_auth": settings.forward_client_auth,
+        "upstream_api_key": (
+            settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
+        ),
+        "metrics": metrics,
+        "login_page": login_page,
+    }
+    app.add_middleware(AuthMiddleware, **options)
     if keys:
         log.info("client API keys: %d (%s)", len(keys), ", ".join(k.label for k in keys.keys))
         if settings.admin_token is None:
             log.warning("client keys are configured but no admin token: /metrics and /admin/* are open")
-    return keys
+    return keys, lambda inner: AuthMiddleware(inner, **options)

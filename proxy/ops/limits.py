@@ -9,6 +9,7 @@ skipped), and it stops at the first container past the limit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -42,8 +43,8 @@ def headers_too_large(limit: int) -> ProxyError:
 
 
 def header_bytes(headers: list[tuple[bytes, bytes]]) -> int:
-    """Size of the headers as sent: ``name: value\\r\\n`` per header."""
-    return sum(len(name) + len(value) + 4 for name, value in headers)
+    """Size of the headers as sent: ``name: value\\r\\n`` per header (summed in C: it runs per request)."""
+    return sum(map(len, chain.from_iterable(headers))) + 4 * len(headers)
 
 
 class HeaderLimitMiddleware:

@@ -76,7 +76,7 @@ class UsageMetrics(Observer):
         if usage is None or outcome.rank is None:
             return
         metrics, rank = self.metrics, outcome.rank
-        metrics.prompt_tokens.labels(rank).inc(usage.prompt_tokens)
-        metrics.completion_tokens.labels(rank).inc(usage.completion_tokens)
+        metrics.series(metrics.prompt_tokens, rank).inc(usage.prompt_tokens)
+        metrics.series(metrics.completion_tokens, rank).inc(usage.completion_tokens)
         if usage.cached_tokens is not None:
-            metrics.cached_tokens.labels(rank).inc(usage.cached_tokens)
+            metrics.series(metrics.cached_tokens, rank).inc(usage.cached_tokens)

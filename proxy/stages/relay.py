@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy.apis.base import Translation
-from proxy.stages.disconnect import wait_for_disconnect
+from proxy.stages.disconnect import cancel_on_disconnect, fired
 from proxy.stages.forward import Opened, response_headers
 
 log = logging.getLogger("prefixgate.forward")
@@ -80,28 +80,28 @@ class RelayResponse(Response):
         #: Why the server cut the stream (its request was cancelled), if it did.
         self._cut: str | None = None
         self._reported = False
+        self._watcher: asyncio.Task[bool] | None = None
         self._end_line = None if end_marker is None else b"\n" + end_marker
         self.end_marker = end_marker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        relay = asyncio.ensure_future(self._relay(send))
-        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        # The relay runs in the request's own task, which the watcher cancels when the client leaves
+        # (one task a stream, no asyncio.wait: proxy/stages/disconnect.py).
+        current = asyncio.current_task()
+        assert current is not None, "a response is sent from a task"
+        self._watcher = watcher = asyncio.ensure_future(cancel_on_disconnect(receive, current))
         try:
-            done, _ = await asyncio.wait((relay, watcher), return_when=asyncio.FIRST_COMPLETED)
+            await self._relay(send)
         except asyncio.CancelledError:
-            # not the client leaving (the watcher's): the server ended the request, which at
-            # shutdown means the stream outlived --shutdown-timeout
-            self._cut = "prefixgate is shutting down: the stream was cut at its shutdown timeout"
-            raise
+            if not fired(watcher):
+                raise  # the server ended the request (shutdown): the relay sent the cut's event
+            current.uncancel()  # the client left: nothing more to send
+        else:
+            if fired(watcher):  # it left as the stream ended, and the relay finished anyway
+                current.uncancel()
         finally:
-            if not relay.done():
-                relay.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await relay
             watcher.cancel()
             self._settle()  # a relay cancelled before it started never ran its own cleanup
-        if relay in done and not relay.cancelled():
-            relay.result()
 
     async def _relay(self, send: Send) -> None:
         opened = self.opened
@@ -144,8 +144,10 @@ class RelayResponse(Response):
             await send({"type": "http.response.body", "body": end, "more_body": False})
             self._completed = True
         except asyncio.CancelledError:
-            cut = self._cut
-            if cut is not None:
+            if not fired(self._watcher):
+                # not the client leaving (the watcher's): the server ended the request, which at
+                # shutdown means the stream outlived --shutdown-timeout
+                self._cut = cut = "prefixgate is shutting down: the stream was cut at its shutdown timeout"
                 self._error = cut
                 log.warning("%s: %s", rank.name, cut)
                 with contextlib.suppress(Exception):  # best effort: the connection may be gone

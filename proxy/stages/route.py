@@ -209,12 +209,12 @@ class Router(Observer):
         cached = usage.cached_tokens
         metrics = self.metrics
         if metrics is not None:
-            metrics.predicted_cached_tokens.labels(rank).inc(predicted)
-            metrics.reported_cached_tokens.labels(rank).inc(cached)
+            metrics.series(metrics.predicted_cached_tokens, rank).inc(predicted)
+            metrics.series(metrics.reported_cached_tokens, rank).inc(cached)
         if rank in self.exact or cached >= predicted:
             return
         if metrics is not None:
-            metrics.index_corrections.labels(rank).inc()
+            metrics.series(metrics.index_corrections, rank).inc()
         answered = ctx.cached_answer
         if answered is not None and answered.credited and answered.rank == rank:
             # The agent sent its previous answer back rewritten (its thread stops counting such

@@ -4,6 +4,8 @@ ended after twice that gap."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from proxy.admission import AdmissionConfig
@@ -66,3 +68,22 @@ async def test_a_one_request_session_is_reclaimable_after_twice_the_typical_gap(
     assert adm.refresh()["r0"].reclaimable == []
     clock.now += 2  # past 2 x 20 s, long before the 300 s idle TTL it was held for before
     assert [s.key for s, _ in adm.refresh()["r0"].reclaimable] == ["one-shot"]
+
+
+def test_quantiles_and_shares_match_the_window_sorted_afresh() -> None:
+    """The sorted copy kept gap by gap (insertions, and removals once the window is full, duplicates
+    included) answers as sorting the window afresh would."""
+    rng = random.Random(22)
+    window = 30
+    gaps = ThinkGaps(window=window, min_samples=1)
+    added: list[float] = []
+    for i in range(600):
+        gap = rng.choice([rng.random() * 10, 1.0, 2.0, float(i % 5)])
+        gaps.add(gap)
+        added.append(gap)
+        ordered = sorted(added[-window:])
+        q = rng.random()
+        assert gaps.quantile(q) == ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+        assert gaps.longer_than(2.0) == sum(1 for g in ordered if g > 2.0) / len(ordered)
+    gaps.add(-1.0)  # refused: the window is unchanged
+    assert gaps.quantile(0.0) == min(added[-window:])
