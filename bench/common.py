@@ -146,6 +146,20 @@ def stub_rank_process(port: int | None = None, chunks: int = 3) -> tuple[Subproc
     return Subprocess(args, url + "/health"), url
 
 
+#: The stub rank's ``/tokenize`` answers character codes, not a model's tokens, so discovery
+#: (``tokenization: {kind: auto}``) would pick the rank's ``/tokenize``: a round trip carrying the
+#: whole conversation on every turn, which measures the stub rather than the proxy (and times out
+#: under load). Benchmarks in front of stub ranks pin the embedded tokenizer with this.
+EMBEDDED_TOKENIZER_YAML = "tokenization:\n  kind: tiktoken\n"
+
+
+def embedded_tokenizer_config() -> Path:
+    """A temporary prefixgate config pinning the embedded tokenizer (the caller unlinks it)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="bench-tok-", delete=False) as f:
+        f.write(EMBEDDED_TOKENIZER_YAML)
+    return Path(f.name)
+
+
 def proxy_process(
     rank_specs: Sequence[str],
     port: int | None = None,

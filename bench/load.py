@@ -24,7 +24,9 @@ comparison between phases is what matters.
 ``--proxy-yaml`` merges a YAML file (e.g. ``session_memory_mb: 16``) into a generated
 ``--config`` whose backends are the stub ranks (with ``pool_tokens`` when ``--pool-tokens`` is
 given, bounding each rank's prefix-index mirror); ``--proxy-arg`` adds a ``prefixgate serve`` flag.
-Both apply to every proxied phase, so small bounds show whether RSS levels off.
+Both apply to every proxied phase, so small bounds show whether RSS levels off. The proxies use
+the embedded tokenizer unless the YAML sets ``tokenization`` (the stub rank's ``/tokenize`` is not
+a model's: discovery would pick it, a round trip per turn that times out under load).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import yaml
 
 from bench import loop_lag
 from bench.common import (
+    EMBEDDED_TOKENIZER_YAML,
     Subprocess,
     machine,
     median,
@@ -295,10 +298,11 @@ def print_table(results: dict[str, Any]) -> None:
 
 
 def proxy_config(rank_urls: list[str], yaml_path: str | None, pool_tokens: int | None) -> Path:
-    """A temporary prefixgate config: ``yaml_path``'s settings plus the stub ranks (its ``backends``)."""
-    settings: dict[str, Any] = {}
+    """A temporary prefixgate config: ``yaml_path``'s settings plus the stub ranks (its ``backends``),
+    with the embedded tokenizer unless they say otherwise (``common.EMBEDDED_TOKENIZER_YAML``)."""
+    settings: dict[str, Any] = yaml.safe_load(EMBEDDED_TOKENIZER_YAML)
     if yaml_path:
-        settings = yaml.safe_load(Path(yaml_path).read_text()) or {}
+        settings.update(yaml.safe_load(Path(yaml_path).read_text()) or {})
     settings["backends"] = [
         {"name": f"stub-{i}", "url": url, **({"pool_tokens": pool_tokens} if pool_tokens else {})}
         for i, url in enumerate(rank_urls)
@@ -343,11 +347,10 @@ def main() -> int:
         rank_urls = [url for _, url in ranks]
         rank_specs = [f"stub-{i}={url}" for i, url in enumerate(rank_urls)]
         proxy_extra = list(args.proxy_arg)
-        if args.proxy_yaml or args.pool_tokens:
-            config = proxy_config(rank_urls, args.proxy_yaml, args.pool_tokens)
-            stack.callback(config.unlink)
-            rank_specs, proxy_extra = [], ["--config", str(config), *proxy_extra]
-            results["proxy_config"] = yaml.safe_load(config.read_text())
+        config = proxy_config(rank_urls, args.proxy_yaml, args.pool_tokens)
+        stack.callback(config.unlink)
+        rank_specs, proxy_extra = [], ["--config", str(config), *proxy_extra]
+        results["proxy_config"] = yaml.safe_load(config.read_text())
         results["proxy_extra_args"] = proxy_extra
 
         print(

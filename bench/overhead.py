@@ -15,12 +15,16 @@ cache_aware (``bench/peers/install.sh``).
     python -m bench.overhead [--samples 300] [--large-samples 60] [--seconds 5]
         [--growing-turns 30] [--growing-conversations 2] [--baseline-root DIR] [--peers]
         [--cases small,100k,growing,throughput]
+
+Without a ``--config`` in ``--proxy-args`` the proxies pin the embedded tokenizer: the stub rank's
+``/tokenize`` is not a model's, and discovery would pick it (a round trip per turn).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import re
 import shlex
 import time
@@ -29,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from bench.common import machine, stub_rank_process, write_json
+from bench.common import embedded_tokenizer_config, machine, stub_rank_process, write_json
 from bench.side_by_side import growing_conversation, interleaved, proxies
 
 TARGET_ADDED_P50_MS = {"small": 1.0, "100k": 3.0}
@@ -119,10 +123,15 @@ def main() -> None:
     args = parser.parse_args()
     parts = {c.strip() for c in args.cases.split(",")}
 
+    proxy_args = shlex.split(args.proxy_args)
+    if "--config" not in proxy_args:  # the stub's /tokenize is not a model's (common.py)
+        tokenizer = embedded_tokenizer_config()
+        atexit.register(tokenizer.unlink)
+        proxy_args += ["--config", str(tokenizer)]
     rank, rank_url = stub_rank_process()
     cases: dict[str, dict[str, dict[str, float]]] = {}
     rps: dict[str, Any] = {}
-    with rank, proxies(rank_url, shlex.split(args.proxy_args), args.baseline_root, args.peers) as systems:
+    with rank, proxies(rank_url, proxy_args, args.baseline_root, args.peers) as systems:
         for size, build, samples in (
             ("small", small_request, args.samples),
             ("100k", large_request, args.large_samples),

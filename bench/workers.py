@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import tempfile
 import time
 from typing import Any
 
@@ -29,7 +27,15 @@ import orjson
 import psutil
 import redis
 
-from bench.common import machine, median, percentile, proxy_process, stub_rank_process, write_json
+from bench.common import (
+    embedded_tokenizer_config,
+    machine,
+    median,
+    percentile,
+    proxy_process,
+    stub_rank_process,
+    write_json,
+)
 from bench.overhead import large_request
 
 WARMUP_S = 5.0
@@ -92,16 +98,9 @@ def _redis_commands(proc: psutil.Process) -> int | None:
     return None
 
 
-#: The stub rank's ``/tokenize`` answers character codes, not a model's tokens, so discovery
-#: (``tokenization: {kind: auto}``) would pick the rank's ``/tokenize``: a round trip carrying the
-#: whole conversation on every turn, which measures the stub rather than the proxy.
-EMBEDDED_TOKENIZER = "tokenization:\n  kind: tiktoken\n"
-
-
 def run(workers: int, ranks: list[str], concurrency: int, seconds: float) -> dict[str, Any]:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
-        config.write(EMBEDDED_TOKENIZER)
-    extra = ["--config", config.name] + (["--workers", str(workers)] if workers > 1 else [])
+    config = embedded_tokenizer_config()
+    extra = ["--config", str(config)] + (["--workers", str(workers)] if workers > 1 else [])
     proxy, url = proxy_process(ranks, extra=extra)
     with proxy:
         assert proxy.proc is not None
@@ -109,7 +108,7 @@ def run(workers: int, ranks: list[str], concurrency: int, seconds: float) -> dic
         before = _redis_commands(supervisor) if workers > 1 else None
         result = asyncio.run(_load(url, concurrency, seconds))
         after = _redis_commands(supervisor) if workers > 1 else None
-    os.unlink(config.name)
+    config.unlink()
     if before is not None and after is not None and result["requests"]:
         result["redis_commands_per_request"] = (after - before) / result["requests"]
     return result
