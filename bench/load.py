@@ -25,8 +25,7 @@ comparison between phases is what matters.
 ``--config`` whose backends are the stub ranks (with ``pool_tokens`` when ``--pool-tokens`` is
 given, bounding each rank's prefix-index mirror); ``--proxy-arg`` adds a ``prefixgate serve`` flag.
 Both apply to every proxied phase, so small bounds show whether RSS levels off. The proxies use
-the embedded tokenizer unless the YAML sets ``tokenization`` (the stub rank's ``/tokenize`` is not
-a model's: discovery would pick it, a round trip per turn that times out under load).
+the embedded tokenizer unless the YAML sets ``tokenization`` (``common.EMBEDDED_TOKENIZER_YAML``).
 """
 
 from __future__ import annotations
@@ -298,8 +297,7 @@ def print_table(results: dict[str, Any]) -> None:
 
 
 def proxy_config(rank_urls: list[str], yaml_path: str | None, pool_tokens: int | None) -> Path:
-    """A temporary prefixgate config: ``yaml_path``'s settings plus the stub ranks (its ``backends``),
-    with the embedded tokenizer unless they say otherwise (``common.EMBEDDED_TOKENIZER_YAML``)."""
+    """A temporary prefixgate config: the embedded tokenizer, ``yaml_path``'s settings, the stub ranks."""
     settings: dict[str, Any] = yaml.safe_load(EMBEDDED_TOKENIZER_YAML)
     if yaml_path:
         settings.update(yaml.safe_load(Path(yaml_path).read_text()) or {})
