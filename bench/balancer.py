@@ -1,7 +1,8 @@
 """HAProxy (from the OS packages) dealing requests in turn to prefixgate replicas: each request goes
 to the next replica, as behind a round-robin Service, so a session's consecutive requests reach
-different replicas. Shared by the replica tests (``tests/helpers/balancer.py``) and
-``bench.replica_replay``; ``tests/replicas/install_balancer.sh`` installs HAProxy."""
+different replicas; a connection a replica refuses is retried on another. Shared by the replica
+tests (``tests/helpers/balancer.py``) and ``bench.replica_replay``;
+``tests/replicas/install_balancer.sh`` installs HAProxy."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ defaults
     timeout client 300s
     timeout server 300s
     option http-server-close
+    # a replica that stopped listening (shut down, restarting) refuses the connection: try again on
+    # another replica rather than fail the request
+    retries 3
+    option redispatch 1
 frontend prefixgate
     bind 127.0.0.1:{port}
     default_backend replicas

@@ -115,8 +115,12 @@ async def post_chat_stream(
     content: list[str] = []
     usage: dict[str, Any] = {}
     headers = {"content-type": "application/json", "x-session-id": session_key}
-    async with http.post(url + "/v1/chat/completions", data=orjson.dumps(body), headers=headers) as response:
-        if response.status in (429, 503):
+    try:
+        response = await http.post(url + "/v1/chat/completions", data=orjson.dumps(body), headers=headers)
+    except aiohttp.ClientConnectionError as exc:  # no answer began: retried, as the openai SDK does
+        raise Rejected(0, CONNECTION_RETRY_S, repr(exc).encode()) from exc
+    async with response:
+        if response.status in RETRIED_STATUSES:
             retry_after = float(response.headers.get("retry-after") or 1)
             raise Rejected(response.status, retry_after, await response.read())
         if response.status != 200:
@@ -143,8 +147,15 @@ async def post_chat_stream(
     )
 
 
+#: Answers a client retries (the openai SDK's rule: rate limits and gateway failures), and how long it
+#: waits after a connection that failed before any answer.
+RETRIED_STATUSES = (429, 502, 503, 504)
+CONNECTION_RETRY_S = 0.5
+
+
 class Rejected(RuntimeError):
-    """The endpoint answered 429/503: come back after ``retry_after_s``."""
+    """The endpoint answered 429/502/503/504, or the connection failed before any answer: come back
+    after ``retry_after_s``."""
 
     def __init__(self, status: int, retry_after_s: float, detail: bytes) -> None:
         super().__init__(f"HTTP {status}: {detail[:200]!r}")
@@ -159,9 +170,9 @@ async def post_with_retries(
     attempts: int,
     max_wait_s: float,
 ) -> tuple[StreamOutcome, int]:
-    """``post_chat_stream``, retried on 429/503 like agents do (honouring ``Retry-After``, capped at
-    ``max_wait_s``); TTFT and latency count from the first attempt. Returns the outcome and the
-    number of rejections before it."""
+    """``post_chat_stream``, retried on 429/502/503/504 and on a connection that failed before any
+    answer, like agents do (honouring ``Retry-After``, capped at ``max_wait_s``); TTFT and latency
+    count from the first attempt. Returns the outcome and the number of rejections before it."""
     start = time.perf_counter()
     for attempt in range(attempts):
         try:

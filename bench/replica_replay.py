@@ -18,6 +18,13 @@ idle TTL and wait bound are learned from the traffic each replica sees (not conf
 follow the compressed replay. Each system's requests hit its own fresh fleet::
 
     python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
+        [--stop-replica-at S] [--restart-redis-at S]
+
+Faults, in the N-replica run: ``--stop-replica-at`` sends one replica SIGTERM (a rolling restart or a
+pod deletion: it drains what it serves and stops listening; HAProxy retries a refused connection on
+another replica), ``--restart-redis-at`` restarts Redis, every key lost. The replay client retries
+a connection refused before any answer and 429/502/503/504, as the openai SDK does; the table
+counts requests answered against requests sent.
 
 Writes ``bench/out/replica_replay.json``.
 """
@@ -27,9 +34,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -44,11 +53,39 @@ from proxy.server import free_port
 from proxy.state.embedded_redis import EmbeddedRedis
 
 RANKS = 4
+#: How long a restarted Redis stays down.
+REDIS_DOWN_S = 1.0
 
 
 def _replay(url: str, sessions: list[TraceSession], args: argparse.Namespace, model: str) -> ReplayResult:
     config = TraceReplayConfig(model, concurrency=args.concurrency, time_scale=args.think_scale)
     return asyncio.run(replay_trace(url, sessions, config))
+
+
+def _faults(
+    args: argparse.Namespace, replica: Subprocess, redis: EmbeddedRedis | None
+) -> tuple[list[threading.Timer], list[str]]:
+    """The faults ``--stop-replica-at`` and ``--restart-redis-at`` ask for, as timers started with the
+    replay, and what each did (appended when it happens)."""
+    done: list[str] = []
+    timers = []
+    if args.stop_replica_at is not None:
+
+        def stop() -> None:
+            assert replica.proc is not None
+            replica.proc.send_signal(signal.SIGTERM)
+            done.append(f"replica 0 sent SIGTERM at {args.stop_replica_at:g} s")
+
+        timers.append(threading.Timer(args.stop_replica_at, stop))
+    if args.restart_redis_at is not None and redis is not None:
+
+        def restart() -> None:
+            redis.restart(down_s=REDIS_DOWN_S)
+            at = args.restart_redis_at
+            done.append(f"Redis restarted at {at:g} s (down {REDIS_DOWN_S:g} s, data lost)")
+
+        timers.append(threading.Timer(args.restart_redis_at, restart))
+    return timers, done
 
 
 def run_system(
@@ -61,15 +98,17 @@ def run_system(
         fleet = stack.enter_context(SimFleetProcess(fleet_config))
         specs = [f"sim-{i}={url}" for i, url in enumerate(fleet.urls)]
         flags: list[str] = []
+        redis = None
         if replicas > 1:
             redis = EmbeddedRedis().start()
             stack.callback(redis.stop)
             flags = ["--redis-url", redis.url]
-        urls = []
+        urls, processes = [], []
         for _ in range(replicas):
             proxy, url = proxy_process(specs, extra=flags)
             stack.enter_context(proxy)
             urls.append(url)
+            processes.append(proxy)
         if replicas > 1:
             port = free_port()
             config = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "haproxy.cfg"
@@ -78,7 +117,13 @@ def run_system(
             stack.enter_context(Subprocess([haproxy_binary(), "-db", "-f", str(config)], url + "/health"))
         else:
             url = urls[0]
+        timers, faults = _faults(args, processes[0], redis) if replicas > 1 else ([], [])
+        for timer in timers:
+            timer.start()
         result = _replay(url, sessions, args, fleet_config.model)
+        for timer in timers:  # one that already fired finishes before the fleet is torn down
+            timer.cancel()
+            timer.join()
     summary = result.summary()
     ranks_of: dict[str, set[str]] = defaultdict(set)
     for turn in result.turns:
@@ -102,6 +147,8 @@ def run_system(
         "sessions": len(ranks_of),
         "working_set_x_pool": statistics.fmean(result.working_set) / pool if result.working_set else 0.0,
         "wall_s": result.wall_s,
+        "faults": faults,
+        "requests_sent": sum(len(s.requests) for top in sessions for s in top.all_sessions()),
     }
 
 
@@ -117,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--think-scale", type=float, default=0.01, help="trace think times x this")
     parser.add_argument("--time-scale", type=float, default=0.2, help="the sim's model time x this")
     parser.add_argument("--pressure", type=float, default=1.25, help="mean working set / fleet pool")
+    parser.add_argument(
+        "--stop-replica-at", type=float, help="SIGTERM one replica this many seconds into the N-replica run"
+    )
+    parser.add_argument(
+        "--restart-redis-at", type=float, help="restart Redis (its data lost) this many seconds into it"
+    )
     args = parser.parse_args(argv)
     sessions = load_claude_code(
         max_prompt_tokens=args.max_prompt, limit=args.conversations, max_requests=args.requests
@@ -144,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['ttft_p99_ms']:>7.0f}ms {r['completion_p50_ms']:>7.0f}ms {r['refused_429']:>4} "
             f"{r['errors']:>4} {r['sessions_on_two_ranks']:>8} {r['working_set_x_pool']:>8.2f}"
         )
+    for r in rows:
+        for fault in r["faults"]:
+            print(f"  {r['system']}: {fault}")
+        lost = r["requests_sent"] - r["requests"]
+        print(f"  {r['system']}: {r['requests']} of {r['requests_sent']} requests answered ({lost} lost)")
     gap = rows[1]["hit_rate"] - rows[0]["hit_rate"]
     print(f"hit rate, {rows[1]['system']} minus 1 replica: {gap * 100:+.2f} points")
     path = write_json(
