@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 import pytest
 
 from bench.replay import post_with_retries
+from tests.helpers.ranks import RankServers
 
 BODY = {
     "model": "stub-model",
@@ -18,15 +20,15 @@ BODY = {
 }
 
 
-async def _until(check: object, seconds: float = 20.0) -> None:
+async def _until(check: Callable[[], bool], seconds: float = 20.0) -> None:
     for _ in range(int(seconds / 0.01)):
-        if check():  # type: ignore[operator]
+        if check():
             return
         await asyncio.sleep(0.01)
     raise AssertionError("condition not reached")
 
 
-async def test_a_gateway_error_is_retried(rank_servers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_gateway_error_is_retried(rank_servers: RankServers) -> None:
     (rank,) = rank_servers.stub(1, status=502)
     async with aiohttp.ClientSession() as http:
         sent = asyncio.ensure_future(post_with_retries(http, rank.url, BODY, "s", 50, 0.2))
@@ -36,7 +38,7 @@ async def test_a_gateway_error_is_retried(rank_servers) -> None:  # type: ignore
     assert rejections >= 1 and out.content
 
 
-async def test_a_refused_connection_is_retried(rank_servers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_refused_connection_is_retried(rank_servers: RankServers) -> None:
     (rank,) = rank_servers.stub(1)
     rank.stop()  # nothing listens: the connection is refused
     async with aiohttp.ClientSession() as http:
@@ -48,7 +50,7 @@ async def test_a_refused_connection_is_retried(rank_servers) -> None:  # type: i
     assert rejections >= 1 and out.content
 
 
-async def test_a_stream_cut_after_it_began_is_not_retried(rank_servers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_stream_cut_after_it_began_is_not_retried(rank_servers: RankServers) -> None:
     (rank,) = rank_servers.stub(1, die_after=1)
     async with aiohttp.ClientSession() as http:
         with pytest.raises(aiohttp.ClientError):
