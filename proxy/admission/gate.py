@@ -215,11 +215,12 @@ class Admission(Ledger):
         started = time.monotonic()
         #: When its first wait expected room (the table's clock, like the estimate): past it, the
         #: estimate failed once and the session stops waiting rather than follow one that keeps moving.
-        promised: list[float] = []
+        promised: float | None = None
 
         def attempt(at_bound: bool = False, behind: bool = False) -> Choice | None:
             """The decision now, when it admits (``behind``: others wait for room first, so room
             goes to them; past a budget nobody's room is taken and the session need not queue)."""
+            nonlocal promised
             states = self.refresh()
             room = self._room(tokens, head_key, head_tokens, states)
             if self.config.policy == "budget":
@@ -234,12 +235,12 @@ class Admission(Ledger):
                     self._rejected("overload")
                     raise overload_refusal(tokens, retry)
                 clock = self.table.clock()
-                waited, overdue = time.monotonic() - started, bool(promised) and clock > promised[0]
+                waited, overdue = time.monotonic() - started, promised is not None and clock > promised
                 by_lifetime = self.time.lifetimes_known()
                 learned = self.time.learned()
                 choice = choose(room, options, waited, now_bound, at_bound, learned, by_lifetime, overdue)
-                if not choice.admit and by_lifetime and not promised and choice.wait_s is not None:
-                    promised.append(clock + choice.wait_s)
+                if not choice.admit and by_lifetime and promised is None and choice.wait_s is not None:
+                    promised = clock + choice.wait_s
             if choice is None or not choice.admit or (behind and choice.decision == "room"):
                 return None
             room_taken = Room(choice.allowed, choice.victims)
@@ -286,16 +287,17 @@ class Admission(Ledger):
         request_s = self.time.request_seconds() or 0.0
         block, cap = self.config.block_size, self.config.max_sessions_per_rank
 
+        def last_activity(session: Session) -> float:
+            return session.answered_at if session.answered else now + request_s
+
         def ends_at(session: Session) -> float:
-            last = session.answered_at if session.answered else now + request_s
-            return last + self.release_after(session)
+            return last_activity(session) + self.release_after(session)
 
         def expected_end(session: Session) -> float:
             """When ``session`` will have ended: its expected remaining life at its age, then quiet
             long enough to be judged ended."""
-            last = session.answered_at if session.answered else now + request_s
             left = self.time.remaining_life(now - session.created) or 0.0
-            return max(now + left, last) + self.release_after(session)
+            return max(now + left, last_activity(session)) + self.release_after(session)
 
         out = []
         for rank in self.fleet.healthy():

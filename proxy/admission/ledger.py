@@ -234,14 +234,12 @@ class Ledger(Observer):
             if key not in live:
                 self.claims.release(key)
                 ended = self.table.get(key)
-                if ended is None:
-                    self.peaks.add(tokens)
-                    self.time.note_end()
-                elif not ended.released:
-                    self.peaks.add(tokens)
-                    self.time.note_end(ended.turns, ended.last_seen - ended.created)
+                turns, lived = (ended.turns, ended.last_seen - ended.created) if ended else (None, None)
+                if ended is not None and ended.released:
+                    self.time.note_released(turns, lived)
                 else:
-                    self.time.note_released(ended.turns, ended.last_seen - ended.created)
+                    self.peaks.add(tokens)
+                    self.time.note_end(turns, lived)
         self._live = live
 
     def _expire_reservations(self) -> None:
