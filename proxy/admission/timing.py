@@ -41,6 +41,7 @@ from proxy.admission.config import (
     TYPICAL_GAP_QUANTILE,
     AdmissionConfig,
 )
+from proxy.admission.growth import PeakEstimator
 from proxy.admission.think_gaps import MIN_SAMPLES, ThinkGaps
 from proxy.state.sessions import Session
 
@@ -77,7 +78,9 @@ class LearnedTime:
         self._spells: deque[bool] = deque(maxlen=SPELL_WINDOW)
         self._ended = 0
         self._turns: deque[int] = deque(maxlen=TURNS_WINDOW)
-        self._lifetimes: deque[float] = deque(maxlen=TURNS_WINDOW)
+        #: Lifetimes in milliseconds: a lifetime only grows, like a context, so the expected final
+        #: one given an age is the same conditional mean as a session's peak given its size.
+        self._lifetimes = PeakEstimator(window=TURNS_WINDOW)
 
     # -- what the traffic shows -------------------------------------------------------------------
 
@@ -97,7 +100,7 @@ class LearnedTime:
         if turns:
             self._turns.append(turns)
         if lifetime_s is not None and lifetime_s >= 0:
-            self._lifetimes.append(lifetime_s)
+            self._lifetimes.add(round(lifetime_s * 1000))
 
     def note_duration(self, seconds: float) -> None:
         """A request that did not wait for admission took ``seconds`` from arrival to its last byte."""
@@ -134,12 +137,12 @@ class LearnedTime:
 
     def remaining_life(self, age_s: float) -> float | None:
         """Seconds a session ``age_s`` old has left to live: the mean of ``l - age_s`` over the recent
-        lifetimes ``l`` longer than it (a session that has lived long is one of the long-lived ones,
+        lifetimes ``l`` at least as long (a session that has lived long is one of the long-lived ones,
         not one about to end); 0 when none lived as long; None before ``MIN_ENDED``."""
         if len(self._lifetimes) < MIN_ENDED:
             return None
-        longer = [life - age_s for life in self._lifetimes if life > age_s]
-        return sum(longer) / len(longer) if longer else 0.0
+        age_ms = round(age_s * 1000)
+        return (self._lifetimes.expected_peak(age_ms) - age_ms) / 1000
 
     def idle_ttl(self) -> float:
         """Seconds after its last request a session has ended: configured, else learned."""
