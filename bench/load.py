@@ -59,6 +59,7 @@ from bench.common import (
     stub_rank_process,
     write_json,
 )
+from bench.side_by_side import growing_conversation
 
 WARMUP_S = 5.0
 SAMPLE_EVERY_S = 2.0
@@ -128,8 +129,6 @@ async def first_turns(
 ) -> None:
     """A new session's ~``tokens``-token first turn every ``every`` seconds (streamed to the end),
     over ``urls`` in turn: the tokenization that must not hold up everybody else's requests."""
-    from bench.side_by_side import growing_conversation
-
     n = 0
     while time.monotonic() + every < stop_at:
         await asyncio.sleep(every)
