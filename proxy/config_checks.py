@@ -22,7 +22,6 @@ from tokenization.config import TokenizerConfig
 
 #: ``log_level`` values, as Python's logging names them (case-insensitive).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-REDIS_SCHEMES = SCHEMES
 
 Section = TypeVar("Section", bound=BaseModel)
 
@@ -70,11 +69,12 @@ def log_level(level: str) -> str:
 
 
 def redis_url(url: str | None) -> str | None:
-    if url is not None and urlsplit(url).scheme not in REDIS_SCHEMES:
-        schemes = ", ".join(s + "://" for s in REDIS_SCHEMES)
+    if url is None:
+        return None
+    if urlsplit(url).scheme not in SCHEMES:
+        schemes = ", ".join(s + "://" for s in SCHEMES)
         raise ValueError(f"redis url must start with {schemes}, got {url!r}")
-    if url is not None:
-        parse(url)  # a Sentinel or Cluster URL's nodes, service and database (ValueError: which is wrong)
+    parse(url)  # a Sentinel or Cluster URL's nodes, service and database (ValueError: which is wrong)
     return url
 
 

@@ -15,21 +15,36 @@ WRITE_CHUNK = 2000
 REFRESH_SHARE = 4
 
 
-def _zadd_chain(score: str, flags: str = "") -> str:
-    """Lua that adds the ``n`` 8-byte keys of ``blob`` to ``KEYS[1]``, the ``idx``-th (1-based) at
-    ``score``, in ZADD calls of at most ``WRITE_CHUNK`` values."""
+def _chunked(command: str, score: str | None = None) -> str:
+    """Lua that calls ``command`` (its leading values: ``'ZREM', KEYS[1]``) over the ``n`` 8-byte
+    keys of ``blob``, at most ``WRITE_CHUNK`` values a call: each key alone, or preceded by
+    ``score`` (Lua over ``idx``, the key's 1-based index) when one is given."""
+    width = 1 if score is None else 2
+    fill = "args[j] = key" if score is None else f"args[2 * j - 1] = {score}\n    args[2 * j] = key"
     return f"""local i = 0
 while i < n do
-  local m = math.min({WRITE_CHUNK // 2}, n - i)
+  local m = math.min({WRITE_CHUNK // width}, n - i)
   local args = {{}}
   for j = 1, m do
     local idx = i + j
-    args[2 * j - 1] = {score}
-    args[2 * j] = string.sub(blob, idx * 8 - 7, idx * 8)
+    local key = string.sub(blob, idx * 8 - 7, idx * 8)
+    {fill}
   end
-  redis.call('ZADD', KEYS[1], {flags}unpack(args))
+  redis.call({command}, unpack(args))
   i = i + m
 end
+"""
+
+
+#: Lua: ``blob`` (ARGV[1]) and ``n``, its count of 8-byte keys.
+_BLOB = """
+local blob = ARGV[1]
+local n = #blob / 8
+"""
+
+#: Lua: ``now``, Redis's clock in microseconds.
+_NOW = """local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 """
 
 
@@ -40,11 +55,10 @@ _TRIM_TO_CAPACITY = """if cap >= 0 then
 end
 """
 
-MATCH = """
-local blob = ARGV[1]
-local n = #blob / 8
-local t = redis.call('TIME')
-local cutoff = tonumber(t[1]) * 1000000 + tonumber(t[2]) - tonumber(ARGV[2])
+MATCH = (
+    _BLOB
+    + _NOW
+    + """local cutoff = now - tonumber(ARGV[2])
 local nb = tonumber(ARGV[3])
 local out = {}
 local function held(key, i)
@@ -73,19 +87,18 @@ if #KEYS > nb then session = redis.call('GET', KEYS[nb + 1]) end
 out[nb + 1] = session
 return out
 """
+)
 
 RECORD = (
-    """
-local blob = ARGV[1]
-local n = #blob / 8
-local cap = tonumber(ARGV[2])
+    _BLOB
+    + """local cap = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local start = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') + 1)
+"""
+    + _NOW
+    + """local start = math.max(now, tonumber(redis.call('GET', KEYS[2]) or '0') + 1)
 redis.call('SET', KEYS[2], string.format('%d', start + n))
 """
-    + _zadd_chain("start + n - idx")
+    + _chunked("'ZADD', KEYS[1]", "start + n - idx")
     + """redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. string.format('%d', now - ttl))
 """
     + _TRIM_TO_CAPACITY
@@ -94,22 +107,12 @@ return n
 """
 )
 
-REMOVE = """
-local blob = ARGV[1]
-local n = #blob / 8
-local i = 0
-while i < n do
-  local m = math.min(%(chunk)d, n - i)
-  local args = {}
-  for j = 1, m do
-    local idx = i + j
-    args[j] = string.sub(blob, idx * 8 - 7, idx * 8)
-  end
-  redis.call('ZREM', KEYS[1], unpack(args))
-  i = i + m
-end
-return n
-""".replace("%(chunk)d", str(WRITE_CHUNK))
+REMOVE = (
+    _BLOB
+    + _chunked("'ZREM', KEYS[1]")
+    + """return n
+"""
+)
 
 # Record a chain whose first blocks Redis already holds: only the new tail is written, with scores
 # just below the last held block's (the chain keeps one recency, tail below head), so a returning
@@ -118,24 +121,22 @@ return n
 # rewritten to keep its place in the LRU order (the caller then runs RECORD).
 #   KEYS: lru:{rank}   ARGV: tail blob, held block key, held blocks, capacity (-1: none), TTL us
 EXTEND = (
-    """
-local blob = ARGV[1]
-local n = #blob / 8
-local held = tonumber(ARGV[3])
+    _BLOB
+    + """local held = tonumber(ARGV[3])
 local cap = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local score = redis.call('ZSCORE', KEYS[1], ARGV[2])
 if not score then return -1 end
 score = tonumber(score)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if now - score > ttl / %(share)d then return -1 end
+"""
+    + _NOW
+    + """if now - score > ttl / %(share)d then return -1 end
 if cap >= 0 then
   local newer = redis.call('ZREVRANK', KEYS[1], ARGV[2]) - (held - 1)
   if newer > cap / %(share)d then return -1 end
 end
 """
-    + _zadd_chain("score - idx", "'GT', ")
+    + _chunked("'ZADD', KEYS[1], 'GT'", "score - idx")
     + """if n > 0 then
 """
     + _TRIM_TO_CAPACITY

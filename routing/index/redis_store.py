@@ -125,6 +125,9 @@ class RedisPrefixIndex:
     def _lru_key(self, rank: str) -> str:
         return f"{self.namespace}lru:{rank}"
 
+    def _session_key(self, session_key: str) -> str:
+        return f"{self.namespace}sess:{session_key}"
+
     def _record_call(self, rank: str, block_hashes: Sequence[bytes]) -> tuple[list[str], list[bytes | int]]:
         """Keys and arguments of the record script: ``block_hashes`` (newest first) on ``rank``."""
         cap = self._capacity.get(rank)
@@ -147,7 +150,7 @@ class RedisPrefixIndex:
         if sessions:
             pipe = self._client.pipeline(transaction=False)
             for key, rank in sessions:
-                pipe.set(f"{self.namespace}sess:{key}", rank, ex=int(self.ttl_s))
+                pipe.set(self._session_key(key), rank, ex=int(self.ttl_s))
             pipe.execute()
 
     # -- PrefixIndex -----------------------------------------------------------------------------
@@ -168,7 +171,7 @@ class RedisPrefixIndex:
             return local
         keys = list(self._lru_keys)
         if session_key:
-            keys.append(f"{self.namespace}sess:{session_key}")
+            keys.append(self._session_key(session_key))
         try:
             out = self._match(
                 keys=keys, args=[_keys_blob(block_hashes), int(self.ttl_s * 1e6), len(self._ranks)]
@@ -246,7 +249,7 @@ class RedisPrefixIndex:
 
     def set_session_rank(self, session_key: str, rank: str) -> None:
         self.local.set_session_rank(session_key, rank)
-        key, ttl = f"{self.namespace}sess:{session_key}", max(1, int(self.ttl_s))
+        key, ttl = self._session_key(session_key), max(1, int(self.ttl_s))
         self._submit(lambda: self._client.set(key, rank, ex=ttl))
 
     def bind_session(self, session_key: str, rank: str, previous: str | None) -> str:
@@ -254,7 +257,7 @@ class RedisPrefixIndex:
         # know the winner before it forwards. Redis down: this replica's own view decides.
         bound = rank
         if self._available():
-            key, ttl = f"{self.namespace}sess:{session_key}", max(1, int(self.ttl_s))
+            key, ttl = self._session_key(session_key), max(1, int(self.ttl_s))
             try:
                 won = self._bind(keys=[key], args=[rank, previous or "", ttl])
             except ERRORS as exc:
@@ -266,7 +269,7 @@ class RedisPrefixIndex:
 
     def forget_session(self, session_key: str) -> None:
         self.local.forget_session(session_key)
-        key = f"{self.namespace}sess:{session_key}"
+        key = self._session_key(session_key)
         self._submit(lambda: self._client.delete(key))
 
     def stats(self) -> dict[str, object]:
