@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 stats["background"] += total - loop
                 stats["commands"] += _commands(probe) - commands - 1  # minus this INFO itself
         gateway.stop()
-        threads = sorted({name for name in sent})
+        threads = sorted(sent)
     finally:
         setattr(redis.connection.AbstractConnection, "send_packed_command", original)  # noqa: B010
         stop_fleet(fleet)

@@ -97,27 +97,22 @@ def run_system(
     with contextlib.ExitStack() as stack:
         fleet = stack.enter_context(SimFleetProcess(fleet_config))
         specs = [f"sim-{i}={url}" for i, url in enumerate(fleet.urls)]
-        flags: list[str] = []
-        redis = None
-        if replicas > 1:
-            redis = EmbeddedRedis().start()
-            stack.callback(redis.stop)
-            flags = ["--redis-url", redis.url]
+        redis = stack.enter_context(EmbeddedRedis()) if replicas > 1 else None
+        flags = ["--redis-url", redis.url] if redis is not None else []
         urls, processes = [], []
         for _ in range(replicas):
             proxy, url = proxy_process(specs, extra=flags)
-            stack.enter_context(proxy)
+            processes.append(stack.enter_context(proxy))
             urls.append(url)
-            processes.append(proxy)
-        if replicas > 1:
+        if redis is not None:
             port = free_port()
             config = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "haproxy.cfg"
             config.write_text(haproxy_config(port, urls))
             url = f"http://127.0.0.1:{port}"
             stack.enter_context(Subprocess([haproxy_binary(), "-db", "-f", str(config)], url + "/health"))
+            timers, faults = _faults(args, processes[0], redis)
         else:
-            url = urls[0]
-        timers, faults = _faults(args, processes[0], redis) if replicas > 1 else ([], [])
+            url, timers, faults = urls[0], [], []
         for timer in timers:
             timer.start()
         result = _replay(url, sessions, args, fleet_config.model)
