@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:>30}: {value}")
     from bench.common import write_json
 
-    write_json("redis_index" + (f"-{args.label}" if args.label else ""), figures)
+    write_json("redis_index" + (f"-{args.label}" if args.label else "") + ".json", figures)
     return 0
 
 

@@ -102,13 +102,15 @@ def run(workers: int, ranks: list[str], concurrency: int, seconds: float) -> dic
     config = embedded_tokenizer_config()
     extra = ["--config", str(config)] + (["--workers", str(workers)] if workers > 1 else [])
     proxy, url = proxy_process(ranks, extra=extra)
-    with proxy:
-        assert proxy.proc is not None
-        supervisor = psutil.Process(proxy.proc.pid)
-        before = _redis_commands(supervisor) if workers > 1 else None
-        result = asyncio.run(_load(url, concurrency, seconds))
-        after = _redis_commands(supervisor) if workers > 1 else None
-    config.unlink()
+    try:
+        with proxy:
+            assert proxy.proc is not None
+            supervisor = psutil.Process(proxy.proc.pid)
+            before = _redis_commands(supervisor) if workers > 1 else None
+            result = asyncio.run(_load(url, concurrency, seconds))
+            after = _redis_commands(supervisor) if workers > 1 else None
+    finally:
+        config.unlink()
     if before is not None and after is not None and result["requests"]:
         result["redis_commands_per_request"] = (after - before) / result["requests"]
     return result
