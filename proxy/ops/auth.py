@@ -243,8 +243,9 @@ class AuthMiddleware:
                     return
                 state["client"] = key
                 state["client_label"] = key.label
-                if self.metrics is not None:
-                    self.metrics.client_requests.labels(key.label).inc()
+                metrics = self.metrics
+                if metrics is not None:
+                    metrics.series(metrics.client_requests, key.label).inc()
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("client %s: %s %s", key.label, scope["method"], path)
         if self.strip_client_auth:
