@@ -278,10 +278,10 @@ def upstream_auth_headers(settings: Settings) -> dict[str, str]:
 
 
 def install(
-    app: Any, settings: Settings, metrics: Any = None, login_page: LoginPage | None = None
+    settings: Settings, metrics: Any = None, login_page: LoginPage | None = None
 ) -> tuple[KeyRing, Callable[[ASGIApp], AuthMiddleware]]:
-    """Add ``AuthMiddleware`` for ``settings`` to a Starlette/FastAPI ``app``; the key ring it uses,
-    and a maker of the same middleware around another app (the lean path of ``proxy/endpoints.py``).
+    """The key ring for ``settings``, and a maker of the ``AuthMiddleware`` around an app (the
+    framework's stack and the lean path of ``proxy/endpoints.py`` both wrap with it).
     ``login_page``: what a request for the dashboard without the right credential gets."""
     keys = KeyRing.from_settings(settings)
     options: dict[str, Any] = {
@@ -294,7 +294,6 @@ def install(
         "metrics": metrics,
         "login_page": login_page,
     }
-    app.add_middleware(AuthMiddleware, **options)
     if keys:
         log.info("client API keys: %d (%s)", len(keys), ", ".join(k.label for k in keys.keys))
         if settings.admin_token is None:
