@@ -60,15 +60,14 @@ def create_app(settings: Settings) -> LeanApp:
 
     app.include_router(admin_router(current))
     app.include_router(gateway.dashboard.router(current))
-    # middleware added last runs first: header bound, then auth, then (optional) body logging
-    if settings.log_bodies:
-        app.add_middleware(BodyLogMiddleware)
-    app.state.keys, auth = install_auth(app, settings, gateway.metrics, login_page)
-    app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)
-    # the same, in the same order, on the lean path (proxy/endpoints.py)
+    # header bound, then auth, then (optional) body logging: on the framework's stack and, the same
+    # in the same order, on the lean path (proxy/endpoints.py); middleware added last runs first
+    app.state.keys, auth = install_auth(settings, gateway.metrics, login_page)
     lean: list[Wrapper] = [lambda inner: HeaderLimitMiddleware(inner, settings.max_header_bytes), auth]
     if settings.log_bodies:
         lean.append(BodyLogMiddleware)
+    for wrap in reversed(lean):
+        app.add_middleware(wrap)
 
     # The APIs' endpoints as plain Starlette routes (FastAPI's route machinery, dependency solving
     # and its exit stack, costs ~45 us a request and these handlers take the bare request); those

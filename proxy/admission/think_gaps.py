@@ -32,7 +32,6 @@ class ThinkGaps:
             raise ValueError("window and min_samples must be >= 1")
         self._recent: deque[float] = deque(maxlen=window)
         self.min_samples = min_samples
-        self._cached: dict[float, float] = {}
         self._sorted: list[float] = []
 
     def __len__(self) -> int:
@@ -45,17 +44,13 @@ class ThinkGaps:
                 del ordered[bisect.bisect_left(ordered, recent[0])]
             recent.append(gap_s)
             bisect.insort(ordered, gap_s)
-            self._cached.clear()
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile (nearest rank) of the recent gaps; None with fewer than ``min_samples``."""
         if len(self._recent) < self.min_samples:
             return None
-        value = self._cached.get(q)
-        if value is None:
-            ordered = self._sorted
-            value = self._cached[q] = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-        return value
+        ordered = self._sorted
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     def longer_than(self, seconds: float) -> float | None:
         """The share of recent gaps longer than ``seconds`` (None with fewer than ``min_samples``)."""

@@ -243,8 +243,9 @@ class AuthMiddleware:
                     return
                 state["client"] = key
                 state["client_label"] = key.label
-                if self.metrics is not None:
-                    self.metrics.client_requests.labels(key.label).inc()
+                metrics = self.metrics
+                if metrics is not None:
+                    metrics.series(metrics.client_requests, key.label).inc()
                 if log.isEnabledFor(logging.DEBUG):
                     log.debug("client %s: %s %s", key.label, scope["method"], path)
         if self.strip_client_auth:
@@ -277,10 +278,10 @@ def upstream_auth_headers(settings: Settings) -> dict[str, str]:
 
 
 def install(
-    app: Any, settings: Settings, metrics: Any = None, login_page: LoginPage | None = None
+    settings: Settings, metrics: Any = None, login_page: LoginPage | None = None
 ) -> tuple[KeyRing, Callable[[ASGIApp], AuthMiddleware]]:
-    """Add ``AuthMiddleware`` for ``settings`` to a Starlette/FastAPI ``app``; the key ring it uses,
-    and a maker of the same middleware around another app (the lean path of ``proxy/endpoints.py``).
+    """The key ring for ``settings``, and a maker of the ``AuthMiddleware`` around an app (the
+    framework's stack and the lean path of ``proxy/endpoints.py`` both wrap with it).
     ``login_page``: what a request for the dashboard without the right credential gets."""
     keys = KeyRing.from_settings(settings)
     options: dict[str, Any] = {
@@ -293,7 +294,6 @@ def install(
         "metrics": metrics,
         "login_page": login_page,
     }
-    app.add_middleware(AuthMiddleware, **options)
     if keys:
         log.info("client API keys: %d (%s)", len(keys), ", ".join(k.label for k in keys.keys))
         if settings.admin_token is None:

@@ -277,8 +277,8 @@ class Metrics:
 
     def series(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, resolved once: ``labels`` validates, joins and locks on every
-        call (~2 us), several times a request. The per-request series only (endpoint, rank, status):
-        their label values are few and never removed."""
+        call (~2 us), several times a request. The per-request series only (endpoint, rank, status,
+        client key label): their label values are few and never removed."""
         key = (id(metric), values)
         found = self._series.get(key)
         if found is None:
