@@ -23,8 +23,8 @@ def section(title: str) -> str:
     return README.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_test_command_prints_skip_reasons_and_names_what_the_suite_needs():
-    assert readme_commands()[1].endswith("pytest -q -rs")
+def test_the_test_command_ends_with_failures_and_skip_reasons_and_names_what_the_suite_needs():
+    assert readme_commands()[1].endswith("pytest -q -rfEs")  # the failures last: a CI log shows its tail
     setup = section("Set up on a fresh machine")
     assert "`../shared`" in setup and "chromium" in setup and "install_browser.sh" in setup
 

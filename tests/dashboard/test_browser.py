@@ -7,6 +7,7 @@ Without it the test fails in CI (``CI=true``) and skips locally, loudly either w
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,11 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+# Waits go through Playwright's locator assertions: ``page.wait_for_function`` polls by evaluating a
+# string in the page, which the dashboard's CSP (no 'unsafe-eval') refuses whenever the condition is
+# not already true on its first check, i.e. on a slow machine.
+WAIT_MS = 15_000
+AT_LEAST_3 = re.compile(r"^([3-9]|[1-9][0-9]+)$")
 OUTPUT = Path(__file__).resolve().parents[2] / "test-output"
 TOKEN = "dashboard-admin-token"
 
@@ -69,6 +75,7 @@ def _traffic(url: str, headers: dict[str, str]) -> None:
 
 def test_dashboard_in_chromium(deployment):
     sync_playwright = _playwright()
+    from playwright.sync_api import expect  # after _playwright(): it skips or fails without the package
 
     dep = deployment(2, admin_token=TOKEN)
     dep.gateway.dashboard.recorder.series.interval = 0.1
@@ -92,7 +99,7 @@ def test_dashboard_in_chromium(deployment):
             page.goto(dep.url + "/dashboard")
 
             # the hit-rate chart has points, and the figures are filled
-            page.wait_for_function("Number(document.getElementById('hitchart').dataset.points) >= 3")
+            expect(page.locator("#hitchart")).to_have_attribute("data-points", AT_LEAST_3, timeout=WAIT_MS)
             assert page.inner_text("#kpi-window").endswith("%")
             assert page.inner_text("#kpi-sessions") == "3"
             assert page.locator("#ranks .rank").count() == 2
@@ -126,6 +133,7 @@ def test_dashboard_for_an_operator_in_chromium(deployment):
     """Issue 21: a login page instead of a JSON 401, latency, rate, errors, 429s and the settings, the
     drill-down under the row clicked, a DOWN rank's bar not green; at 1400x1000 and at 800x600."""
     sync_playwright = _playwright()
+    from playwright.sync_api import expect  # after _playwright(): it skips or fails without the package
 
     dep = deployment(2, admin_token=TOKEN)
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -157,7 +165,7 @@ def test_dashboard_for_an_operator_in_chromium(deployment):
             page.wait_for_selector("#refused:not([hidden])")
             page.fill("#login-token", TOKEN)
             page.click("form#login button")
-            page.wait_for_function("document.getElementById('kpi-window')?.textContent.endsWith('%')")
+            expect(page.locator("#kpi-window")).to_have_text(re.compile(r"%$"), timeout=WAIT_MS)
             assert "token=" not in page.url  # the page keeps it, the address bar does not
 
             # latency, rate, errors, 429s, the policy and its settings
