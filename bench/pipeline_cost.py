@@ -32,10 +32,12 @@ from bench.overhead import large_request
 from bench.workload import agent_sessions
 from proxy.apis import CHAT
 from proxy.context import Outcome, RequestContext
+from proxy.ops.limits import DEFAULT_BOUNDS
 from proxy.ops.metrics import Metrics
 from proxy.stages.blocks import Blocks
 from proxy.stages.canonicalize import Canonicalize
 from proxy.stages.identify import Identify
+from proxy.stages.parse import parse_json_object
 from proxy.stages.route import Router
 from proxy.state.local import SessionLocals
 from routing.index.memory import MemoryPrefixIndex
@@ -84,7 +86,7 @@ async def _one_request(
     stages: Stages, raw: bytes, session: str | None, samples: dict[str, list[float]]
 ) -> None:
     ctx = _context(raw, session)
-    ctx.body = _timed(samples, "parse", lambda: orjson.loads(raw))
+    ctx.body = ctx.client_body = _timed(samples, "parse", lambda: _parsed(raw))
     _timed(samples, "session_id", lambda: stages.identify(ctx))
     _timed(samples, "canonicalize", lambda: stages.canon(ctx))
     start = time.perf_counter()
@@ -98,7 +100,15 @@ async def _one_request(
     rank = plan.ranks[0].name
     _timed(samples, "route.index_record", lambda: index.record(rank, ctx.block_hashes))
     stages.router.finished(Outcome(ctx, rank, 200))
-    _timed(samples, "reserialize", lambda: orjson.dumps(ctx.body))
+    # what the pipeline sends: the client's bytes, with canonicalization's changes spliced in
+    _timed(samples, "upstream_body", ctx.upstream_body)
+
+
+def _parsed(raw: bytes) -> dict[str, Any]:
+    """The parse stage's work on the body: JSON, then the API's shape and bounds checks."""
+    body = parse_json_object(raw)
+    CHAT.validate(body, DEFAULT_BOUNDS)
+    return body
 
 
 async def _run(requests: list[tuple[bytes, str | None]], samples: dict[str, list[float]]) -> Stages:

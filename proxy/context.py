@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.datastructures import Headers
 
-from proxy.stages.splice import spliced_body
+from proxy.stages.splice import upstream_bytes
 
 if TYPE_CHECKING:
     from proxy.admission import Admitted
@@ -97,9 +97,7 @@ class RequestContext:
         if not self.body_changed:
             return self.raw_body
         if self.client_body is not None:
-            spliced = spliced_body(self.raw_body, self.client_body, self.body)
-            if spliced is not None:
-                return spliced
+            return upstream_bytes(self.raw_body, self.client_body, self.body)
         return orjson.dumps(self.body)
 
 

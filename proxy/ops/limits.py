@@ -63,19 +63,26 @@ class HeaderLimitMiddleware:
 
 def json_depth_exceeds(value: Any, limit: int) -> bool:
     """True when ``value`` nests arrays/objects more than ``limit`` levels deep (the top level is 1)."""
-    if not isinstance(value, (dict, list)):
+    # Level by level, each level one comprehension: half the time of a stack of (node, depth) pairs
+    # on a 100k-token chat body, where nearly every value is a string.
+    if not isinstance(value, _CONTAINERS):
         return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        node, depth = pop()
+    level: list[Any] = [value]
+    depth = 1
+    while level:
         if depth > limit:
             return True
-        children = node.values() if isinstance(node, dict) else node
-        for child in children:
-            if isinstance(child, (dict, list)):
-                push((child, depth + 1))
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, _CONTAINERS)
+        ]
+        depth += 1
     return False
+
+
+_CONTAINERS = (dict, list)
 
 
 def too_many(what: str, count: int, limit: int, setting: str, param: str, code: str) -> ProxyError:

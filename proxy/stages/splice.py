@@ -6,9 +6,10 @@ objects of the parsed body as they were, so what changed is found by identity: t
 and for a list (``messages``) the run of elements between its unchanged head and tail. Their byte
 spans are found by scanning the raw JSON from the start, hopping over strings with ``bytes.find``,
 and only as far as the last changed value: nothing here passes over the whole body (one pass over
-400 KB of JSON costs more than orjson serializing it). When that would scan too much (a changed
-value behind a large unchanged one), a key is added, removed or repeated before the last changed
-one, or anything looks unexpected, the caller serializes the whole body instead.
+400 KB of JSON costs more than orjson serializing it). When that would scan more than serializing
+the body costs (``upstream_bytes``: a changed value behind a large unchanged one, any change in a
+small body), a key is added, removed or repeated before the last changed one, or anything looks
+unexpected, the whole body is serialized instead.
 
 A top-level key repeated *after* the last changed value is not looked for (that would take the pass
 over the body): the parse kept that later value, canonicalized it, and the splice edits the first
@@ -30,6 +31,10 @@ _NEXT = re.compile(rb'["{}\[\],:]')
 _WS = re.compile(rb"[ \t\n\r]*")
 #: Tokens (strings, brackets, separators) scanned at most before giving up on splicing.
 SCAN_BUDGET = 4096
+#: A token scanned here costs about what orjson takes to serialize this many bytes of body (~1.2 us a
+#: token against ~2.9 KB a us on a 400 KB chat body): ``upstream_bytes`` scans a body only as far as
+#: serializing it whole would cost.
+SERIALIZED_BYTES_PER_SCANNED_TOKEN = 3000
 
 
 class _Unsplicable(Exception):
@@ -39,9 +44,9 @@ class _Unsplicable(Exception):
 class _Scanner:
     __slots__ = ("budget", "raw")
 
-    def __init__(self, raw: bytes) -> None:
+    def __init__(self, raw: bytes, budget: int) -> None:
         self.raw = raw
-        self.budget = SCAN_BUDGET
+        self.budget = budget
 
     def ws(self, i: int) -> int:
         end = _WS.match(self.raw, i)
@@ -143,16 +148,32 @@ class _Scanner:
         return out
 
 
-def spliced_body(raw: bytes, before: dict[str, Any], after: dict[str, Any]) -> bytes | None:
+def upstream_bytes(raw: bytes, before: dict[str, Any], after: dict[str, Any]) -> bytes:
+    """``after`` as JSON, the cheaper way: spliced into ``raw`` (the client's encoding of ``before``)
+    when that scans less than serializing ``after`` whole would cost, else serialized whole. A 25 KB
+    body whose tools changed took ~0.4 ms to splice against ~0.01 ms to serialize; a 400 KB one
+    whose system message changed splices in less than it serializes."""
+    budget = min(SCAN_BUDGET, len(raw) // SERIALIZED_BYTES_PER_SCANNED_TOKEN)
+    if budget > 0:
+        spliced = spliced_body(raw, before, after, budget)
+        if spliced is not None:
+            return spliced
+    return orjson.dumps(after)
+
+
+def spliced_body(
+    raw: bytes, before: dict[str, Any], after: dict[str, Any], budget: int = SCAN_BUDGET
+) -> bytes | None:
     """``after`` as JSON: ``raw`` (the client's encoding of ``before``) with the values that are not
-    the same objects in ``after`` re-serialized; None when splicing is not certain and cheap."""
+    the same objects in ``after`` re-serialized; None when splicing is not certain or would scan more
+    than ``budget`` tokens."""
     if after.keys() != before.keys():
         return None
     changed = {k for k, v in after.items() if v is not before[k]}
     if not changed:
         return raw
     try:
-        scanner = _Scanner(raw)
+        scanner = _Scanner(raw, budget)
         starts = scanner.members(changed)
         edits = [_edit(scanner, starts[key], before[key], after[key]) for key in changed]
     except (_Unsplicable, IndexError, orjson.JSONDecodeError):

@@ -15,7 +15,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.stages.splice import spliced_body
+from proxy.stages.splice import SERIALIZED_BYTES_PER_SCANNED_TOKEN, spliced_body, upstream_bytes
 
 PIECES = [*'ab "\\{}[],:\n\té中', '"messages"', "\\u0041", "\\"]
 TEXT = st.lists(st.sampled_from(PIECES), max_size=12).map("".join)
@@ -86,6 +86,7 @@ def test_spliced_bytes_parse_to_the_canonical_body(pair: tuple[dict, dict], enco
     if spliced is not None:
         assert orjson.dumps(orjson.loads(spliced)) == orjson.dumps(canonical)
     assert spliced is not None, "nothing repeated: the splice must happen"
+    assert orjson.dumps(orjson.loads(upstream_bytes(raw, parsed, canonical))) == orjson.dumps(canonical)
 
 
 def _share(parsed: Any, old: Any, new: Any) -> Any:
@@ -122,3 +123,38 @@ def test_repeated_keys_and_added_keys() -> None:
     spliced = spliced_body(raw, orjson.loads(raw), canonical)
     assert spliced is not None and orjson.loads(spliced) == orjson.loads(raw)
     assert spliced_body(b'{"a":1}', {"a": 1}, {"b": 1}) is None  # a key added or removed
+
+
+def _agent_body() -> tuple[bytes, dict[str, Any]]:
+    """A ~300 KB chat body whose tools follow its messages, and its parse."""
+    messages = [{"role": "system", "content": "You are a bot.  "}] + [
+        {"role": "user", "content": f"turn {i} " * 200} for i in range(150)
+    ]
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"b": 1}}} for i in range(12)]
+    raw = json.dumps({"model": "m", "messages": messages, "tools": tools}).encode()  # not orjson's bytes
+    return raw, orjson.loads(raw)
+
+
+def test_a_change_behind_a_large_unchanged_value_is_serialized_whole() -> None:
+    # Scanning 300 KB of messages to reach the tools costs more than serializing the body (~1.2 us a
+    # token scanned against ~2.9 KB serialized a us): the whole body is serialized instead.
+    raw, parsed = _agent_body()
+    canonical = {**parsed, "tools": list(reversed(parsed["tools"]))}
+    assert spliced_body(raw, parsed, canonical) is not None  # it can be spliced, at a cost
+    assert upstream_bytes(raw, parsed, canonical) == orjson.dumps(canonical)
+    # A changed system message, at the front, is spliced: the client's bytes after it are kept.
+    canonical = {
+        **parsed,
+        "messages": [{"role": "system", "content": "You are a bot."}, *parsed["messages"][1:]],
+    }
+    out = upstream_bytes(raw, parsed, canonical)
+    assert orjson.loads(out) == canonical
+    after_system = raw[raw.index(b'{"role": "user"') :]
+    assert out.endswith(after_system) and len(raw) // SERIALIZED_BYTES_PER_SCANNED_TOKEN < 200
+
+
+def test_a_small_body_is_serialized_whole() -> None:
+    raw = json.dumps({"model": "m", "messages": [{"role": "system", "content": "hi  "}]}).encode()
+    parsed = orjson.loads(raw)
+    canonical = {**parsed, "messages": [{"role": "system", "content": "hi"}]}
+    assert upstream_bytes(raw, parsed, canonical) == orjson.dumps(canonical)  # not the client's spacing
