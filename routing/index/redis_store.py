@@ -134,6 +134,10 @@ class RedisPrefixIndex:
         keys = [self._lru_key(rank), self.namespace + "tick"]
         return keys, [_keys_blob(block_hashes), -1 if cap is None else cap, int(self.ttl_s * 1e6)]
 
+    def _session_ttl(self) -> int:
+        """A session binding's expiry in whole seconds: Redis refuses EX 0, so never under 1."""
+        return max(1, int(self.ttl_s))
+
     def _available(self) -> bool:
         return self.link.available()
 
@@ -150,7 +154,7 @@ class RedisPrefixIndex:
         if sessions:
             pipe = self._client.pipeline(transaction=False)
             for key, rank in sessions:
-                pipe.set(self._session_key(key), rank, ex=int(self.ttl_s))
+                pipe.set(self._session_key(key), rank, ex=self._session_ttl())
             pipe.execute()
 
     # -- PrefixIndex -----------------------------------------------------------------------------
@@ -249,7 +253,7 @@ class RedisPrefixIndex:
 
     def set_session_rank(self, session_key: str, rank: str) -> None:
         self.local.set_session_rank(session_key, rank)
-        key, ttl = self._session_key(session_key), max(1, int(self.ttl_s))
+        key, ttl = self._session_key(session_key), self._session_ttl()
         self._submit(lambda: self._client.set(key, rank, ex=ttl))
 
     def bind_session(self, session_key: str, rank: str, previous: str | None) -> str:
@@ -257,7 +261,7 @@ class RedisPrefixIndex:
         # know the winner before it forwards. Redis down: this replica's own view decides.
         bound = rank
         if self._available():
-            key, ttl = self._session_key(session_key), max(1, int(self.ttl_s))
+            key, ttl = self._session_key(session_key), self._session_ttl()
             try:
                 won = self._bind(keys=[key], args=[rank, previous or "", ttl])
             except ERRORS as exc:

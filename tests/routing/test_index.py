@@ -140,3 +140,17 @@ def test_redis_down_falls_back_then_resyncs(redis_server: RedisServer) -> None:
     assert peer.match(before) == {"a": 4} and peer.match(during) == {"a": 4}
     peer.close()
     store.close()
+
+
+def test_resync_keeps_session_bindings_under_a_sub_second_ttl(redis_server: RedisServer) -> None:
+    # A replay scales the TTL down: under 1 s, the resync's SET ... EX 0 was refused by Redis.
+    store = RedisPrefixIndex(redis_server.url, model="m", block_size=16, ttl_s=0.5)
+    store.set_capacity("a", None)
+    store.set_session_rank("s1", "a")
+    store.flush()
+    store.resync()  # raises on a Redis error
+    peer = RedisPrefixIndex(redis_server.url, model="m", block_size=16, ttl_s=0.5)
+    peer.set_capacity("a", None)
+    assert peer.lookup([], "s1").session_rank == "a"
+    peer.close()
+    store.close()
