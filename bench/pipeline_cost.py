@@ -2,12 +2,14 @@
 
 The stages are built as ``proxy.gateway.Gateway.start`` builds them (tiktoken tokenizer, vLLM sha256
 block hashes, a memory prefix index, the prefix_affinity policy over four ranks) and timed one by
-one on three workloads:
+one on four workloads:
 
 - ``repeat_100k``: one session re-sending the same ~100k-token conversation (the session caches
   are warm: this is the steady state of a long agent session);
 - ``new_sessions``: the first turn of many sessions of one agent (same ~2k-token system prompt and
   12 tools, a different first user message each);
+- ``growing``: two ~100k-token conversations growing by ~1k tokens a turn, turns interleaved (the
+  shape agents send most; ``bench.overhead``'s growing case);
 - ``small``: a load.py-shaped small chat request, first turns of distinct sessions.
 
 Prints a table of medians (microseconds) and writes ``bench/out/pipeline_cost.json``.
@@ -29,6 +31,7 @@ from starlette.datastructures import Headers
 
 from bench.common import machine, median, percentile, write_json
 from bench.overhead import large_request
+from bench.side_by_side import growing_conversation
 from bench.workload import agent_sessions
 from proxy.apis import CHAT
 from proxy.context import Outcome, RequestContext
@@ -131,6 +134,13 @@ def new_sessions(count: int) -> list[tuple[bytes, str | None]]:
     return out
 
 
+def growing(turns: int) -> list[tuple[bytes, str | None]]:
+    """Two ~100k-token conversations growing by ~1k tokens a turn (bench.overhead's growing case),
+    their turns interleaved."""
+    conversations = [growing_conversation(100_000, 1_000, turns, seed) for seed in range(2)]
+    return [(bodies[t], f"growing-{i}") for t in range(turns) for i, bodies in enumerate(conversations)]
+
+
 def small(count: int) -> list[tuple[bytes, str | None]]:
     out: list[tuple[bytes, str | None]] = []
     for i in range(count):
@@ -172,12 +182,18 @@ def print_table(results: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=40, help="requests of the 100k-token session")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=40,
+        help="requests of the 100k-token session, and turns of each growing one",
+    )
     parser.add_argument("--sessions", type=int, default=200, help="first turns of new sessions")
     args = parser.parse_args()
     workloads = {
         "repeat_100k": (repeat_100k(args.repeats), 2),
         "new_sessions": (new_sessions(args.sessions), 5),
+        "growing": (growing(args.repeats), 4),
         "small": (small(args.sessions), 5),
     }
     results: dict[str, Any] = {}
