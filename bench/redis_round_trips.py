@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url = server.url
     probe = redis.Redis.from_url(url)
     fleet = start_fleet(args.ranks, SimConfig(time_scale=0, kv_tokens=args.pool_tokens))
+    gateway: ServerThread | None = None
     try:
         flags = {"redis_url": url, "log_level": "warning", "session_idle_ttl": 600.0}
         specs = [f"{s.config.name}={s.url}" for s in fleet]
@@ -92,14 +93,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 stats["path"] += loop
                 stats["background"] += total - loop
                 stats["commands"] += _commands(probe) - commands - 1  # minus this INFO itself
-        gateway.stop()
-        threads = sorted(sent)
     finally:
+        if gateway is not None:  # a failed request must not leave the gateway's thread running
+            gateway.stop()
         setattr(redis.connection.AbstractConnection, "send_packed_command", original)  # noqa: B010
         stop_fleet(fleet)
         probe.close()
         server.stop()
-    out: dict[str, Any] = {"sessions": args.sessions, "turns": args.turns, "threads": threads}
+    out: dict[str, Any] = {"sessions": args.sessions, "turns": args.turns, "threads": sorted(sent)}
     if args.by_command:
         out["by_command"] = {f"{t} {c}": n for (t, c), n in by_command.most_common()}
     for phase, stats in phases.items():
