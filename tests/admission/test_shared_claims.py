@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -121,15 +122,21 @@ async def test_replicas_admitting_at_once_fill_a_rank_to_its_budget_once(replica
     assert claims.totals() == {"r0": 2 * (TOKENS + 16)} == {"r0": working_set(replicas[0], "r0")}
 
 
+async def admit_on_own_counts(url: str, per_replica: int, **replica: Any) -> dict[str, list[str]]:
+    """``admit_interleaved`` on three replicas without shared claims (``replica``: ``Replica``'s
+    other arguments)."""
+    local = [Replica(url, shared=False, **replica) for _ in range(3)]
+    try:
+        return await admit_interleaved(local, per_replica)
+    finally:
+        for made in local:
+            made.close()
+
+
 async def test_without_shared_claims_each_replica_takes_the_same_room(redis_server: RedisServer) -> None:
     """What the shared claims fix: each replica's own reservations only hold back its own waiters."""
-    local = [Replica(redis_server.url, shared=False) for _ in range(3)]
-    try:
-        placed = await admit_interleaved(local, 2)
-        assert len(placed["r0"]) == 6
-    finally:
-        for replica in local:
-            replica.close()
+    placed = await admit_on_own_counts(redis_server.url, 2)
+    assert len(placed["r0"]) == 6
 
 
 async def fill_capped_ranks(replicas: list[Replica], rounds: int) -> dict[str, list[str]]:
@@ -178,13 +185,10 @@ async def test_without_the_shared_session_cap_each_replica_fills_a_rank_to_it(
     redis_server: RedisServer,
 ) -> None:
     """What the cap in the shared claims fixes: each replica's own count allows the same places."""
-    local = [Replica(redis_server.url, 2, False, 100 * POOL, CAP) for _ in range(3)]
-    try:
-        placed = await admit_interleaved(local, 1)
-        assert len(placed["r0"]) == 3
-    finally:
-        for replica in local:
-            replica.close()
+    placed = await admit_on_own_counts(
+        redis_server.url, 1, ranks=2, pool=100 * POOL, max_sessions_per_rank=CAP
+    )
+    assert len(placed["r0"]) == 3
 
 
 async def test_a_released_session_frees_its_room_for_every_replica(replicas: list[Replica]) -> None:

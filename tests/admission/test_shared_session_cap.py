@@ -12,17 +12,10 @@ import pytest
 from proxy.state.claims import Ask, LocalClaims
 from proxy.state.redis_claims import RedisClaims
 from routing.redis_link import RedisLink, fail_fast_client
+from tests.admission.test_release import Clock
 from tests.helpers.redis_server import RedisServer
 
 CAP = 3
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def ask(key: str, ranks: tuple[str, ...] = ("r0",), cap: int | None = CAP, force: bool = False) -> Ask:
