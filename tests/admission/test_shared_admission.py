@@ -81,10 +81,14 @@ CAP = 2  # --max-sessions-per-rank: what binds here, the budget has room for man
 def test_replicas_admitting_at_once_keep_each_rank_within_its_session_cap(
     rank_servers: RankServers, redis_server: RedisServer
 ) -> None:
-    """Three replica processes admit 24 small new sessions at once over two ranks that hold two
-    sessions each (``--max-sessions-per-rank 2``): no rank serves more than two of them."""
+    replicas_keep_each_rank_within_its_session_cap(rank_servers, redis_server.url)
+
+
+def replicas_keep_each_rank_within_its_session_cap(rank_servers: RankServers, redis_url: str) -> None:
+    """Three replica processes on ``redis_url`` admit 24 small new sessions at once over two ranks
+    that hold two sessions each (``--max-sessions-per-rank 2``): no rank serves more than two."""
     ranks = rank_servers.sim(2)
-    flags = ["--redis-url", redis_server.url, "--admission-policy", "budget", "--admission-wait", "0.5"]
+    flags = ["--redis-url", redis_url, "--admission-policy", "budget", "--admission-wait", "0.5"]
     flags += ["--session-idle-ttl", "120", "--health-interval", "0.5", "--max-sessions-per-rank", str(CAP)]
     with contextlib.ExitStack() as stack:
         urls = []

@@ -6,6 +6,7 @@ A reader (a replica subscribed to nothing, its local mirror empty) shows what Re
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -17,15 +18,23 @@ from tests.routing.conftest import RedisServer, chain
 LEASE_S = 0.3
 
 
-@pytest.fixture
-def stores(redis_server: RedisServer) -> Iterator[list[RedisPrefixIndex]]:
-    """Two subscribing replicas' indexes and a reader's, on one Redis."""
-    made = [RedisPrefixIndex(redis_server.url, model="m", events_lease_s=LEASE_S) for _ in range(3)]
+@contextlib.contextmanager
+def replicas_on(url: str) -> Iterator[list[RedisPrefixIndex]]:
+    """Two subscribing replicas' indexes and a reader's, on the Redis at ``url``."""
+    made = [RedisPrefixIndex(url, model="m", events_lease_s=LEASE_S) for _ in range(3)]
     for store in made:
         store.set_capacity("r", None)
-    yield made
-    for store in made:
-        store.close()
+    try:
+        yield made
+    finally:
+        for store in made:
+            store.close()
+
+
+@pytest.fixture
+def stores(redis_server: RedisServer) -> Iterator[list[RedisPrefixIndex]]:
+    with replicas_on(redis_server.url) as made:
+        yield made
 
 
 def apply_event(replicas: list[RedisPrefixIndex], blocks: list[bytes], stored: bool = True) -> None:
@@ -39,6 +48,10 @@ def apply_event(replicas: list[RedisPrefixIndex], blocks: list[bytes], stored: b
 
 
 def test_an_event_is_written_to_redis_by_one_replica(stores: list[RedisPrefixIndex]) -> None:
+    an_event_is_written_to_redis_by_one_replica(stores)
+
+
+def an_event_is_written_to_redis_by_one_replica(stores: list[RedisPrefixIndex]) -> None:
     first, second, reader = stores
     blocks = chain("sys", 6)
     apply_event([first, second], blocks)
