@@ -19,13 +19,13 @@ subscriptions and indexes. Only the lags involve a clock, measured, never scaled
 Decision (README, "Replicas and workers"): every replica subscribes to every rank's events and
 keeps its own exact mirror, and ONE replica per rank (the holder of a lease in Redis) also writes
 the rank's mirror to the shared index (``routing/index/redis_store.py``), for replicas that started
-after the rank or whose subscription failed. Measured (defaults, two ranks, 96 requests, 661
-events): each replica applied every batch within 0.5 ms p50 (7 ms p99) of the first subscriber; a
-stored block showed in a replica's own view at 0.7x the p50 lag of the shared mirror read through
-Redis; the two views agreed on 100% of 3,120 sampled blocks; chains written to Redis 288 + 288
-before (every replica wrote every event), 288 + 0 with the lease. Sharing one mirror instead adds
-the writer's and the reader's Redis round trips to every event, needs a writer elected anyway,
-and leaves no exact view while Redis is down.
+after the rank or whose subscription failed. Measured (defaults; three runs beside three of the
+code before the lease): each replica applied every batch within 0.6 ms p50 (8 ms p99) of the first
+subscriber; a stored block showed in a replica's own view at 0.73-0.8x the p50 lag of the shared
+mirror read through Redis; the views agreed on 100% of about 3,000 sampled blocks a run; chains
+written to Redis 288 + 288 before (every replica wrote every event), 288 in all with the lease.
+Sharing one mirror instead adds the writer's and the reader's Redis round trips to every event,
+still needs a writer elected, and leaves no exact view while Redis is down.
 
     python -m bench.kv_event_lag [--sessions 16] [--turns 6] [--concurrency 4] [--ranks 2]
 
