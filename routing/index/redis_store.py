@@ -27,7 +27,10 @@ mirror) is written to Redis by ONE replica, the holder of the rank's lease (``ev
 same events to their local mirrors only, so each event costs Redis one write, not one per replica.
 The shared copy is what a replica that started after the rank (its subscription cannot map chains
 begun before it) or whose subscription failed learns from. A replica taking a lapsed lease over
-pushes its mirror of the rank first (it wrote nothing meanwhile).
+pushes its mirror of the rank first (it wrote nothing meanwhile). The writer also pushes its mirror
+again every quarter of the TTL while events flow: a block the rank keeps serving from its cache gets
+no new event, and must not expire from the shared copy (a chain whose first block expired matches
+nothing) while the rank still holds it.
 
 Redis is never on a request's critical path for correctness: every update is also applied to a
 local ``MemoryPrefixIndex``; when Redis fails, the store answers from that mirror, reports itself
@@ -107,6 +110,8 @@ class RedisPrefixIndex:
         self._event_writer: set[str] = set()
         #: When each event-fed rank's lease is due for renewal (monotonic; the event thread's).
         self._lease_due: dict[str, float] = {}
+        #: When the writer pushes each event-fed rank's mirror again (monotonic; the link thread's).
+        self._refresh_due: dict[str, float] = {}
         self.event_writes = 0
         #: Chains written whole, and chains of which only the new tail was written (on a
         #: returning session's turn): what keeps Redis's work per request O(new blocks).
@@ -296,14 +301,19 @@ class RedisPrefixIndex:
                 log.info("rank %s: another replica writes its KV events to Redis now", rank)
             self._event_writer.discard(rank)
             return
-        if won == 2:
+        now = time.monotonic()
+        if won == 2 or now >= self._refresh_due.setdefault(rank, now + self.ttl_s / 4):
+            self._refresh_due[rank] = now + self.ttl_s / 4
             blocks = self.local.blocks(rank)  # least recent first
             blocks.reverse()
             if blocks:
                 self._write_whole(rank, blocks)
-            log.info(
-                "rank %s: this replica writes its KV events to Redis (%d blocks pushed)", rank, len(blocks)
-            )
+            if won == 2:
+                log.info(
+                    "rank %s: this replica writes its KV events to Redis (%d blocks pushed)",
+                    rank,
+                    len(blocks),
+                )
         self._event_writer.add(rank)
 
     def clear(self, rank: str) -> None:

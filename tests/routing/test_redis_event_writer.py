@@ -89,3 +89,22 @@ def test_a_writer_quiet_past_its_lease_keeps_writing_without_a_push(stores: list
     apply_event([first, second], chain("b", 4))
     assert first.full_writes == 2, "one write per event: no push of the whole mirror"
     assert second.full_writes == 0
+
+
+def test_the_writer_keeps_blocks_the_rank_still_holds_from_expiring(redis_server: RedisServer) -> None:
+    """A block the rank keeps (its hits write no event) is pushed again before the index TTL ends."""
+    ttl = 1.0
+    writer, reader = (
+        RedisPrefixIndex(redis_server.url, model="m", ttl_s=ttl, events_lease_s=0.3) for _ in "ab"
+    )
+    reader.set_capacity("r", None)
+    try:
+        held = chain("system", 4)
+        apply_event([writer], held)
+        for n in range(6):  # 1.8 s of events on other blocks: past the TTL of the first write
+            time.sleep(ttl * 0.3)
+            apply_event([writer], chain(f"turn{n}", 1))
+        assert reader.match(held) == {"r": 4}
+    finally:
+        writer.close()
+        reader.close()
