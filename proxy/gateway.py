@@ -186,6 +186,11 @@ class Gateway:
             state = "healthy" if rank.healthy else f"DOWN ({rank.last_error})"
             log.info("rank %s at %s: %s", rank.name, rank.url, state)
 
+    @property
+    def kv_feeds(self) -> tuple[KVEventSubscriber, ...]:
+        """The ranks' KV-event subscriptions of this replica (a read, for inspection)."""
+        return tuple(self._kv_feeds)
+
     async def stop(self) -> None:
         for feed in self._kv_feeds:
             feed.stop()

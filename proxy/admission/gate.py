@@ -24,8 +24,9 @@ learned from the traffic (``timing.py``); the ranks' speeds from their own metri
 
 The count, the reservations and what answers and time change are the ``Ledger``'s
 (``ledger.py``). With Redis the replicas share the session table and the claims on room
-(``proxy/state/redis_claims.py``: a reservation is checked against every replica's claims and taken
-in one atomic step), not the queue: each replica's waiters are served in its own order.
+(``proxy/state/redis_claims.py``: a reservation is checked against every replica's claims, tokens
+against the budget and sessions against ``max_sessions_per_rank``, and taken in one atomic step),
+not the queue: each replica's waiters are served in its own order.
 """
 
 from __future__ import annotations

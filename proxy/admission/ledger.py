@@ -155,11 +155,13 @@ class Ledger(Observer):
         force: bool = False,
     ) -> frozenset[str]:
         """Reserve ``tokens`` for session ``key`` on the ranks of ``room`` that the claims still
-        grant (another replica may have taken the room since this count); ``force``: past their
-        budgets. The ranks granted, empty when none is."""
+        grant (another replica may have taken the room, or a rank's last session place, since this
+        count); ``force``: past their budgets, never past ``max_sessions_per_rank``. The ranks
+        granted, empty when none is."""
         budgets = {name: self._budget(name) for name in room.allowed}
         body = tokens - head_tokens if head_key is not None else tokens
-        ask = Ask(key, budgets, body, head_key, head_tokens, force, self.time.idle_ttl(), RESERVATION_TTL_S)
+        ttl, cap = self.time.idle_ttl(), self.config.max_sessions_per_rank
+        ask = Ask(key, budgets, body, head_key, head_tokens, force, ttl, RESERVATION_TTL_S, cap)
         granted = self.claims.reserve(ask)
         if granted:
             # in the same step as the room check: the next waiter must see this session's claim

@@ -2,7 +2,8 @@
 
 Admission (``proxy/admission/``) decides on its own count of the session table; a ``RoomClaims``
 makes the decision's step that takes room authoritative. ``reserve`` checks each allowed rank's
-claimed tokens against its budget and reserves in one atomic step, returning the ranks granted;
+claimed tokens against its budget and its claimed sessions against ``max_sessions`` and reserves in
+one atomic step, returning the ranks granted;
 ``claim`` turns the reservation into the session's claim on the rank it went to (and keeps it
 current as the session grows); ``release`` ends it. A claim's tokens are its projected working set:
 its own ``body`` plus a shared ``head`` (an agent's system+tools) counted once per rank.
@@ -33,6 +34,9 @@ class Ask:
     #: Claims untouched this long (seconds) have ended; the reservation lapses after ``expires_in``.
     idle_ttl: float
     expires_in: float
+    #: At most this many sessions claimed or reserved on one rank (None: no cap). A hard cap: even
+    #: ``force`` does not pass it.
+    max_sessions: int | None = None
 
 
 class RoomClaims(Protocol):
@@ -55,6 +59,10 @@ class RoomClaims(Protocol):
         """Claimed and reserved tokens per rank (a read, for tests and inspection)."""
         ...
 
+    def sessions(self) -> dict[str, int]:
+        """Sessions claimed or reserved per rank, what ``Ask.max_sessions`` caps (a read)."""
+        ...
+
 
 class LocalClaims:
     """One process's claims: its own count decided, so every rank it allowed is granted."""
@@ -69,4 +77,7 @@ class LocalClaims:
         pass
 
     def totals(self) -> dict[str, int]:
+        return {}
+
+    def sessions(self) -> dict[str, int]:
         return {}

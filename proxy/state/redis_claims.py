@@ -5,7 +5,8 @@ slot: ``routing/redis_topology.py``): ``T`` (hash: rank -> tokens claimed and re
 (hash: session -> its claim: rank, body tokens, head, head tokens), ``H`` (hash: rank + head ->
 sessions holding it there: a shared head counts once per rank), ``R`` (hash: session -> its
 reservation: rank and tokens pairs), ``E`` (sorted set: reservations by expiry), ``S`` (sorted
-set: claims by last touch).
+set: claims by last touch), ``N`` (hash: rank -> sessions claimed or reserved there: what
+``max_sessions_per_rank`` caps, checked in the same script as the tokens).
 
 Each call is one script, O(ranks allowed) plus a bounded purge: expired reservations and claims
 idle past the idle TTL (sessions that ended on a replica that died before releasing them) go in
@@ -34,7 +35,10 @@ PURGE_BATCH = 64
 RESYNC_BATCH = 500
 
 _COMMON = """
-local T, C, H, R, E, S = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local T, C, H, R, E, S, N = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local function leave(rank)
+  if redis.call('HINCRBY', N, rank, -1) <= 0 then redis.call('HDEL', N, rank) end
+end
 local function split(s)
   local out = {}
   for part in string.gmatch(s, '[^\\t]+') do out[#out + 1] = part end
@@ -44,7 +48,10 @@ local function drop_reservation(key)
   local r = redis.call('HGET', R, key)
   if not r then return end
   local p = split(r)
-  for i = 1, #p, 2 do redis.call('HINCRBY', T, p[i], -tonumber(p[i + 1])) end
+  for i = 1, #p, 2 do
+    redis.call('HINCRBY', T, p[i], -tonumber(p[i + 1]))
+    leave(p[i])
+  end
   redis.call('HDEL', R, key)
   redis.call('ZREM', E, key)
 end
@@ -61,18 +68,21 @@ local function drop_claim(key)
     end
   end
   redis.call('HINCRBY', T, p[1], -freed)
+  leave(p[1])
   redis.call('HDEL', C, key)
   redis.call('ZREM', S, key)
 end
 """
 
 #: ARGV: now, reservation TTL s, idle TTL s, key, body, head ('-': none), head tokens, force (0/1),
-#: then rank, budget (-1: none) pairs. Returns the ranks granted.
+#: sessions per rank (-1: no cap; ``force`` does not pass it), then rank, budget (-1: none) pairs.
+#: Returns the ranks granted.
 RESERVE = (
     _COMMON
     + """
 local now, key = tonumber(ARGV[1]), ARGV[4]
 local body, head, head_tokens, force = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8] == '1'
+local cap = tonumber(ARGV[9])
 for _, k in ipairs(redis.call('ZRANGEBYSCORE', E, '-inf', now, 'LIMIT', 0, %(batch)d)) do
   drop_reservation(k)
 end
@@ -82,16 +92,18 @@ end
 drop_reservation(key)
 drop_claim(key)
 local granted, parts = {}, {}
-for i = 9, #ARGV, 2 do
+for i = 10, #ARGV, 2 do
   local rank, budget = ARGV[i], tonumber(ARGV[i + 1])
   local total = tonumber(redis.call('HGET', T, rank) or '0')
   local need = body
   if head == '-' or redis.call('HEXISTS', H, rank .. '\\t' .. head) == 0 then need = need + head_tokens end
-  if force or budget < 0 or total <= 0 or total + need <= budget then
+  local full = cap >= 0 and tonumber(redis.call('HGET', N, rank) or '0') >= cap
+  if not full and (force or budget < 0 or total <= 0 or total + need <= budget) then
     granted[#granted + 1] = rank
     parts[#parts + 1] = rank
     parts[#parts + 1] = tostring(need)
     redis.call('HINCRBY', T, rank, need)
+    redis.call('HINCRBY', N, rank, 1)
   end
 end
 if #granted > 0 then
@@ -114,6 +126,7 @@ if head ~= '-' and redis.call('HINCRBY', H, rank .. '\\t' .. head, 1) == 1 then
   add = add + tonumber(ARGV[6])
 end
 redis.call('HINCRBY', T, rank, add)
+redis.call('HINCRBY', N, rank, 1)
 redis.call('HSET', C, key, rank .. '\\t' .. ARGV[4] .. '\\t' .. head .. '\\t' .. ARGV[6])
 redis.call('ZADD', S, tonumber(ARGV[1]), key)
 return add
@@ -146,7 +159,7 @@ class RedisClaims:
         self.link = link
         self.clock = clock
         base = slot_prefix(f"{prefix}:admission", link.client) + ":"
-        self.keys = [base + name for name in ("T", "C", "H", "R", "E", "S")]
+        self.keys = [base + name for name in ("T", "C", "H", "R", "E", "S", "N")]
         client = link.client
         self._reserve = client.register_script(RESERVE)
         self._claim = client.register_script(CLAIM)
@@ -188,6 +201,7 @@ class RedisClaims:
             ask.head or "-",
             ask.head_tokens if ask.head else 0,
             1 if ask.force else 0,
+            -1 if ask.max_sessions is None else ask.max_sessions,
         ]
         for rank, budget in ask.budgets.items():
             args += [rank, -1 if budget is None else budget]
@@ -209,7 +223,13 @@ class RedisClaims:
         self.link.submit(lambda: self._release(keys=self.keys, args=[key]))
 
     def totals(self) -> dict[str, int]:
-        raw = self.link.call(lambda: self.link.client.hgetall(self.keys[0]))
+        return self._per_rank(self.keys[0])
+
+    def sessions(self) -> dict[str, int]:
+        return self._per_rank(self.keys[6])
+
+    def _per_rank(self, hash_key: str) -> dict[str, int]:
+        raw = self.link.call(lambda: self.link.client.hgetall(hash_key))
         return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in (raw or {}).items()}
 
     def resync(self) -> None:

@@ -159,3 +159,19 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return current
 """
+
+#: The lease on writing an event-fed rank's mirror (KEYS[1], expiring) and its last holder
+#: (KEYS[2], kept): ARGV replica id, lease ms. 0: another replica holds it; 1: this one does (renewed,
+#: retaken while nobody else wrote since, or the first writer: a Redis that forgot gets every mirror
+#: pushed back by ``resync``); 2: taken over from another: the taker pushes its mirror of the rank,
+#: since it wrote none of the events meanwhile.
+LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if holder then return 1 end
+local last = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[2], ARGV[1])
+if not last or last == ARGV[1] then return 1 end
+return 2
+"""

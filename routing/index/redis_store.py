@@ -21,6 +21,17 @@ scored just below its last held block (``redis_scripts.EXTEND``); the whole chai
 Redis lost that block or the chain sank past a quarter of the rank's capacity or of the TTL, so
 the LRU order stays within a quarter of the pool's turnover of the truth.
 
+An event-fed rank (``--kv-events``: every replica subscribes to every rank and keeps its own exact
+mirror) is written to Redis by ONE replica, the holder of the rank's lease (``events:{rank}``,
+``EVENTS_LEASE_S``, renewed by its writes, ``redis_scripts.LEASE``): the other replicas apply the
+same events to their local mirrors only, so each event costs Redis one write, not one per replica.
+The shared copy is what a replica that started after the rank (its subscription cannot map chains
+begun before it) or whose subscription failed learns from. A replica taking a lapsed lease over
+pushes its mirror of the rank first (it wrote nothing meanwhile). The writer also pushes its mirror
+again every quarter of the TTL while events flow: a block the rank keeps serving from its cache gets
+no new event, and must not expire from the shared copy (a chain whose first block expired matches
+nothing) while the rank still holds it.
+
 Redis is never on a request's critical path for correctness: every update is also applied to a
 local ``MemoryPrefixIndex``; when Redis fails, the store answers from that mirror, reports itself
 down, and its ``RedisLink`` (``routing/redis_link.py``: the circuit breaker shared with every store
@@ -32,11 +43,13 @@ again.
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from collections.abc import Callable, Sequence
 
 from routing.index import Lookup
 from routing.index.memory import MemoryPrefixIndex
-from routing.index.redis_scripts import BIND, EXTEND, MATCH, RECORD, REMOVE
+from routing.index.redis_scripts import BIND, EXTEND, LEASE, MATCH, RECORD, REMOVE
 from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
 from routing.redis_topology import slot_prefix
 
@@ -45,6 +58,9 @@ log = logging.getLogger("prefixgate.index.redis")
 DEFAULT_TTL_S = 3600.0
 #: Short: a hung Redis must not stall the event loop, which calls the index synchronously.
 DEFAULT_SOCKET_TIMEOUT_S = 0.25
+#: How long an event-fed rank's writer keeps its lease without writing: how long the shared copy can
+#: miss events when its writer dies (every replica's own mirror misses none).
+EVENTS_LEASE_S = 10.0
 
 
 def _keys_blob(block_hashes: Sequence[bytes]) -> bytes:
@@ -70,6 +86,7 @@ class RedisPrefixIndex:
         on_state: Callable[[bool], None] | None = None,
         local: MemoryPrefixIndex | None = None,
         link: RedisLink | None = None,
+        events_lease_s: float = EVENTS_LEASE_S,
     ) -> None:
         """``link``: the Redis link shared with the other stores on this Redis (None: one of its own,
         over ``url``)."""
@@ -86,6 +103,16 @@ class RedisPrefixIndex:
         self._remove = self._client.register_script(REMOVE)
         self._extend = self._client.register_script(EXTEND)
         self._bind = self._client.register_script(BIND)
+        self._lease = self._client.register_script(LEASE)
+        self.replica_id = uuid.uuid4().hex
+        self.events_lease_s = events_lease_s
+        #: Event-fed ranks whose lease this replica held at its last renewal (the link's thread's).
+        self._event_writer: set[str] = set()
+        #: When each event-fed rank's lease is due for renewal (monotonic; the event thread's).
+        self._lease_due: dict[str, float] = {}
+        #: When the writer pushes each event-fed rank's mirror again (monotonic; the link thread's).
+        self._refresh_due: dict[str, float] = {}
+        self.event_writes = 0
         #: Chains written whole, and chains of which only the new tail was written (on a
         #: returning session's turn): what keeps Redis's work per request O(new blocks).
         self.full_writes = 0
@@ -196,13 +223,14 @@ class RedisPrefixIndex:
             # Counts live locally; Redis only needs to learn hashes that were not held yet.
             fresh = self.local.missing(rank, block_hashes)
             self.local.record(rank, block_hashes, counted=True)
-            block_hashes = fresh if len(fresh) != len(block_hashes) else block_hashes
-            held = 0
-        else:
-            # what this replica wrote to Redis already: a chain is recorded from block 0 and
-            # evicted tail first, so it is the mirror's held prefix (Redis checks its last block)
-            held = self.local.held_prefix(rank, block_hashes)
-            self.local.record(rank, block_hashes)
+            if fresh:
+                chain = fresh if len(fresh) != len(block_hashes) else block_hashes
+                self._event_write(rank, lambda: self._write_whole(rank, chain))
+            return
+        # what this replica wrote to Redis already: a chain is recorded from block 0 and evicted
+        # tail first, so it is the mirror's held prefix (Redis checks its last block)
+        held = self.local.held_prefix(rank, block_hashes)
+        self.local.record(rank, block_hashes)
         if not block_hashes:
             return
         if rank not in self._capacity:
@@ -240,7 +268,57 @@ class RedisPrefixIndex:
         if not block_hashes:
             return
         keys, args = [self._lru_key(rank)], [_keys_blob(block_hashes)]
-        self._submit(lambda: self._remove(keys=keys, args=args))
+        if counted:
+            self._event_write(rank, lambda: self._remove(keys=keys, args=args))
+        else:
+            self._submit(lambda: self._remove(keys=keys, args=args))
+
+    # -- event-fed ranks: one writer per rank -----------------------------------------------------
+
+    def _event_write(self, rank: str, write: Callable[[], object]) -> None:
+        """``write`` (a KV event's change to ``rank``) reaches Redis if this replica holds the rank's
+        lease when the link's thread gets to it; the lease is renewed first when due."""
+        if rank not in self._capacity:
+            self.set_capacity(rank, None)
+        now = time.monotonic()
+        if now >= self._lease_due.get(rank, 0.0):
+            self._lease_due[rank] = now + self.events_lease_s / 3
+            self._submit(lambda: self._renew_lease(rank))
+
+        def if_writer() -> None:
+            if rank in self._event_writer:
+                write()
+                self.event_writes += 1
+
+        self._submit(if_writer)
+
+    def _renew_lease(self, rank: str) -> None:
+        """On the link's thread: take or renew ``rank``'s lease; on a takeover, push the mirror."""
+        lease = f"{self.namespace}events:{rank}"
+        won = int(
+            self._lease(
+                keys=[lease, lease + ":last"], args=[self.replica_id, int(self.events_lease_s * 1000)]
+            )
+        )
+        if not won:
+            if rank in self._event_writer:
+                log.info("rank %s: another replica writes its KV events to Redis now", rank)
+            self._event_writer.discard(rank)
+            return
+        now = time.monotonic()
+        if won == 2 or now >= self._refresh_due.setdefault(rank, now + self.ttl_s / 4):
+            self._refresh_due[rank] = now + self.ttl_s / 4
+            blocks = self.local.blocks(rank)  # least recent first
+            blocks.reverse()
+            if blocks:
+                self._write_whole(rank, blocks)
+            if won == 2:
+                log.info(
+                    "rank %s: this replica writes its KV events to Redis (%d blocks pushed)",
+                    rank,
+                    len(blocks),
+                )
+        self._event_writer.add(rank)
 
     def clear(self, rank: str) -> None:
         self.local.clear(rank)
@@ -286,6 +364,8 @@ class RedisPrefixIndex:
             "redis_resyncs": self.resyncs,
             "redis_full_writes": self.full_writes,
             "redis_tail_writes": self.tail_writes,
+            "redis_event_writes": self.event_writes,
+            "redis_event_writer_of": sorted(self._event_writer),
         }
 
     def close(self) -> None:

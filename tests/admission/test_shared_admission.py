@@ -21,14 +21,15 @@ BUDGET = int(KV_TOKENS * 0.8)
 SESSION_TOKENS = 700  # two fit a rank's budget, a third does not
 
 
-def admit_at_once(urls: list[str], sessions: int) -> list[httpx.Response]:
-    """The first request of ``sessions`` new sessions, all sent at once, dealt across ``urls``."""
+def admit_at_once(urls: list[str], sessions: int, tokens: int = SESSION_TOKENS) -> list[httpx.Response]:
+    """The first request of ``sessions`` new sessions of ``tokens``, all sent at once, dealt across
+    ``urls``."""
     answers: dict[int, httpx.Response] = {}
     start = threading.Barrier(sessions)
 
     def send(i: int) -> None:
         start.wait(10)
-        answers[i] = chat(urls[i % len(urls)], f"race-{i}", SESSION_TOKENS)
+        answers[i] = chat(urls[i % len(urls)], f"race-{i}", tokens)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(sessions)]
     for thread in threads:
@@ -72,3 +73,33 @@ def replicas_keep_each_rank_within_its_budget(rank_servers: RankServers, redis_u
         assert sizes, f"rank {name} admitted nobody"
         # the issue allows one session past the budget; the shared claims keep within it
         assert sum(sizes) <= BUDGET, f"rank {name} holds {sizes} past its budget of {BUDGET}"
+
+
+CAP = 2  # --max-sessions-per-rank: what binds here, the budget has room for many more
+
+
+def test_replicas_admitting_at_once_keep_each_rank_within_its_session_cap(
+    rank_servers: RankServers, redis_server: RedisServer
+) -> None:
+    replicas_keep_each_rank_within_its_session_cap(rank_servers, redis_server.url)
+
+
+def replicas_keep_each_rank_within_its_session_cap(rank_servers: RankServers, redis_url: str) -> None:
+    """Three replica processes on ``redis_url`` admit 24 small new sessions at once over two ranks
+    that hold two sessions each (``--max-sessions-per-rank 2``): no rank serves more than two."""
+    ranks = rank_servers.sim(2)
+    flags = ["--redis-url", redis_url, "--admission-policy", "budget", "--admission-wait", "0.5"]
+    flags += ["--session-idle-ttl", "120", "--health-interval", "0.5", "--max-sessions-per-rank", str(CAP)]
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for _ in range(3):
+            replica, url = proxy_process([f"{r.name}={r.url}" for r in ranks], extra=flags)
+            stack.enter_context(replica)
+            urls.append(url)
+        answers = admit_at_once(urls, 24, tokens=60)
+    assert {a.status_code for a in answers} <= {200, 429}
+    sessions: dict[str, int] = {r.name: 0 for r in ranks}
+    for answer in answers:
+        if answer.status_code == 200:
+            sessions[answer.headers["x-prefixgate-backend"]] += 1
+    assert sessions == {r.name: CAP for r in ranks}, f"sessions served per rank: {sessions}"

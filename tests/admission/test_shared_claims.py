@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -25,17 +26,31 @@ POOL = 2000  # budget 1,600 tokens at the default 0.8: two 700-token sessions fi
 BUDGET = int(POOL * 0.8)
 TOKENS = 700
 TTL = 300.0
+CAP = 2  # max_sessions_per_rank, where a test sets it
 
 
 class Replica:
     """One replica's admission over the shared Redis: its own link, session store and claims."""
 
-    def __init__(self, url: str, ranks: int = 1, shared: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        ranks: int = 1,
+        shared: bool = True,
+        pool: int = POOL,
+        max_sessions_per_rank: int | None = None,
+    ) -> None:
         self.link = RedisLink(fail_fast_client(url, 0.25), retry_interval=0.1)
         self.claims = RedisClaims(self.link) if shared else None
         store = RedisSessionStore(url, link=self.link)
-        fleet = Fleet(Rank(f"r{i}", f"http://r{i}", pool_tokens=POOL) for i in range(ranks))
-        config = AdmissionConfig(idle_ttl=TTL, wait=0.0, block_size=16, policy="budget")
+        fleet = Fleet(Rank(f"r{i}", f"http://r{i}", pool_tokens=pool) for i in range(ranks))
+        config = AdmissionConfig(
+            idle_ttl=TTL,
+            wait=0.0,
+            block_size=16,
+            policy="budget",
+            max_sessions_per_rank=max_sessions_per_rank,
+        )
         self.admission = Admission(
             SessionTable(store, TTL), fleet, config, None, None, self.claims or LocalClaims()
         )
@@ -72,13 +87,15 @@ def replicas(redis_server: RedisServer) -> Iterator[list[Replica]]:
         replica.close()
 
 
-async def admit_interleaved(replicas: list[Replica], per_replica: int) -> dict[str, list[str]]:
+async def admit_interleaved(
+    replicas: list[Replica], per_replica: int, tag: str = "s"
+) -> dict[str, list[str]]:
     """Every replica admits ``per_replica`` new sessions before any of them is placed (the moment
     they all check room at once); then each is placed and answered. Sessions per rank."""
     admitted = []
     for n in range(per_replica):
         for i, replica in enumerate(replicas):
-            ctx = await replica.admit(f"s{i}-{n}")
+            ctx = await replica.admit(f"{tag}{i}-{n}")
             if ctx is not None:
                 admitted.append((replica, ctx))
     placed: dict[str, list[str]] = {}
@@ -105,15 +122,73 @@ async def test_replicas_admitting_at_once_fill_a_rank_to_its_budget_once(replica
     assert claims.totals() == {"r0": 2 * (TOKENS + 16)} == {"r0": working_set(replicas[0], "r0")}
 
 
+async def admit_on_own_counts(url: str, per_replica: int, **replica: Any) -> dict[str, list[str]]:
+    """``admit_interleaved`` on three replicas without shared claims (``replica``: ``Replica``'s
+    other arguments)."""
+    local = [Replica(url, shared=False, **replica) for _ in range(3)]
+    try:
+        return await admit_interleaved(local, per_replica)
+    finally:
+        for made in local:
+            made.close()
+
+
 async def test_without_shared_claims_each_replica_takes_the_same_room(redis_server: RedisServer) -> None:
     """What the shared claims fix: each replica's own reservations only hold back its own waiters."""
-    local = [Replica(redis_server.url, shared=False) for _ in range(3)]
+    placed = await admit_on_own_counts(redis_server.url, 2)
+    assert len(placed["r0"]) == 6
+
+
+async def fill_capped_ranks(replicas: list[Replica], rounds: int) -> dict[str, list[str]]:
+    """``admit_interleaved`` one session per replica, ``rounds`` times; after each round every
+    rank's shared session count is checked against the cap. Sessions per rank."""
+    placed: dict[str, list[str]] = {}
+    for n in range(rounds):
+        for rank, keys in (await admit_interleaved(replicas, 1, f"round{n}")).items():
+            placed.setdefault(rank, []).extend(keys)
+        for replica in replicas:
+            replica.link.flush()
+        claims = replicas[0].claims
+        if claims is not None:
+            counted = claims.sessions()
+            assert all(held <= CAP for held in counted.values()), (
+                f"round {n}: {counted} past the cap of {CAP}"
+            )
+    return placed
+
+
+async def test_replicas_admitting_at_once_never_put_more_than_the_session_cap_on_a_rank(
+    redis_server: RedisServer,
+) -> None:
+    """Room for every session (a large pool), but ``max_sessions_per_rank`` of 2: three replicas
+    checking room at the same moment take each rank's two places once between them."""
+    capped = [Replica(redis_server.url, 2, pool=100 * POOL, max_sessions_per_rank=CAP) for _ in range(3)]
     try:
-        placed = await admit_interleaved(local, 2)
-        assert len(placed["r0"]) == 6
+        placed = await fill_capped_ranks(capped, 3)
+        assert {rank: len(keys) for rank, keys in placed.items()} == {"r0": CAP, "r1": CAP}, placed
+        claims = capped[0].claims
+        assert claims is not None
+        assert claims.sessions() == {"r0": CAP, "r1": CAP}
+        for replica in capped:  # and each replica's own count agrees
+            assert [replica.admission.count()[r].sessions for r in ("r0", "r1")] == [CAP, CAP]
+        assert await capped[2].admit("one-too-many") is None
+        capped[0].admission.release(placed["r1"][0])
+        capped[0].link.flush()
+        ctx = await capped[2].admit("one-too-many")  # the freed place, seen by another replica
+        assert ctx is not None and capped[2].place_and_answer(ctx) == "r1"
     finally:
-        for replica in local:
+        for replica in capped:
             replica.close()
+
+
+async def test_without_the_shared_session_cap_each_replica_fills_a_rank_to_it(
+    redis_server: RedisServer,
+) -> None:
+    """What the cap in the shared claims fixes: each replica's own count allows the same places."""
+    placed = await admit_on_own_counts(
+        redis_server.url, 1, ranks=2, pool=100 * POOL, max_sessions_per_rank=CAP
+    )
+    assert len(placed["r0"]) == 3
 
 
 async def test_a_released_session_frees_its_room_for_every_replica(replicas: list[Replica]) -> None:

@@ -10,11 +10,15 @@ import pytest
 
 from bench.sim import SimConfig
 from tests.admission.conftest import KV_TOKENS
-from tests.admission.test_shared_admission import replicas_keep_each_rank_within_its_budget
+from tests.admission.test_shared_admission import (
+    replicas_keep_each_rank_within_its_budget,
+    replicas_keep_each_rank_within_its_session_cap,
+)
 from tests.helpers.gateway import Gateways
 from tests.helpers.ranks import RankServers
 from tests.helpers.redis_server import RedisClusterServers, RedisSentinelServers
 from tests.replicas.test_balanced import a_session_dealt_across_replicas_keeps_one_rank
+from tests.routing.test_redis_event_writer import an_event_is_written_to_redis_by_one_replica, replicas_on
 
 TOPOLOGIES = {"cluster": RedisClusterServers, "sentinel": RedisSentinelServers}
 
@@ -43,3 +47,14 @@ def test_replicas_admitting_at_once_keep_each_rank_within_its_budget(
     rank_servers: RankServers, topology_url: str
 ) -> None:
     replicas_keep_each_rank_within_its_budget(rank_servers, topology_url)
+
+
+def test_replicas_admitting_at_once_keep_each_rank_within_its_session_cap(
+    rank_servers: RankServers, topology_url: str
+) -> None:
+    replicas_keep_each_rank_within_its_session_cap(rank_servers, topology_url)
+
+
+def test_an_event_fed_rank_is_written_to_redis_by_one_replica(topology_url: str) -> None:
+    with replicas_on(topology_url) as stores:
+        an_event_is_written_to_redis_by_one_replica(stores)
