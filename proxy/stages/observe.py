@@ -4,8 +4,13 @@ Three events, in this order for every routed request:
 
 - ``placed(ctx, rank)``: ``rank`` holds the request: the plan's first choice once routed, and again
   the rank a retry landed on when that is another;
+- ``landed(ctx)``: only for a first turn routed on its head (``ctx.landing``), just before
+  ``routed``: its whole prompt's blocks are known now;
 - ``routed(ctx)``: the rank answered (``ctx.rank``): the stream opened, or the whole body arrived;
 - ``finished(outcome)``: the request ended: answered, failed on every rank, or its client left.
+
+For a request routed on its head, ``routed`` and ``finished`` wait until its blocks have landed, so
+that every observer learns from the whole prompt.
 
 Observers are the stages that learn from answers (the router and its prefix index, admission and
 the session table, the prefix-break explainer, the dashboard, the stored-answer pins, the metrics).
@@ -30,6 +35,9 @@ class Observer:
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
         """``rank`` holds the request now."""
 
+    def landed(self, ctx: RequestContext) -> None:
+        """The whole prompt's blocks of a request routed on its head are on ``ctx`` now."""
+
     def routed(self, ctx: RequestContext) -> None:
         """The rank ``ctx.rank`` answered (its stream opened, or its whole body arrived)."""
 
@@ -49,6 +57,13 @@ class Observers:
                 observer.placed(ctx, rank)
             except Exception:
                 log.exception("%s failed on a placed request", type(observer).__name__)
+
+    def landed(self, ctx: RequestContext) -> None:
+        for observer in self.observers:
+            try:
+                observer.landed(ctx)
+            except Exception:
+                log.exception("%s failed on a landed request", type(observer).__name__)
 
     def routed(self, ctx: RequestContext) -> None:
         for observer in self.observers:
