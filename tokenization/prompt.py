@@ -184,19 +184,24 @@ class IncrementalTokenizer:
         return await self._complete("chat", plan, prev, salt)
 
     async def first_chat_blocks(self, body: Mapping[str, Any]) -> PromptBlocks | PromptHead:
-        """A session's first chat turn (no previous turn): when what follows its head is work for a
-        worker thread (over ``offload_tokens``) and the tokenizer can give the head apart
-        (``Plan.head``), the head at once and the rest to finish (``PromptHead``), so that the turn
-        can be routed before its whole prompt is tokenized; else its blocks (``chat_blocks``)."""
+        """A session's first chat turn (no previous turn). When the tokenizer can give its head apart
+        (``Plan.head``), the head is encoded and hashed once for every concurrent first turn of the
+        agent (a wave of new sessions), and when what follows it is work for a worker thread (over
+        ``offload_tokens``) the head is returned at once with the rest to finish (``PromptHead``), so
+        that the turn can be routed before its whole prompt is tokenized. Else its blocks, as
+        ``chat_blocks`` gives them."""
         prompt = ChatPrompt.from_body(body)
         salt = _salt(body)
         plan = await self.tokenizer.plan_chat(prompt, None)
         head = plan.head
-        if head is not None and plan.work - head.work > self.offload_tokens:
+        if head is not None and (head.work or plan.work - head.work > self.offload_tokens):
             blocks = await self._head_blocks(head, salt)
             if blocks is not None:
-                estimated = blocks.num_tokens + plan.work - head.work
-                return PromptHead(blocks, estimated, lambda: self._complete("chat", plan, None, salt))
+                rest = Plan(plan.work - head.work, plan.finish)  # the head's ids are cached now
+                if rest.work <= self.offload_tokens:
+                    return await self._complete("chat", rest, None, salt)
+                estimated = blocks.num_tokens + rest.work
+                return PromptHead(blocks, estimated, lambda: self._complete("chat", rest, None, salt))
         return await self._complete("chat", plan, None, salt)
 
     async def completion_blocks(
