@@ -5,7 +5,8 @@ forward and stream -> observe.
 
 ``handle`` below is that sequence; each stage is one object from ``proxy/stages/`` (admission from
 ``proxy/admission/``) that reads what the stages before it wrote on the request's context and
-writes its own part. What happened to the request goes to the observers (``proxy/stages/observe``).
+writes its own part. What happened to the request goes to the observers (``proxy/stages/observe``);
+for a first turn routed on its head (``ctx.landing``) once its whole prompt's blocks have landed.
 The other entry points serve the APIs' side endpoints: token counting (canonicalized, any rank),
 stored-answer retrieval (the rank that stored it) and the ranks' own ``/tokenize``.
 """
@@ -83,7 +84,7 @@ class Pipeline:
             self.identify(ctx)
             self.threads(ctx)
             self.canonicalize(ctx)
-            await self.blocks(ctx)
+            await self.blocks(ctx)  # a long first turn: its head's blocks now, the rest lands beside
             ctx.admitted = await self.admission.admit(
                 ctx, lambda wait: until_disconnected(request.receive, wait)
             )

@@ -172,6 +172,9 @@ def two_turns(ranks: Any, held: bool) -> tuple[list[int], int]:
             lambda: max(index.match(memo.hashes).values(), default=0) == len(memo.hashes),
             "the first turn's blocks never reached the index",
         )
+        # the explainer learnt the whole first prompt, not its head (routed waits for the landing)
+        turn = wait_until(lambda: local.main.turn, "the explainer never saw the first turn")
+        assert turn.num_tokens == len(memo.encoded.tokens)
         again = chat(server.url, second)
         estimates = [
             int(answer.headers["x-prefixgate-estimated-cached-tokens"]),
