@@ -52,32 +52,23 @@ class Observers:
         self.observers = tuple(observers)
 
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
-        for observer in self.observers:
-            try:
-                observer.placed(ctx, rank)
-            except Exception:
-                log.exception("%s failed on a placed request", type(observer).__name__)
+        self._tell("placed", ctx, rank)
 
     def landed(self, ctx: RequestContext) -> None:
-        for observer in self.observers:
-            try:
-                observer.landed(ctx)
-            except Exception:
-                log.exception("%s failed on a landed request", type(observer).__name__)
+        self._tell("landed", ctx)
 
     def routed(self, ctx: RequestContext) -> None:
-        for observer in self.observers:
-            try:
-                observer.routed(ctx)
-            except Exception:
-                log.exception("%s failed on a routed request", type(observer).__name__)
+        self._tell("routed", ctx)
 
     def finished(self, outcome: Outcome) -> None:
+        self._tell("finished", outcome)
+
+    def _tell(self, event: str, *args: object) -> None:
         for observer in self.observers:
             try:
-                observer.finished(outcome)
+                getattr(observer, event)(*args)
             except Exception:
-                log.exception("%s failed on a finished request", type(observer).__name__)
+                log.exception("%s failed on a %s request", type(observer).__name__, event)
 
 
 class UsageMetrics(Observer):
