@@ -8,6 +8,7 @@ tokens (the chat-completions body vLLM converts an agent API's request into).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,11 @@ class RequestContext:
     prompt_tokens: int | None = None
     block_hashes: Sequence[bytes] = ()
     prompt_blocks: PromptBlocks | None = None
+    #: A first turn routed on its head (``proxy.stages.blocks``): the whole prompt's tokenizing and
+    #: hashing, off the request's path. Until it is done, ``prompt_blocks`` and ``block_hashes`` are
+    #: the head's and ``prompt_tokens`` an estimate from the prompt's text; then the whole prompt's
+    #: (or, when it could not be rendered, none). The observers learn from the request once it is done.
+    landing: asyncio.Task[None] | None = None
     #: The thread's previous answer carried back in this prompt, and the blocks its rank then holds
     #: (``proxy.stages.blocks``); the router counts them when ``credited``.
     cached_answer: CachedAnswer | None = None

@@ -5,7 +5,8 @@ forward and stream -> observe.
 
 ``handle`` below is that sequence; each stage is one object from ``proxy/stages/`` (admission from
 ``proxy/admission/``) that reads what the stages before it wrote on the request's context and
-writes its own part. What happened to the request goes to the observers (``proxy/stages/observe``).
+writes its own part. What happened to the request goes to the observers (``proxy/stages/observe``);
+for a first turn routed on its head (``ctx.landing``) once its whole prompt's blocks have landed.
 The other entry points serve the APIs' side endpoints: token counting (canonicalized, any rank),
 stored-answer retrieval (the rank that stored it) and the ranks' own ``/tokenize``.
 """
@@ -83,7 +84,7 @@ class Pipeline:
             self.identify(ctx)
             self.threads(ctx)
             self.canonicalize(ctx)
-            await self.blocks(ctx)
+            await self.blocks(ctx)  # a long first turn: its head's blocks now, the rest lands beside
             ctx.admitted = await self.admission.admit(
                 ctx, lambda wait: until_disconnected(request.receive, wait)
             )
@@ -109,7 +110,7 @@ class Pipeline:
         except Exception as exc:  # an open stream holds its rank's count and connection: release both
             if opened.chunks is not None and not opened.closed:
                 opened.close()
-                self.observers.finished(Outcome(ctx, opened.rank.name, 500, error=f"{type(exc).__name__}"))
+                self._finished(Outcome(ctx, opened.rank.name, 500, error=f"{type(exc).__name__}"))
             raise
 
     async def count(self, request: Request, api: Api, endpoint: Endpoint) -> Response:
@@ -194,7 +195,7 @@ class Pipeline:
         assert plan is not None
         if plan.charged != rank.name:  # a retry landed on another rank
             self.observers.placed(ctx, rank)
-        self.observers.routed(ctx)
+        self._routed(ctx)
         api = ctx.api
         session_headers = self._session_headers(ctx)
         if opened.chunks is not None:
@@ -208,7 +209,7 @@ class Pipeline:
                     usage = last_event_with(stream.tail, b'"usage"', api.usage)
                     stored = last_event_with(chunks, b'"response"', api.stored_id)
                     outcome = Outcome(ctx, rank.name, 200, usage, stored, stream.error)
-                self.observers.finished(outcome)
+                self._finished(outcome)
 
             relay = RelayResponse(opened, done, api.sse_error, translation, api.stream_end)
             relay.headers.update(session_headers)
@@ -224,7 +225,7 @@ class Pipeline:
                 usage, stored = api.usage(data), api.stored_id(data)
             if translation is not None:
                 body = translation.body(body)
-        self.observers.finished(Outcome(ctx, rank.name, status, usage, stored))
+        self._finished(Outcome(ctx, rank.name, status, usage, stored))
         headers = response_headers(opened.response, rank.name)
         headers.update(session_headers)
         self._count_whole(endpoint, rank.name, status, started)
@@ -234,7 +235,28 @@ class Pipeline:
         """An admitted request that no rank answered (routed or not): the observers release what they
         hold for it."""
         if ctx is not None and (ctx.plan is not None or ctx.admitted is not None):
-            self.observers.finished(Outcome(ctx, None, status, error=error))
+            self._finished(Outcome(ctx, None, status, error=error))
+
+    def _routed(self, ctx: RequestContext) -> None:
+        landing = ctx.landing
+        if landing is None:
+            self.observers.routed(ctx)
+            return
+
+        def tell(_: object) -> None:
+            self.observers.landed(ctx)
+            self.observers.routed(ctx)
+
+        landing.add_done_callback(tell)
+
+    def _finished(self, outcome: Outcome) -> None:
+        """Tell the observers how the request ended: a request routed on its head once its blocks
+        landed (after ``routed``: done callbacks run in the order they were added)."""
+        landing = outcome.ctx.landing
+        if landing is None:
+            self.observers.finished(outcome)
+        else:
+            landing.add_done_callback(lambda _: self.observers.finished(outcome))
 
     def _session_headers(self, ctx: RequestContext) -> dict[str, str]:
         """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""

@@ -10,7 +10,7 @@ concurrent requests without locks.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -91,11 +91,27 @@ class Encoded:
 
 
 @dataclass(frozen=True, slots=True)
+class Head:
+    """A first turn's head (the leading segment sessions of one agent share, ``Encoded.shared_tokens``)
+    as a tokenizer can encode it apart from the rest: what routing a new session needs."""
+
+    #: Names the head's input (the same for every session of the agent): concurrent first turns
+    #: encode it once.
+    key: Hashable
+    #: Estimated tokens ``encode`` still has to encode (0: the tokenizer's cache holds them).
+    work: int
+    #: The head's token ids (cached by the tokenizer, so that ``finish`` need not encode them again).
+    encode: Callable[[], array]
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
-    """Pending tokenization: ``work`` estimated tokens left, ``finish()`` does them."""
+    """Pending tokenization: ``work`` estimated tokens left, ``finish()`` does them. ``head``: the
+    prompt's head, when the tokenizer can give it without finishing (a session's first turn)."""
 
     work: int
     finish: Callable[[], Encoded]
+    head: Head | None = None
 
     @classmethod
     def ready(cls, encoded: Encoded) -> Plan:

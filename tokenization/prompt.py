@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +26,7 @@ from tokenization.base import (
     DEFAULT_SHARED_CACHE_BYTES,
     ChatPrompt,
     Encoded,
+    Head,
     Part,
     Plan,
     Tokenizer,
@@ -102,6 +103,18 @@ class PromptMemo:
     hashes: list[BlockHash]
 
 
+@dataclass(frozen=True, slots=True)
+class PromptHead:
+    """A session's first turn as routing can see it before the whole prompt is tokenized: its head
+    (``IncrementalTokenizer.first_chat_blocks``). ``blocks`` covers the head alone (its
+    ``shared_tokens`` are all its tokens; no memo); ``estimated_tokens`` sizes the whole prompt from
+    its text; ``rest()`` tokenizes and hashes the whole prompt (reusing the head's cached blocks)."""
+
+    blocks: PromptBlocks
+    estimated_tokens: int
+    rest: Callable[[], Awaitable[PromptBlocks]]
+
+
 class SessionCache(LRU[str, PromptMemo]):
     """LRU over sessions with a byte budget (approximate: tokens, hashes and tokenizer memos).
 
@@ -144,6 +157,9 @@ class IncrementalTokenizer:
         self.offload_tokens = offload_tokens
         self._hash_bytes = len(hasher.none_hash) + _HASH_OVERHEAD
         self.shared = LRU[tuple[bytes, int, str | None], tuple[BlockHash, ...]](shared_cache_bytes)
+        # Heads being encoded, by the head's key and salt: a wave of new sessions of one agent
+        # encodes and hashes its head once.
+        self._heads: dict[tuple[Hashable, str | None], asyncio.Future[PromptBlocks | None]] = {}
 
     async def blocks_for_chat(self, session_key: str | None, body: Mapping[str, Any]) -> PromptBlocks:
         """``chat_blocks`` after the session's previous turn, kept in ``sessions``."""
@@ -166,6 +182,27 @@ class IncrementalTokenizer:
         prev = previous if previous is not None and previous.kind == "chat" else None
         plan = await self.tokenizer.plan_chat(prompt, prev.encoded if prev else None)
         return await self._complete("chat", plan, prev, salt)
+
+    async def first_chat_blocks(self, body: Mapping[str, Any]) -> PromptBlocks | PromptHead:
+        """A session's first chat turn (no previous turn). When the tokenizer can give its head apart
+        (``Plan.head``), the head is encoded and hashed once for every concurrent first turn of the
+        agent (a wave of new sessions), and when what follows it is work for a worker thread (over
+        ``offload_tokens``) the head is returned at once with the rest to finish (``PromptHead``), so
+        that the turn can be routed before its whole prompt is tokenized. Else its blocks, as
+        ``chat_blocks`` gives them."""
+        prompt = ChatPrompt.from_body(body)
+        salt = _salt(body)
+        plan = await self.tokenizer.plan_chat(prompt, None)
+        head = plan.head
+        if head is not None and (head.work or plan.work - head.work > self.offload_tokens):
+            blocks = await self._head_blocks(head, salt)
+            if blocks is not None:
+                rest = Plan(plan.work - head.work, plan.finish)  # the head's ids are cached now
+                if rest.work <= self.offload_tokens:
+                    return await self._complete("chat", rest, None, salt)
+                estimated = blocks.num_tokens + rest.work
+                return PromptHead(blocks, estimated, lambda: self._complete("chat", rest, None, salt))
+        return await self._complete("chat", plan, None, salt)
 
     async def completion_blocks(
         self, body: Mapping[str, Any], previous: PromptMemo | None = None
@@ -213,6 +250,40 @@ class IncrementalTokenizer:
             memo_bytes=encoded.nbytes + len(hashes) * self._hash_bytes + 200,
         )
 
+    async def _head_blocks(self, head: Head, salt: str | None) -> PromptBlocks | None:
+        """The head's blocks (None: under one block), encoded and hashed once for concurrent callers."""
+        key = (head.key, salt)
+        pending = self._heads.get(key)
+        if pending is None:
+            pending = self._heads[key] = asyncio.ensure_future(self._encode_head(head, salt))
+            pending.add_done_callback(
+                lambda done: self._heads.pop(key, None) if self._heads.get(key) is done else None
+            )
+        return await asyncio.shield(pending)
+
+    async def _encode_head(self, head: Head, salt: str | None) -> PromptBlocks | None:
+        tokens = await self._run(head.work, head.encode)
+        lead = len(tokens) // self.block_size
+        if lead == 0:
+            return None
+        key = self._shared_key(tokens, lead, salt)
+        hashes = self.shared.get(key)
+        if hashes is None:
+            hashed = await self._run(
+                lead * self.block_size, lambda: self.hasher.hash_blocks(tokens, cache_salt=salt)
+            )
+            hashes = tuple(hashed)
+            self.shared.put(key, hashes, _SHARED_ENTRY_BYTES + lead * self._hash_bytes)
+        return PromptBlocks(
+            num_tokens=len(tokens),
+            block_size=self.block_size,
+            block_hashes=hashes,
+            parts=(("head", 0, len(tokens)),),
+            tokens=tokens,
+            shared_blocks=lead,
+            shared_tokens=len(tokens),
+        )
+
     async def _run(self, work: int, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)``, in a worker thread when ``work`` (tokens) exceeds ``offload_tokens``."""
         if work <= self.offload_tokens:
@@ -229,21 +300,21 @@ class IncrementalTokenizer:
         lead = encoded.shared_tokens // self.block_size
         if lead <= keep:
             return None, keep
-        cached = self.shared.get(self._shared_key(encoded, lead, salt))
+        cached = self.shared.get(self._shared_key(encoded.tokens, lead, salt))
         if cached is None:
             return None, keep
         return cached, lead
 
-    def _shared_key(self, encoded: Encoded, lead: int, salt: str | None) -> tuple[bytes, int, str | None]:
+    def _shared_key(self, tokens: array, lead: int, salt: str | None) -> tuple[bytes, int, str | None]:
         # The hashes depend only on these tokens and the salt (the hasher is this instance's).
-        view = memoryview(encoded.tokens)[: lead * self.block_size]
+        view = memoryview(tokens)[: lead * self.block_size]
         return xxhash.xxh3_128_digest(view), lead, salt
 
     def _store_shared(self, encoded: Encoded, hashes: list[BlockHash], salt: str | None) -> None:
         lead = min(encoded.shared_tokens // self.block_size, len(hashes))
         if lead:
             nbytes = _SHARED_ENTRY_BYTES + lead * self._hash_bytes
-            self.shared.put(self._shared_key(encoded, lead, salt), tuple(hashes[:lead]), nbytes)
+            self.shared.put(self._shared_key(encoded.tokens, lead, salt), tuple(hashes[:lead]), nbytes)
 
     def _reusable_blocks(self, encoded: Encoded, prev: PromptMemo | None, salt: str | None) -> int:
         # The salt sits in block 0's hash, so a changed salt changes every block.

@@ -21,6 +21,7 @@ from tokenization.base import (
     DEFAULT_SHARED_CACHE_BYTES,
     ChatPrompt,
     Encoded,
+    Head,
     Part,
     Plan,
     whole_prompt,
@@ -144,12 +145,15 @@ class TiktokenTokenizer:
             # Unchanged leading segments keep their labels: same inputs up to ``first``, same layout.
             parts: list[Part] = list(prev.parts[:first]) if prev is not None and first else []
             start = reused
-            if lead is not None:
-                tokens = lead[:]  # a copy: the cached ids are shared
-                ends.append(len(lead))
-                parts.append((_label(0), 0, len(lead)))
-                start = len(lead)
-            for j in range(encode_from, count):
+            head_ids = lead
+            if head_ids is None and first == 0 and system_key is not None:
+                head_ids = self.shared.get(system_key)  # encoded meanwhile (``Plan.head``, another session)
+            if head_ids is not None:
+                tokens = head_ids[:]  # a copy: the cached ids are shared
+                ends.append(len(head_ids))
+                parts.append((_label(0), 0, len(head_ids)))
+                start = len(head_ids)
+            for j in range(encode_from if head_ids is None else 1, count):
                 if copied(j):
                     assert prev is not None and memo is not None
                     old = j - off + memo.offset  # the same message's segment in the previous turn
@@ -175,7 +179,20 @@ class TiktokenTokenizer:
                 shared_tokens=ends[0] if system_segment else 0,
             )
 
-        return Plan(work, finish)
+        head = None
+        if first == 0 and system_key is not None:
+            head_key = system_key  # a name for the closure: mypy narrows no captured variable
+
+            def encode_head() -> array:
+                ids = lead if lead is not None else self.shared.get(head_key)
+                if ids is None:
+                    ids = array("I")
+                    self._encode_into(ids, texts[0])
+                    self.shared.put(head_key, ids, _ARRAY_BYTES + 4 * len(ids))
+                return ids
+
+            head = Head(system_key, len(texts.get(0, "")) // CHARS_PER_TOKEN, encode_head)
+        return Plan(work, finish, head)
 
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
         """A completion prompt: encoded whole (cl100k adds no BOS); block hashes reuse the common prefix."""

@@ -75,7 +75,7 @@ class Admission(Ledger):
         no rank had room within the wait bound.
         """
         tokens = prompt_tokens(ctx)
-        if self.config.enabled:
+        if self.config.enabled and ctx.landing is None:  # an estimate (``ctx.landing``): the rank judges
             self._check_fits(ctx.prompt_tokens)
         key = ctx.session_key
         if key is None:

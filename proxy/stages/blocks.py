@@ -9,18 +9,26 @@ of its answer (vLLM caches decoded tokens' full blocks too): ``ctx.cached_answer
 prompt's leading blocks that rank holds, for the router to count in the estimate. A request the
 tokenizer cannot render is not an error here: the rank is the judge of its own input, and routing
 falls back to session and load.
+
+A first turn (no previous turn to start from) can match on the ranks only what other sessions left
+there: essentially its head, the agent's system prompt and tools. When the rest of it is long
+(``IncrementalTokenizer.first_chat_blocks``), the turn goes on with its head's blocks (encoded and
+hashed once per agent) and a size estimated from its text, and the whole prompt is tokenized and
+hashed beside it (``ctx.landing``): its memo, the index's record and what the observers learn use
+the whole prompt once it lands, and the thread's next turn awaits it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from proxy.context import RequestContext
-from proxy.state.local import Answer, CachedAnswer, SessionLocals
+from proxy.state.local import Answer, CachedAnswer, SessionLocals, ThreadLocal
 from tokenization.backend_tokenizer import BackendTokenizeError
 from tokenization.base import UnsupportedRequest
-from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptMemo
+from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptHead, PromptMemo
 
 log = logging.getLogger("prefixgate.blocks")
 
@@ -32,6 +40,8 @@ class Blocks:
     def __init__(self, incremental: IncrementalTokenizer | None, locals_: SessionLocals) -> None:
         self.incremental = incremental
         self.locals = locals_
+        # The first turns' landings in flight: the event loop keeps only weak references to tasks.
+        self._landing: set[asyncio.Task[None]] = set()
 
     async def __call__(self, ctx: RequestContext) -> None:
         ctx.prompt = prompt = ctx.api.prompt_view(ctx.body)
@@ -39,10 +49,18 @@ class Blocks:
         if incremental is None or prompt is None:
             return
         thread = ctx.conversation
+        if thread is not None and thread.landing is not None:
+            await asyncio.shield(thread.landing)  # the previous turn, this one's base, is landing
         previous = thread.prompt if thread is not None else None
         try:
             if ctx.api.prompt_kind == "text":
                 blocks = await incremental.completion_blocks(prompt, previous)
+            elif previous is None:
+                first = await incremental.first_chat_blocks(prompt)
+                if isinstance(first, PromptHead):
+                    self._go_on_head(ctx, thread, first)
+                    return
+                blocks = first
             else:
                 blocks = await incremental.chat_blocks(prompt, previous)
         except UnsupportedRequest as exc:
@@ -51,12 +69,50 @@ class Blocks:
         except BackendTokenizeError as exc:
             log.warning("backend tokenizer failed, routing without blocks: %s", exc)
             return
+        self._land(ctx, blocks, previous, prompt)
+
+    def _land(
+        self, ctx: RequestContext, blocks: PromptBlocks, previous: PromptMemo | None, prompt: dict[str, Any]
+    ) -> None:
+        thread = ctx.conversation
         if thread is not None:
             ctx.cached_answer = answer_blocks(thread.answer, previous, blocks, prompt, thread.verbatim)
             self.remember(ctx, blocks)
         ctx.prompt_blocks = blocks
         ctx.prompt_tokens = blocks.num_tokens
         ctx.block_hashes = blocks.block_hashes
+
+    def _go_on_head(self, ctx: RequestContext, thread: ThreadLocal | None, head: PromptHead) -> None:
+        """Route and admit a first turn on its head and estimated size; the rest lands beside it."""
+        ctx.prompt_blocks = head.blocks
+        ctx.prompt_tokens = head.estimated_tokens
+        ctx.block_hashes = head.blocks.block_hashes
+        task = asyncio.create_task(self._rest(ctx, head))
+        ctx.landing = task
+        if thread is not None:
+            thread.landing = task
+        self._landing.add(task)
+        task.add_done_callback(self._landing.discard)
+
+    async def _rest(self, ctx: RequestContext, head: PromptHead) -> None:
+        """The whole prompt of a turn routed on its head, on its context and its thread's memo. Never
+        raises: a prompt that cannot be rendered leaves the request without blocks, as on the path."""
+        prompt = ctx.prompt
+        assert prompt is not None
+        try:
+            blocks = await head.rest()
+        except Exception as exc:  # the request is on its way: whatever failed here must not lose it
+            if isinstance(exc, (UnsupportedRequest, BackendTokenizeError)):
+                log.warning("cannot render a first turn routed on its head into blocks: %s", exc)
+            else:
+                log.exception("tokenizing a first turn routed on its head failed")
+            ctx.prompt_blocks, ctx.prompt_tokens, ctx.block_hashes = None, None, ()
+        else:
+            self._land(ctx, blocks, None, prompt)
+        finally:
+            thread = ctx.conversation
+            if thread is not None and thread.landing is ctx.landing:
+                thread.landing = None
 
     def remember(self, ctx: RequestContext, blocks: PromptBlocks) -> None:
         """Keep this turn as the session's base for its next one."""

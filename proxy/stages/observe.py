@@ -4,8 +4,13 @@ Three events, in this order for every routed request:
 
 - ``placed(ctx, rank)``: ``rank`` holds the request: the plan's first choice once routed, and again
   the rank a retry landed on when that is another;
+- ``landed(ctx)``: only for a first turn routed on its head (``ctx.landing``), just before
+  ``routed``: its whole prompt's blocks are known now;
 - ``routed(ctx)``: the rank answered (``ctx.rank``): the stream opened, or the whole body arrived;
 - ``finished(outcome)``: the request ended: answered, failed on every rank, or its client left.
+
+For a request routed on its head, ``routed`` and ``finished`` wait until its blocks have landed, so
+that every observer learns from the whole prompt.
 
 Observers are the stages that learn from answers (the router and its prefix index, admission and
 the session table, the prefix-break explainer, the dashboard, the stored-answer pins, the metrics).
@@ -30,6 +35,9 @@ class Observer:
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
         """``rank`` holds the request now."""
 
+    def landed(self, ctx: RequestContext) -> None:
+        """The whole prompt's blocks of a request routed on its head are on ``ctx`` now."""
+
     def routed(self, ctx: RequestContext) -> None:
         """The rank ``ctx.rank`` answered (its stream opened, or its whole body arrived)."""
 
@@ -44,25 +52,23 @@ class Observers:
         self.observers = tuple(observers)
 
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
-        for observer in self.observers:
-            try:
-                observer.placed(ctx, rank)
-            except Exception:
-                log.exception("%s failed on a placed request", type(observer).__name__)
+        self._tell("placed", ctx, rank)
+
+    def landed(self, ctx: RequestContext) -> None:
+        self._tell("landed", ctx)
 
     def routed(self, ctx: RequestContext) -> None:
-        for observer in self.observers:
-            try:
-                observer.routed(ctx)
-            except Exception:
-                log.exception("%s failed on a routed request", type(observer).__name__)
+        self._tell("routed", ctx)
 
     def finished(self, outcome: Outcome) -> None:
+        self._tell("finished", outcome)
+
+    def _tell(self, event: str, *args: object) -> None:
         for observer in self.observers:
             try:
-                observer.finished(outcome)
+                getattr(observer, event)(*args)
             except Exception:
-                log.exception("%s failed on a finished request", type(observer).__name__)
+                log.exception("%s failed on a %s request", type(observer).__name__, event)
 
 
 class UsageMetrics(Observer):

@@ -194,6 +194,13 @@ class Router(Observer):
         found.session_rank = previous
         self._charge(ctx, plan, rank, found, "its rank failed this request")
 
+    def landed(self, ctx: RequestContext) -> None:
+        """A first turn routed on its head: the charged rank holds its whole prompt once answering."""
+        plan = ctx.plan
+        name = plan.charged if plan is not None else None
+        if name is not None and name not in self.exact and ctx.block_hashes:
+            self.index.record(name, ctx.block_hashes)
+
     def finished(self, outcome: Outcome) -> None:
         """After the answer (or the failure): release the charge; count predicted vs reported hit
         tokens and, when the rank hit fewer tokens than predicted, drop the blocks past the actual

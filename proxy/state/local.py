@@ -18,6 +18,7 @@ its copy, and the next request of that session starts afresh).
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,9 @@ class ThreadLocal:
     #: The tokenizer's previous turn (``tokenization.prompt``), and its bytes.
     prompt: Any = None
     prompt_bytes: int = 0
+    #: The blocks of a first turn still being tokenized (``RequestContext.landing``): the next turn
+    #: awaits them, its base.
+    landing: asyncio.Task[None] | None = None
     #: The prefix-break explainer's memory of the previous turn (``proxy.explain``), and its bytes.
     turn: Any = None
     turn_bytes: int = 0
