@@ -12,7 +12,15 @@ Only the waiter at the head checks for room (so a small later session cannot ove
 earlier one); a waiter behind it checks only for what takes nobody's room (``attempt_behind``:
 admitted past a budget, which the head's wait does not change). Every change that may free room
 (an answer, a release, a waiter leaving, a rank's new figures) wakes the waiters, and a poll
-interval catches what no event signals (sessions idling out with time).
+interval catches what no event signals (sessions idling out with time, and what other replicas do).
+
+With a shared ``WaitOrder`` (Redis: ``proxy/state/redis_queue.py``) each waiter also takes a place in
+the order of every replica's waiters, which then orders this queue too (its fair-share tags are kept
+there, so they compare across replicas); the head here is the first of this replica's waiters, and
+the room it finds is granted only if no replica has a waiter before it (checked where room is taken,
+``claims.Ask.place``). A waiter renews its place's lease while it waits (``LEASE_S``), so a dead
+replica's waiters lapse. Without a place (no shared order, or Redis unreachable) this process's
+order alone decides, as before.
 """
 
 from __future__ import annotations
@@ -26,7 +34,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from proxy.state.wait_order import LocalOrder, Place, WaitOrder
+
 T = TypeVar("T")
+
+#: Seconds a waiter's place in a shared order stands unless renewed (every third of it while it
+#: waits): how long a dead replica's waiters stay in the others' way. Wall-clock time, not the
+#: traffic's: it measures whether a process is alive, which a replay does not compress.
+LEASE_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +57,15 @@ class Ticket:
 class _Waiter:
     order: tuple[int, float, int]
     ticket: Ticket = field(compare=False)
+    place: Place | None = field(compare=False, default=None)
 
 
 class WaitQueue:
     """Waiters in priority and fair-share order, each retrying its ``attempt`` while at the head."""
 
-    def __init__(self, poll_interval: float) -> None:
+    def __init__(self, poll_interval: float, order: WaitOrder | None = None) -> None:
         self.poll_interval = poll_interval
+        self.order: WaitOrder = order if order is not None else LocalOrder()
         self._waiters: list[_Waiter] = []
         self._changed = asyncio.Event()
         self._arrivals = itertools.count()
@@ -68,12 +85,16 @@ class WaitQueue:
         key = ticket.client or ""
         start = max(self._virtual, self._finish.get(key, 0.0))
         self._finish[key] = start + 1.0 / ticket.weight
-        waiter = _Waiter((-ticket.priority, start, next(self._arrivals)), ticket)
+        place = self.order.enter(ticket.client, ticket.priority, ticket.weight, LEASE_S)
+        order = place.order if place is not None else (-ticket.priority, start, next(self._arrivals))
+        waiter = _Waiter(order, ticket, place)
         bisect.insort(self._waiters, waiter)
         return waiter
 
     def _leave(self, waiter: _Waiter, served: bool) -> None:
         self._waiters.remove(waiter)
+        if waiter.place is not None:
+            self.order.leave(waiter.place, served)
         if served:
             self._virtual = max(self._virtual, waiter.order[1])
 
@@ -85,16 +106,22 @@ class WaitQueue:
         ticket: Ticket | None = None,
         limit: Callable[[], float] | None = None,
         attempt_behind: Callable[[], T | None] | None = None,
+        on_place: Callable[[str | None], None] | None = None,
     ) -> T:
         """``attempt()``'s first non-None result, tried whenever this waiter is at the head (and
         ``attempt_behind()``'s while it is not); raises ``TimeoutError`` after ``timeout`` seconds,
         or sooner when ``limit()`` (re-read as it waits: a bound learned meanwhile) says fewer.
-        ``on_depth(n)`` is told the queue's length as it changes."""
+        ``on_depth(n)`` is told the queue's length as it changes; ``on_place(id)``, before the first
+        attempt, the waiter's place in the shared order (None: none), which its attempts name where
+        room is taken (granted only if no replica has a waiter before it)."""
         waiter = self._enter(ticket or Ticket())
+        if on_place is not None:
+            on_place(waiter.place.id if waiter.place is not None else None)
         on_depth(len(self._waiters))
         started = time.monotonic()
         deadline = started + timeout
         served = False
+        renewed = started
         try:
             while True:
                 check = attempt if self._waiters[0] is waiter else attempt_behind
@@ -104,6 +131,9 @@ class WaitQueue:
                         served = True
                         return found
                 now = time.monotonic()
+                if waiter.place is not None and now - renewed >= LEASE_S / 3:
+                    self.order.renew(waiter.place, LEASE_S)
+                    renewed = now
                 if limit is not None:
                     deadline = min(deadline, started + limit())
                 left = deadline - now
