@@ -168,7 +168,7 @@ class RedisClaims:
         self.clock = clock
         base = slot_prefix(f"{prefix}:admission", link.client) + ":"
         self.keys = [base + name for name in ("T", "C", "H", "R", "E", "S", "N")]
-        self._reserve_keys = self.keys + queue_keys(link, prefix)[:3]
+        self._reserve_keys = self.keys + queue_keys(link.client, prefix)[:3]
         client = link.client
         self._reserve = client.register_script(RESERVE)
         self._claim = client.register_script(CLAIM)

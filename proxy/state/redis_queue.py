@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from proxy.state.wait_order import Place
 from routing.redis_link import ERRORS, RedisLink
@@ -96,9 +97,9 @@ return 1
 """
 
 
-def queue_keys(link: RedisLink, prefix: str = "prefixgate") -> list[str]:
-    """The order's keys (``QUEUE_KEYS``), in the claims' slot."""
-    base = slot_prefix(f"{prefix}:admission", link.client) + ":"
+def queue_keys(client: Any, prefix: str = "prefixgate") -> list[str]:
+    """The order's keys (``QUEUE_KEYS``) on ``client``'s Redis, in the claims' slot."""
+    base = slot_prefix(f"{prefix}:admission", client) + ":"
     return [base + name for name in QUEUE_KEYS]
 
 
@@ -120,7 +121,7 @@ class RedisWaitOrder:
     ) -> None:
         self.link = link
         self.clock = clock
-        self.keys = queue_keys(link, prefix)
+        self.keys = queue_keys(link.client, prefix)
         self._enter = link.client.register_script(ENTER)
         self._renew = link.client.register_script(RENEW)
         self._leave = link.client.register_script(LEAVE)
