@@ -12,7 +12,9 @@ schedule before any run, then measured during each):
   session's consecutive requests reach different replicas.
 
 Per system, from the ranks' own usage: hit rate, prefill tokens, TTFT p50/p99, completion time
-p50, completed conversations, 429s and errors, and the conversations answered by more than one rank.
+p50, completed conversations, 429s and errors, and the conversations answered by more than one rank;
+from the session table, the wait order (``bench/wait_order.py``: how often a later arrival took room
+before an earlier waiter).
 Clocks: think times x ``--think-scale`` and the sim's model time x ``--time-scale``; prefixgate's
 idle TTL and wait bound are learned from the traffic each replica sees (not configured), so they
 follow the compressed replay. Each system's requests hit its own fresh fleet::
@@ -49,6 +51,7 @@ from bench.pressure import mean_working_set, pool_for
 from bench.replay import ReplayResult, TraceReplayConfig, replay_trace
 from bench.systems import FleetConfig, SimFleetProcess
 from bench.traces import TraceSession, load_claude_code
+from bench.wait_order import wait_order
 from proxy.server import free_port
 from proxy.state.embedded_redis import EmbeddedRedis
 
@@ -119,6 +122,7 @@ def run_system(
         for timer in timers:  # one that already fired finishes before the fleet is torn down
             timer.cancel()
             timer.join()
+        order = wait_order(urls[-1])  # a live replica (the first may have been stopped)
     summary = result.summary()
     ranks_of: dict[str, set[str]] = defaultdict(set)
     for turn in result.turns:
@@ -143,6 +147,7 @@ def run_system(
         "working_set_x_pool": statistics.fmean(result.working_set) / pool if result.working_set else 0.0,
         "wall_s": result.wall_s,
         "faults": faults,
+        "wait_order": order,
         "requests_sent": sum(len(s.requests) for top in sessions for s in top.all_sessions()),
     }
 
@@ -197,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['system']}: {fault}")
         lost = r["requests_sent"] - r["requests"]
         print(f"  {r['system']}: {r['requests']} of {r['requests_sent']} requests answered ({lost} lost)")
+        order = r["wait_order"]
+        print(
+            f"  {r['system']}: wait order: {order['overtakes']} overtakes (a later arrival taking room "
+            f"before an earlier waiter; bench/wait_order.py), {order['waited']} of "
+            f"{order['admitted_sessions']} sessions waited"
+        )
     gap = rows[1]["hit_rate"] - rows[0]["hit_rate"]
     print(f"hit rate, {rows[1]['system']} minus 1 replica: {gap * 100:+.2f} points")
     path = write_json(
