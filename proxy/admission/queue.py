@@ -18,9 +18,9 @@ With a shared ``WaitOrder`` (Redis: ``proxy/state/redis_queue.py``) each waiter 
 the order of every replica's waiters, which then orders this queue too (its fair-share tags are kept
 there, so they compare across replicas); the head here is the first of this replica's waiters, and
 the room it finds is granted only if no replica has a waiter before it (checked where room is taken,
-``claims.Ask.place``). A waiter renews its place's lease while it waits (``LEASE_S``), so a dead
-replica's waiters lapse. Without a place (no shared order, or Redis unreachable) this process's
-order alone decides, as before.
+``claims.Ask.place``). The queue renews its waiters' leases while they wait (``LEASE_S``, all in
+one step), so a dead replica's waiters lapse. Without a place (no shared order, or Redis
+unreachable) this process's order alone decides, as before.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ class WaitQueue:
         #: Per client key, the tag its next waiter starts from; and the virtual time (``V``).
         self._finish: dict[str, float] = {}
         self._virtual = 0.0
+        #: When this queue last renewed its waiters' places in the shared order (all at once).
+        self._renewed = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -86,6 +88,8 @@ class WaitQueue:
         start = max(self._virtual, self._finish.get(key, 0.0))
         self._finish[key] = start + 1.0 / ticket.weight
         place = self.order.enter(ticket.client, ticket.priority, ticket.weight, LEASE_S)
+        if not self._waiters:
+            self._renewed = time.monotonic()  # a fresh lease: the next renewal is a third of one away
         order = place.order if place is not None else (-ticket.priority, start, next(self._arrivals))
         waiter = _Waiter(order, ticket, place)
         bisect.insort(self._waiters, waiter)
@@ -121,7 +125,6 @@ class WaitQueue:
         started = time.monotonic()
         deadline = started + timeout
         served = False
-        renewed = started
         try:
             while True:
                 check = attempt if self._waiters[0] is waiter else attempt_behind
@@ -131,9 +134,9 @@ class WaitQueue:
                         served = True
                         return found
                 now = time.monotonic()
-                if waiter.place is not None and now - renewed >= LEASE_S / 3:
-                    self.order.renew(waiter.place, LEASE_S)
-                    renewed = now
+                if waiter.place is not None and now - self._renewed >= LEASE_S / 3:
+                    self._renewed = now
+                    self.order.renew([w.place for w in self._waiters if w.place is not None], LEASE_S)
                 if limit is not None:
                     deadline = min(deadline, started + limit())
                 left = deadline - now

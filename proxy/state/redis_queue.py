@@ -8,8 +8,9 @@ the queue's), ``P`` (hash: place id -> its member), ``L`` (sorted set: place ids
 time, the tag of the waiter served last; ``\\tN``: the arrival counter). The fair-share rule is
 ``queue.WaitQueue``'s, kept in Redis so that tags compare across replicas.
 
-Only waiting requests touch the order: ``enter`` and ``leave`` once each, ``renew`` once per
-``lease_s / 3`` of waiting; a request admitted at once pays nothing here (the reservation script it
+Only waiting requests touch the order: ``enter`` and ``leave`` once each, and each replica renews
+all its waiters' leases in one round trip per ``lease_s / 3`` while it has any; a request admitted
+at once pays nothing here (the reservation script it
 runs anyway checks that nobody waits). Places whose lease lapsed (their replica died, or stalled
 past the lease) go in batches of ``LAPSE_BATCH`` at each script that reads the order; a live waiter's
 next renewal restores its place.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.state.wait_order import Place
@@ -75,10 +76,15 @@ return member
 """.replace("%(zero)d", str(PRIORITY_ZERO))
 )
 
-#: KEYS: Q, P, L. ARGV: now, lease s, id, member.
+#: KEYS: Q, P, L. ARGV: now, lease s, then id, member pairs.
 RENEW = """
-if redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[4]) == 1 then redis.call('ZADD', KEYS[1], 0, ARGV[4]) end
-redis.call('ZADD', KEYS[3], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[3])
+local expiry = tonumber(ARGV[1]) + tonumber(ARGV[2])
+for i = 3, #ARGV, 2 do
+  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1]) == 1 then
+    redis.call('ZADD', KEYS[1], 0, ARGV[i + 1])
+  end
+  redis.call('ZADD', KEYS[3], expiry, ARGV[i])
+end
 return 1
 """
 
@@ -166,8 +172,12 @@ class RedisWaitOrder:
         member = raw.decode() if isinstance(raw, bytes) else str(raw)
         return Place(place, place_order(member), member)
 
-    def renew(self, place: Place, lease_s: float) -> None:
-        args = [repr(self.clock()), repr(lease_s), place.id, place.member]
+    def renew(self, places: Sequence[Place], lease_s: float) -> None:
+        if not places:
+            return
+        args = [repr(self.clock()), repr(lease_s)]
+        for place in places:
+            args += [place.id, place.member]
         self.link.call(lambda: self._renew(keys=self.keys[:3], args=args))
 
     def leave(self, place: Place, served: bool) -> None:

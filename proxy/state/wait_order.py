@@ -3,10 +3,11 @@
 Admission's queue (``proxy/admission/queue.py``) serves its waiters by priority, then weighted-fair
 across client keys, then first come; a ``WaitOrder`` makes that order one across replicas. A waiter
 ``enter``s and gets its ``Place`` (its position's key, ``(-priority, fair-share tag, arrival)``),
-``renew``s its lease while it waits (a dead replica's waiters lapse, never blocking the others) and
-``leave``s when served or gone. The order is enforced where room is taken: a reservation within the
-budgets goes only to the first place, or to a session that is not waiting while nobody waits
-(``claims.Ask.queued`` and ``Ask.place``, checked in the same atomic step as the room).
+has its lease renewed while it waits (a replica renews all its waiters' at once; a dead replica's
+waiters lapse, never blocking the others) and ``leave``s when served or gone. The order is
+enforced where room is taken: a reservation within the budgets goes only to the first place, or to
+a session that is not waiting while nobody waits (``claims.Ask.queued`` and ``Ask.place``, checked
+in the same atomic step as the room).
 
 ``LocalOrder`` (the ``memory`` backend) has no shared order: each process's queue is the whole
 order. ``redis_queue.RedisWaitOrder`` shares it between replicas.
@@ -14,6 +15,7 @@ order. ``redis_queue.RedisWaitOrder`` shares it between replicas.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,9 +40,9 @@ class WaitOrder(Protocol):
         backend, or Redis unreachable: this replica's own queue decides)."""
         ...
 
-    def renew(self, place: Place, lease_s: float) -> None:
-        """The waiter at ``place`` is still waiting: its lease runs ``lease_s`` from now (a lapsed
-        place is restored where it stood)."""
+    def renew(self, places: Sequence[Place], lease_s: float) -> None:
+        """The waiters at ``places`` (one replica's) still wait: their leases run ``lease_s`` from
+        now, in one step (a lapsed place is restored where it stood)."""
         ...
 
     def leave(self, place: Place, served: bool) -> None:
@@ -55,7 +57,7 @@ class LocalOrder:
     def enter(self, client: str | None, priority: int, weight: float, lease_s: float) -> Place | None:
         return None
 
-    def renew(self, place: Place, lease_s: float) -> None:
+    def renew(self, places: Sequence[Place], lease_s: float) -> None:
         pass
 
     def leave(self, place: Place, served: bool) -> None:
