@@ -104,7 +104,8 @@ return 1
 
 
 def queue_keys(client: Any, prefix: str = "prefixgate") -> list[str]:
-    """The order's keys (``QUEUE_KEYS``) on ``client``'s Redis, in the claims' slot."""
+    """The order's keys (``QUEUE_KEYS``) on ``client``'s Redis, in the slot of the claims' under
+    ``prefix``."""
     base = slot_prefix(f"{prefix}:admission", client) + ":"
     return [base + name for name in QUEUE_KEYS]
 
@@ -118,21 +119,18 @@ def place_order(member: str) -> tuple[int, float, int]:
 class RedisWaitOrder:
     """``WaitOrder`` over Redis, shared by every replica (see the module docstring)."""
 
-    def __init__(
-        self,
-        link: RedisLink,
-        prefix: str = "prefixgate",
-        on_state: Callable[[bool], None] | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    #: Leases are compared across replicas: wall-clock time, as the claims' expiries are.
+    clock = staticmethod(time.time)
+
+    def __init__(self, link: RedisLink, on_state: Callable[[bool], None] | None = None) -> None:
+        """``link``: the one the claims use (their keys' slot: the reservation script reads the
+        order); ``on_state(shared)``: told when the order becomes unreachable, and back."""
         self.link = link
-        self.clock = clock
-        self.keys = queue_keys(link.client, prefix)
-        self._enter = link.client.register_script(ENTER)
-        self._renew = link.client.register_script(RENEW)
-        self._leave = link.client.register_script(LEAVE)
-        self._shared = True
-        self._on_state = on_state
+        self.keys = queue_keys(link.client)
+        self._enter, self._renew, self._leave = (
+            link.client.register_script(s) for s in (ENTER, RENEW, LEAVE)
+        )
+        self._shared, self._on_state = True, on_state
 
     def _state(self, shared: bool, why: object = None) -> None:
         if shared == self._shared:
