@@ -20,7 +20,7 @@ idle TTL and wait bound are learned from the traffic each replica sees (not conf
 follow the compressed replay. Each system's requests hit its own fresh fleet::
 
     python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
-        [--stop-replica-at S] [--restart-redis-at S]
+        [--admission-policy cost|budget] [--stop-replica-at S] [--restart-redis-at S]
 
 Faults, in the N-replica run: ``--stop-replica-at`` sends one replica SIGTERM (a rolling restart or a
 pod deletion: it drains what it serves and stops listening; HAProxy retries a refused connection on
@@ -102,6 +102,7 @@ def run_system(
         specs = [f"sim-{i}={url}" for i, url in enumerate(fleet.urls)]
         redis = stack.enter_context(EmbeddedRedis()) if replicas > 1 else None
         flags = ["--redis-url", redis.url] if redis is not None else []
+        flags += ["--admission-policy", args.admission_policy]
         urls, processes = [], []
         for _ in range(replicas):
             proxy, url = proxy_process(specs, extra=flags)
@@ -164,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--think-scale", type=float, default=0.01, help="trace think times x this")
     parser.add_argument("--time-scale", type=float, default=0.2, help="the sim's model time x this")
     parser.add_argument("--pressure", type=float, default=1.25, help="mean working set / fleet pool")
+    parser.add_argument(
+        "--admission-policy",
+        choices=("cost", "budget"),
+        default="cost",
+        help="prefixgate's (budget: every new session waits for room within the budgets, or 429)",
+    )
     parser.add_argument(
         "--stop-replica-at", type=float, help="SIGTERM one replica this many seconds into the N-replica run"
     )
