@@ -12,13 +12,15 @@ schedule before any run, then measured during each):
   session's consecutive requests reach different replicas.
 
 Per system, from the ranks' own usage: hit rate, prefill tokens, TTFT p50/p99, completion time
-p50, completed conversations, 429s and errors, and the conversations answered by more than one rank.
+p50, completed conversations, 429s and errors, and the conversations answered by more than one rank;
+from the session table, the wait order (``bench/wait_order.py``: how often a later arrival took room
+before an earlier waiter).
 Clocks: think times x ``--think-scale`` and the sim's model time x ``--time-scale``; prefixgate's
 idle TTL and wait bound are learned from the traffic each replica sees (not configured), so they
 follow the compressed replay. Each system's requests hit its own fresh fleet::
 
     python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
-        [--stop-replica-at S] [--restart-redis-at S]
+        [--admission-policy cost|budget] [--stop-replica-at S] [--restart-redis-at S]
 
 Faults, in the N-replica run: ``--stop-replica-at`` sends one replica SIGTERM (a rolling restart or a
 pod deletion: it drains what it serves and stops listening; HAProxy retries a refused connection on
@@ -49,6 +51,7 @@ from bench.pressure import mean_working_set, pool_for
 from bench.replay import ReplayResult, TraceReplayConfig, replay_trace
 from bench.systems import FleetConfig, SimFleetProcess
 from bench.traces import TraceSession, load_claude_code
+from bench.wait_order import wait_order
 from proxy.server import free_port
 from proxy.state.embedded_redis import EmbeddedRedis
 
@@ -99,6 +102,7 @@ def run_system(
         specs = [f"sim-{i}={url}" for i, url in enumerate(fleet.urls)]
         redis = stack.enter_context(EmbeddedRedis()) if replicas > 1 else None
         flags = ["--redis-url", redis.url] if redis is not None else []
+        flags += ["--admission-policy", args.admission_policy]
         urls, processes = [], []
         for _ in range(replicas):
             proxy, url = proxy_process(specs, extra=flags)
@@ -119,6 +123,7 @@ def run_system(
         for timer in timers:  # one that already fired finishes before the fleet is torn down
             timer.cancel()
             timer.join()
+        order = wait_order(urls[-1])  # a live replica (the first may have been stopped)
     summary = result.summary()
     ranks_of: dict[str, set[str]] = defaultdict(set)
     for turn in result.turns:
@@ -143,6 +148,7 @@ def run_system(
         "working_set_x_pool": statistics.fmean(result.working_set) / pool if result.working_set else 0.0,
         "wall_s": result.wall_s,
         "faults": faults,
+        "wait_order": order,
         "requests_sent": sum(len(s.requests) for top in sessions for s in top.all_sessions()),
     }
 
@@ -159,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--think-scale", type=float, default=0.01, help="trace think times x this")
     parser.add_argument("--time-scale", type=float, default=0.2, help="the sim's model time x this")
     parser.add_argument("--pressure", type=float, default=1.25, help="mean working set / fleet pool")
+    parser.add_argument(
+        "--admission-policy",
+        choices=("cost", "budget"),
+        default="cost",
+        help="prefixgate's (budget: every new session waits for room within the budgets, or 429)",
+    )
     parser.add_argument(
         "--stop-replica-at", type=float, help="SIGTERM one replica this many seconds into the N-replica run"
     )
@@ -197,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['system']}: {fault}")
         lost = r["requests_sent"] - r["requests"]
         print(f"  {r['system']}: {r['requests']} of {r['requests_sent']} requests answered ({lost} lost)")
+        order = r["wait_order"]
+        print(
+            f"  {r['system']}: wait order: {order['overtakes']} overtakes (a later arrival taking room "
+            f"before an earlier waiter; bench/wait_order.py), {order['waited']} of "
+            f"{order['admitted_sessions']} sessions waited"
+        )
     gap = rows[1]["hit_rate"] - rows[0]["hit_rate"]
     print(f"hit rate, {rows[1]['system']} minus 1 replica: {gap * 100:+.2f} points")
     path = write_json(

@@ -104,9 +104,11 @@ class Gateway:
         if self.state.name == "redis":
             self.metrics.index_redis_up.set(1)
             self.metrics.admission_shared_up.set(1)
+            self.metrics.admission_queue_shared_up.set(1)
         else:  # a 0 would read as an outage: without Redis the gauges are not exported at all
             self.metrics.registry.unregister(self.metrics.index_redis_up)
             self.metrics.registry.unregister(self.metrics.admission_shared_up)
+            self.metrics.registry.unregister(self.metrics.admission_queue_shared_up)
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )
@@ -132,6 +134,9 @@ class Gateway:
             block_size,
             router,
             self.state.claims(lambda shared: self.metrics.admission_shared_up.set(1 if shared else 0)),
+            self.state.wait_order(
+                lambda shared: self.metrics.admission_queue_shared_up.set(1 if shared else 0)
+            ),
         )
         # the ranks' context lengths and first figures before the first request
         await poll_all(client, self.fleet, settings.health_timeout, admission.observe_rank)

@@ -25,6 +25,7 @@ from proxy.config import Settings
 from proxy.ops.metrics import Metrics
 from proxy.state.claims import RoomClaims
 from proxy.state.sessions import SessionTable
+from proxy.state.wait_order import WaitOrder
 from routing.ranks import Fleet
 
 
@@ -36,6 +37,7 @@ def admission_from_settings(
     block_size: int,
     placement: Placement | None = None,
     claims: RoomClaims | None = None,
+    order: WaitOrder | None = None,
 ) -> Admission:
     """``Admission`` for ``no_admission``, ``admission_policy``, ``target_fraction``,
     ``session_idle_ttl`` and ``admission_wait`` (None: learned), ... ."""
@@ -48,7 +50,7 @@ def admission_from_settings(
         block_size=block_size,
         policy=settings.admission_policy,
     )
-    return Admission(table, fleet, config, metrics, placement, claims)
+    return Admission(table, fleet, config, metrics, placement, claims, order)
 
 
 __all__ = [

@@ -25,8 +25,10 @@ learned from the traffic (``timing.py``); the ranks' speeds from their own metri
 The count, the reservations and what answers and time change are the ``Ledger``'s
 (``ledger.py``). With Redis the replicas share the session table and the claims on room
 (``proxy/state/redis_claims.py``: a reservation is checked against every replica's claims, tokens
-against the budget and sessions against ``max_sessions_per_rank``, and taken in one atomic step),
-not the queue: each replica's waiters are served in its own order.
+against the budget and sessions against ``max_sessions_per_rank``, and taken in one atomic step)
+and the queue's order (``proxy/state/redis_queue.py``: room within the budgets goes to the first
+waiter across replicas, checked in that same step; a session admitted at once pays no round trip
+for it).
 """
 
 from __future__ import annotations
@@ -218,9 +220,10 @@ class Admission(Ledger):
         #: estimate failed once and the session stops waiting rather than follow one that keeps moving.
         promised: float | None = None
 
-        def attempt(at_bound: bool = False, behind: bool = False) -> Choice | None:
+        def attempt(place: str | None = None, at_bound: bool = False, behind: bool = False) -> Choice | None:
             """The decision now, when it admits (``behind``: others wait for room first, so room
-            goes to them; past a budget nobody's room is taken and the session need not queue)."""
+            goes to them; past a budget nobody's room is taken and the session need not queue;
+            ``place``: its place in the replicas' shared wait order, while it waits there)."""
             nonlocal promised
             states = self.refresh()
             room = self._room(tokens, head_key, head_tokens, states)
@@ -246,9 +249,11 @@ class Admission(Ledger):
                 return None
             room_taken = Room(choice.allowed, choice.victims)
             forced = choice.decision != "room"  # the cost policy chose to go past a budget
-            granted = self._reserve(key, room_taken, need, head_key, head_tokens, force=forced)
+            granted = self._reserve(
+                key, room_taken, need, head_key, head_tokens, force=forced, queued=not at_bound, place=place
+            )  # at the bound its wait is over: as with one replica, it takes what room there is
             if not granted:
-                return None  # another replica took that room since this count: wait for more
+                return None  # another replica took that room, or has a waiter before this one
             if granted != choice.allowed:
                 victims = {name: keys for name, keys in choice.victims.items() if name in granted}
                 choice = replace(choice, allowed=granted, victims=victims)
@@ -262,7 +267,21 @@ class Admission(Ledger):
         client = ctx.client
         ticket = Ticket(client.label, client.priority, client.weight) if client is not None else Ticket()
         behind = (lambda: attempt(behind=True)) if self.config.policy == "cost" else None
-        waiting = self.queue.wait(attempt, bound, self._set_queue_depth, ticket, self.time.wait_bound, behind)
+        place: str | None = None
+
+        def took_place(taken: str | None) -> None:
+            nonlocal place
+            place = taken
+
+        waiting = self.queue.wait(
+            lambda: attempt(place),
+            bound,
+            self._set_queue_depth,
+            ticket,
+            self.time.wait_bound,
+            behind,
+            took_place,
+        )
         try:
             choice = await (guard(waiting) if guard is not None else waiting)
         except TimeoutError:

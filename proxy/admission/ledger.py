@@ -28,6 +28,7 @@ from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
 from proxy.state.claims import Ask, LocalClaims, RoomClaims
 from proxy.state.sessions import Session, SessionTable
+from proxy.state.wait_order import WaitOrder
 from routing.rank_metrics import RankSample
 from routing.ranks import Fleet, Rank
 
@@ -71,8 +72,10 @@ class Ledger(Observer):
         metrics: Metrics | None = None,
         placement: Placement | None = None,
         claims: RoomClaims | None = None,
+        order: WaitOrder | None = None,
     ) -> None:
-        """``claims``: where room is taken, shared by replicas with Redis (None: this process's)."""
+        """``claims``: where room is taken, ``order``: where waiters stand, both shared by replicas
+        with Redis (None: this process's)."""
         self.table = table
         self.claims: RoomClaims = claims if claims is not None else LocalClaims()
         self.fleet = fleet
@@ -81,7 +84,7 @@ class Ledger(Observer):
         self.placement = placement
         self.time = LearnedTime(config)
         self.speeds = RankSpeeds()
-        self.queue = WaitQueue(self.poll_interval())
+        self.queue = WaitQueue(self.poll_interval(), order)
         self._reservations: dict[str, Reservation] = {}
         self._over_pool: set[str] = set()
         #: Ranks holding a session admitted past their budget, until they are back within it.
@@ -153,15 +156,20 @@ class Ledger(Observer):
         head_tokens: int = 0,
         *,
         force: bool = False,
+        queued: bool = False,
+        place: str | None = None,
     ) -> frozenset[str]:
         """Reserve ``tokens`` for session ``key`` on the ranks of ``room`` that the claims still
         grant (another replica may have taken the room, or a rank's last session place, since this
-        count); ``force``: past their budgets, never past ``max_sessions_per_rank``. The ranks
-        granted, empty when none is."""
+        count); ``force``: past their budgets, never past ``max_sessions_per_rank``; ``queued``: a
+        new session's room, which waits its turn behind every replica's waiters (``place``: its
+        own, while it waits; ``claims.Ask``). The ranks granted, empty when none is."""
         budgets = {name: self._budget(name) for name in room.allowed}
         body = tokens - head_tokens if head_key is not None else tokens
         ttl, cap = self.time.idle_ttl(), self.config.max_sessions_per_rank
-        ask = Ask(key, budgets, body, head_key, head_tokens, force, ttl, RESERVATION_TTL_S, cap)
+        ask = Ask(
+            key, budgets, body, head_key, head_tokens, force, ttl, RESERVATION_TTL_S, cap, queued, place
+        )
         granted = self.claims.reserve(ask)
         if granted:
             # in the same step as the room check: the next waiter must see this session's claim

@@ -12,7 +12,15 @@ Only the waiter at the head checks for room (so a small later session cannot ove
 earlier one); a waiter behind it checks only for what takes nobody's room (``attempt_behind``:
 admitted past a budget, which the head's wait does not change). Every change that may free room
 (an answer, a release, a waiter leaving, a rank's new figures) wakes the waiters, and a poll
-interval catches what no event signals (sessions idling out with time).
+interval catches what no event signals (sessions idling out with time, and what other replicas do).
+
+With a shared ``WaitOrder`` (Redis: ``proxy/state/redis_queue.py``) each waiter also takes a place in
+the order of every replica's waiters, which then orders this queue too (its fair-share tags are kept
+there, so they compare across replicas); the head here is the first of this replica's waiters, and
+the room it finds is granted only if no replica has a waiter before it (checked where room is taken,
+``claims.Ask.place``). The queue renews its waiters' leases while they wait (``LEASE_S``, all in
+one step), so a dead replica's waiters lapse. Without a place (no shared order, or Redis
+unreachable) this process's order alone decides, as before.
 """
 
 from __future__ import annotations
@@ -26,7 +34,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from proxy.state.wait_order import LocalOrder, Place, WaitOrder
+
 T = TypeVar("T")
+
+#: Seconds a waiter's place in a shared order stands unless renewed (every third of it while it
+#: waits): how long a dead replica's waiters stay in the others' way. Wall-clock time, not the
+#: traffic's: it measures whether a process is alive, which a replay does not compress.
+LEASE_S = 3.0
+#: With a place in a shared order, the head looks for room at least this often (seconds): room that
+#: another replica frees wakes nobody here, and while this head waits nobody else may take it. One
+#: reservation round trip per look, per replica with waiters.
+SHARED_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,19 +61,23 @@ class Ticket:
 class _Waiter:
     order: tuple[int, float, int]
     ticket: Ticket = field(compare=False)
+    place: Place | None = field(compare=False, default=None)
 
 
 class WaitQueue:
     """Waiters in priority and fair-share order, each retrying its ``attempt`` while at the head."""
 
-    def __init__(self, poll_interval: float) -> None:
+    def __init__(self, poll_interval: float, order: WaitOrder | None = None) -> None:
         self.poll_interval = poll_interval
+        self.order: WaitOrder = order if order is not None else LocalOrder()
         self._waiters: list[_Waiter] = []
         self._changed = asyncio.Event()
         self._arrivals = itertools.count()
         #: Per client key, the tag its next waiter starts from; and the virtual time (``V``).
         self._finish: dict[str, float] = {}
         self._virtual = 0.0
+        #: When this queue last renewed its waiters' places in the shared order (all at once).
+        self._renewed = time.monotonic()
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -68,12 +91,18 @@ class WaitQueue:
         key = ticket.client or ""
         start = max(self._virtual, self._finish.get(key, 0.0))
         self._finish[key] = start + 1.0 / ticket.weight
-        waiter = _Waiter((-ticket.priority, start, next(self._arrivals)), ticket)
+        place = self.order.enter(ticket.client, ticket.priority, ticket.weight, LEASE_S)
+        if not self._waiters:
+            self._renewed = time.monotonic()  # a fresh lease: the next renewal is a third of one away
+        order = place.order if place is not None else (-ticket.priority, start, next(self._arrivals))
+        waiter = _Waiter(order, ticket, place)
         bisect.insort(self._waiters, waiter)
         return waiter
 
     def _leave(self, waiter: _Waiter, served: bool) -> None:
         self._waiters.remove(waiter)
+        if waiter.place is not None:
+            self.order.leave(waiter.place, served)
         if served:
             self._virtual = max(self._virtual, waiter.order[1])
 
@@ -85,12 +114,17 @@ class WaitQueue:
         ticket: Ticket | None = None,
         limit: Callable[[], float] | None = None,
         attempt_behind: Callable[[], T | None] | None = None,
+        on_place: Callable[[str | None], None] | None = None,
     ) -> T:
         """``attempt()``'s first non-None result, tried whenever this waiter is at the head (and
         ``attempt_behind()``'s while it is not); raises ``TimeoutError`` after ``timeout`` seconds,
         or sooner when ``limit()`` (re-read as it waits: a bound learned meanwhile) says fewer.
-        ``on_depth(n)`` is told the queue's length as it changes."""
+        ``on_depth(n)`` is told the queue's length as it changes; ``on_place(id)``, before the first
+        attempt, the waiter's place in the shared order (None: none), which its attempts name where
+        room is taken (granted only if no replica has a waiter before it)."""
         waiter = self._enter(ticket or Ticket())
+        if on_place is not None:
+            on_place(waiter.place.id if waiter.place is not None else None)
         on_depth(len(self._waiters))
         started = time.monotonic()
         deadline = started + timeout
@@ -104,6 +138,9 @@ class WaitQueue:
                         served = True
                         return found
                 now = time.monotonic()
+                if waiter.place is not None and now - self._renewed >= LEASE_S / 3:
+                    self._renewed = now
+                    self.order.renew([w.place for w in self._waiters if w.place is not None], LEASE_S)
                 if limit is not None:
                     deadline = min(deadline, started + limit())
                 left = deadline - now
@@ -111,7 +148,10 @@ class WaitQueue:
                     raise TimeoutError
                 changed = self._changed
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(left, self.poll_interval))
+                    poll = (
+                        self.poll_interval if waiter.place is None else min(self.poll_interval, SHARED_POLL_S)
+                    )
+                    await asyncio.wait_for(changed.wait(), min(left, poll))
         finally:
             self._leave(waiter, served)
             on_depth(len(self._waiters))

@@ -1,7 +1,7 @@
 """Where the state that decides placement lives: one backend, chosen once per process.
 
 A backend serves the session table's store, the prefix index, the response id -> rank map and
-admission's claims on room
+admission's claims on room and wait order
 (``StateBackend``). ``memory`` keeps them in this process; ``redis`` shares them between replicas.
 A new backend is one new module plus one line in ``BACKENDS``.
 """
@@ -17,6 +17,7 @@ from proxy.state.memory import MemoryState
 from proxy.state.redis import RedisState
 from proxy.state.responses import ResponseRanks
 from proxy.state.sessions import SessionStore
+from proxy.state.wait_order import WaitOrder
 from routing.index import PrefixIndex
 
 
@@ -32,6 +33,11 @@ class StateBackend(Protocol):
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         """Where admission takes room (``on_state(shared)``: told when a shared ledger becomes
         unreachable, so that each replica admits on its own count, and back)."""
+        ...
+
+    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
+        """Where admission's waiters stand (``on_state(shared)``: told when a shared order becomes
+        unreachable, so that each replica's waiters queue in its own order, and back)."""
         ...
 
     def prefix_index(

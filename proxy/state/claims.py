@@ -9,7 +9,8 @@ current as the session grows); ``release`` ends it. A claim's tokens are its pro
 its own ``body`` plus a shared ``head`` (an agent's system+tools) counted once per rank.
 
 ``LocalClaims`` (the ``memory`` backend) grants what one process's own count allowed: there, that
-count is the whole truth. ``redis_claims.RedisClaims`` shares the claims between replicas.
+count is the whole truth (and its queue the whole wait order). ``redis_claims.RedisClaims`` shares
+the claims between replicas, and checks the shared wait order in the same step.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class Ask:
     #: At most this many sessions claimed or reserved on one rank (None: no cap). A hard cap: even
     #: ``force`` does not pass it.
     max_sessions: int | None = None
+    #: A new session's room takes its turn in the wait order shared by replicas
+    #: (``wait_order.py``): within the budgets, granted only to the first ``place`` there, or with
+    #: no place (not waiting) only while nobody waits. Past them (``force``) nobody's room is taken.
+    queued: bool = False
+    place: str | None = None
 
 
 class RoomClaims(Protocol):

@@ -13,6 +13,7 @@ from typing import Any
 from proxy.state.claims import LocalClaims, RoomClaims
 from proxy.state.responses import MemoryResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_MAX_SESSIONS, MAX_BREAKS, MAX_SAVE_LAG_S, Session, SessionStore
+from proxy.state.wait_order import LocalOrder, WaitOrder
 from routing.index import PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
 
@@ -76,6 +77,9 @@ class MemoryState:
 
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         return LocalClaims()
+
+    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
+        return LocalOrder()
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]

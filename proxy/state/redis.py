@@ -27,8 +27,10 @@ import orjson
 from proxy.state.claims import RoomClaims
 from proxy.state.memory import MemorySessionStore
 from proxy.state.redis_claims import RedisClaims
+from proxy.state.redis_queue import RedisWaitOrder
 from proxy.state.responses import RedisResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_RETENTION_S, MAX_BREAKS, Session, SessionStore
+from proxy.state.wait_order import WaitOrder
 from routing.index import PrefixIndex
 from routing.index.redis_store import RedisPrefixIndex
 from routing.redis_link import RedisLink, fail_fast_client
@@ -231,6 +233,9 @@ class RedisState:
 
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         return RedisClaims(self.link, on_state=on_state)
+
+    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
+        return RedisWaitOrder(self.link, on_state=on_state)
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]

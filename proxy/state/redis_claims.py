@@ -6,7 +6,9 @@ slot: ``routing/redis_topology.py``): ``T`` (hash: rank -> tokens claimed and re
 sessions holding it there: a shared head counts once per rank), ``R`` (hash: session -> its
 reservation: rank and tokens pairs), ``E`` (sorted set: reservations by expiry), ``S`` (sorted
 set: claims by last touch), ``N`` (hash: rank -> sessions claimed or reserved there: what
-``max_sessions_per_rank`` caps, checked in the same script as the tokens).
+``max_sessions_per_rank`` caps, checked in the same script as the tokens). A new session's
+reservation within the budgets also waits its turn in the shared wait order (``redis_queue.py``'s
+keys, in the same slot), read in the same script: no round trip of its own.
 
 Each call is one script, O(ranks allowed) plus a bounded purge: expired reservations and claims
 idle past the idle TTL (sessions that ended on a replica that died before releasing them) go in
@@ -25,6 +27,7 @@ import time
 from collections.abc import Callable
 
 from proxy.state.claims import Ask
+from proxy.state.redis_queue import LAPSE, queue_keys
 from routing.redis_link import ERRORS, RedisLink
 from routing.redis_topology import ScriptBatch, slot_prefix
 
@@ -75,10 +78,12 @@ end
 """
 
 #: ARGV: now, reservation TTL s, idle TTL s, key, body, head ('-': none), head tokens, force (0/1),
-#: sessions per rank (-1: no cap; ``force`` does not pass it), then rank, budget (-1: none) pairs.
-#: Returns the ranks granted.
+#: sessions per rank (-1: no cap; ``force`` does not pass it), the wait order's say (``0``: none;
+#: ``-``: not waiting, granted while nobody waits; else the place, granted at the head), then rank,
+#: budget (-1: none) pairs. KEYS 8 to 10: the wait order's Q, P, L. Returns the ranks granted.
 RESERVE = (
     _COMMON
+    + LAPSE
     + """
 local now, key = tonumber(ARGV[1]), ARGV[4]
 local body, head, head_tokens, force = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8] == '1'
@@ -91,8 +96,11 @@ for _, k in ipairs(redis.call('ZRANGEBYSCORE', S, '-inf', now - tonumber(ARGV[3]
 end
 drop_reservation(key)
 drop_claim(key)
+if not force and ARGV[10] ~= '0' and not first_place(KEYS[8], KEYS[9], KEYS[10], now, ARGV[10]) then
+  return {}
+end
 local granted, parts = {}, {}
-for i = 10, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   local rank, budget = ARGV[i], tonumber(ARGV[i + 1])
   local total = tonumber(redis.call('HGET', T, rank) or '0')
   local need = body
@@ -160,6 +168,7 @@ class RedisClaims:
         self.clock = clock
         base = slot_prefix(f"{prefix}:admission", link.client) + ":"
         self.keys = [base + name for name in ("T", "C", "H", "R", "E", "S", "N")]
+        self._reserve_keys = self.keys + queue_keys(link.client, prefix)[:3]
         client = link.client
         self._reserve = client.register_script(RESERVE)
         self._claim = client.register_script(CLAIM)
@@ -202,11 +211,12 @@ class RedisClaims:
             ask.head_tokens if ask.head else 0,
             1 if ask.force else 0,
             -1 if ask.max_sessions is None else ask.max_sessions,
+            (ask.place or "-") if ask.queued else "0",
         ]
         for rank, budget in ask.budgets.items():
             args += [rank, -1 if budget is None else budget]
         try:
-            granted = self._reserve(keys=self.keys, args=args)
+            granted = self._reserve(keys=self._reserve_keys, args=args)
         except ERRORS as exc:
             self.link.failed(exc)
             self._local(exc)

@@ -1,0 +1,59 @@
+"""The wait order a replay saw: how often a later arrival took room while an earlier session waited.
+
+From each session's latest admission record (``/admin/sessions/{id}``: ``at``, when it was admitted,
+``waited_s`` and its ``decision``; its arrival is ``at - waited_s``), a session *i* that waited and
+a session *j* that arrived after it and took room within the budgets (decision ``room``) before *i*
+was admitted is one *overtake*. Admitted past a budget (``over_budget``, ``after_wait``) takes
+nobody's room and is no overtake. Within one replica the queue's head-of-line rule leaves none, so
+with N replicas on one machine (one clock) the overtakes counted are across replicas. The table
+keeps each session's latest admission: a session admitted anew after ending counts at its last.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+PAGE = 1000
+
+
+def admission_records(url: str) -> list[dict[str, Any]]:
+    """Every session's latest admission record, as the replica at ``url`` reads the table."""
+    records: list[dict[str, Any]] = []
+    with httpx.Client(base_url=url, timeout=30) as client:
+        offset = 0
+        while True:
+            page = client.get("/admin/sessions", params={"limit": PAGE, "offset": offset}).json()
+            for row in page["data"]:
+                shown = client.get(f"/admin/sessions/{quote(row['id'], safe='')}")
+                admission = shown.json().get("admission") if shown.status_code == 200 else None
+                if admission and admission.get("at") is not None:
+                    records.append(admission)
+            offset += PAGE
+            if offset >= page["total"]:
+                return records
+
+
+def overtakes(records: list[dict[str, Any]]) -> int:
+    """Pairs (earlier waiter, later arrival that took room within the budgets before it)."""
+    spans = [(r["at"] - r["waited_s"], r["at"], r["decision"], r["waited_s"]) for r in records]
+    count = 0
+    for arrived, admitted, _, waited in spans:
+        if waited <= 0:
+            continue
+        for other_arrived, other_admitted, decision, _ in spans:
+            if decision == "room" and arrived < other_arrived and other_admitted < admitted:
+                count += 1
+    return count
+
+
+def wait_order(url: str) -> dict[str, int]:
+    """The figures of the replay behind ``url``: sessions, those that waited, and overtakes."""
+    records = admission_records(url)
+    return {
+        "admitted_sessions": len(records),
+        "waited": sum(1 for r in records if r["waited_s"] > 0),
+        "overtakes": overtakes(records),
+    }
