@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -222,3 +223,11 @@ def write_json(name: str, data: dict[str, Any]) -> Path:
 
 def machine() -> dict[str, Any]:
     return {"python": sys.version.split()[0], "cpus": os.cpu_count(), "platform": sys.platform}
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type for a duration a benchmark divides by: a number of seconds above 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value

@@ -54,6 +54,7 @@ from bench.common import (
     machine,
     median,
     percentile,
+    positive_seconds,
     proxy_process,
     redis_server,
     stub_rank_process,
@@ -309,20 +310,12 @@ def proxy_config(rank_urls: list[str], yaml_path: str | None, pool_tokens: int |
     return Path(f.name)
 
 
-def _seconds(text: str) -> float:
-    """A phase's duration: every phase runs and is divided by, so it must be positive."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
-    return value
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=1000)
-    parser.add_argument("--seconds", type=_seconds, default=45.0, help="duration through one proxy")
-    parser.add_argument("--direct-seconds", type=_seconds, default=15.0, help="duration to the ranks")
-    parser.add_argument("--two-seconds", type=_seconds, default=30.0, help="duration through two proxies")
+    parser.add_argument("--seconds", type=positive_seconds, default=45.0, help="time through one proxy")
+    parser.add_argument("--direct-seconds", type=positive_seconds, default=15.0, help="time to the ranks")
+    parser.add_argument("--two-seconds", type=positive_seconds, default=30.0, help="time through two proxies")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--proxy-yaml", help="YAML settings merged into the proxies' generated --config")
     parser.add_argument("--pool-tokens", type=int, help="each stub rank's pool_tokens in that config")
