@@ -273,7 +273,7 @@ class IncrementalTokenizer:
                 lead * self.block_size, lambda: self.hasher.hash_blocks(tokens, cache_salt=salt)
             )
             hashes = tuple(hashed)
-            self.shared.put(key, hashes, _SHARED_ENTRY_BYTES + lead * self._hash_bytes)
+            self._put_shared(key, hashes)
         return PromptBlocks(
             num_tokens=len(tokens),
             block_size=self.block_size,
@@ -313,8 +313,10 @@ class IncrementalTokenizer:
     def _store_shared(self, encoded: Encoded, hashes: list[BlockHash], salt: str | None) -> None:
         lead = min(encoded.shared_tokens // self.block_size, len(hashes))
         if lead:
-            nbytes = _SHARED_ENTRY_BYTES + lead * self._hash_bytes
-            self.shared.put(self._shared_key(encoded.tokens, lead, salt), tuple(hashes[:lead]), nbytes)
+            self._put_shared(self._shared_key(encoded.tokens, lead, salt), tuple(hashes[:lead]))
+
+    def _put_shared(self, key: tuple[bytes, int, str | None], hashes: tuple[BlockHash, ...]) -> None:
+        self.shared.put(key, hashes, _SHARED_ENTRY_BYTES + len(hashes) * self._hash_bytes)
 
     def _reusable_blocks(self, encoded: Encoded, prev: PromptMemo | None, salt: str | None) -> int:
         # The salt sits in block 0's hash, so a changed salt changes every block.
