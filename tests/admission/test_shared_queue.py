@@ -31,6 +31,7 @@ from routing.ranks import Fleet, Rank
 from routing.redis_link import RedisLink, fail_fast_client
 from tests.admission.test_release import ctx_for
 from tests.helpers.redis_server import RedisServer
+from tests.helpers.wait import wait_until_async
 
 POOL = 2000  # budget 1,600 tokens at the default 0.8: two 700-token sessions fit, a third does not
 TOKENS = 700
@@ -97,10 +98,7 @@ def replicas(redis_server: RedisServer) -> Iterator[tuple[Replica, Replica]]:
 
 async def until(condition: Callable[[], bool], what: str) -> None:
     """Yield to the event loop until ``condition()`` holds (``PATIENCE`` at most)."""
-    deadline = time.monotonic() + PATIENCE
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
+    await wait_until_async(condition, what, PATIENCE)
 
 
 def waiting(replica: Replica, count: int) -> Callable[[], bool]:

@@ -18,8 +18,15 @@ from tests.helpers.redis_server import RedisServer
 CAP = 3
 
 
-def ask(key: str, ranks: tuple[str, ...] = ("r0",), cap: int | None = CAP, force: bool = False) -> Ask:
-    return Ask(key, dict.fromkeys(ranks), 100, None, 0, force, 60.0, 5.0, cap)
+def ask(
+    key: str,
+    ranks: tuple[str, ...] = ("r0",),
+    cap: int | None = CAP,
+    force: bool = False,
+    budgets: dict[str, int | None] | None = None,
+) -> Ask:
+    """An ``Ask`` for 100 tokens on ``ranks`` (no budget on them unless ``budgets`` gives one)."""
+    return Ask(key, budgets or dict.fromkeys(ranks), 100, None, 0, force, 60.0, 5.0, cap)
 
 
 @pytest.fixture
@@ -105,12 +112,12 @@ def test_a_reservation_takes_a_place_on_each_rank_asked_and_its_claim_keeps_one(
 def test_the_cap_holds_past_a_forced_admission_and_only_binds_when_set(links: list[RedisLink]) -> None:
     """``force`` goes past the budgets (the cost policy chose so), never past the session cap."""
     claims = RedisClaims(links[0])
-    budgets = {"r0": 50}
-    assert claims.reserve(Ask("a", budgets, 100, None, 0, False, 60.0, 5.0, 2)) == {"r0"}  # empty rank
-    assert claims.reserve(Ask("b", budgets, 100, None, 0, False, 60.0, 5.0, 2)) == frozenset()
-    assert claims.reserve(Ask("b", budgets, 100, None, 0, True, 60.0, 5.0, 2)) == {"r0"}
-    assert claims.reserve(Ask("c", budgets, 100, None, 0, True, 60.0, 5.0, 2)) == frozenset()
-    assert claims.reserve(Ask("c", {"r0": None}, 100, None, 0, False, 60.0, 5.0)) == {"r0"}  # no cap
+    budgets: dict[str, int | None] = {"r0": 50}
+    assert claims.reserve(ask("a", cap=2, budgets=budgets)) == {"r0"}  # empty rank
+    assert claims.reserve(ask("b", cap=2, budgets=budgets)) == frozenset()
+    assert claims.reserve(ask("b", cap=2, force=True, budgets=budgets)) == {"r0"}
+    assert claims.reserve(ask("c", cap=2, force=True, budgets=budgets)) == frozenset()
+    assert claims.reserve(ask("c", cap=None)) == {"r0"}  # no cap
     assert claims.sessions() == {"r0": 3}
 
 

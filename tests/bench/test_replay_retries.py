@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import aiohttp
 import pytest
 
 from bench.replay import post_with_retries
 from tests.helpers.ranks import RankServers
+from tests.helpers.wait import wait_until_async
 
 BODY = {
     "model": "stub-model",
@@ -20,19 +20,11 @@ BODY = {
 }
 
 
-async def _until(check: Callable[[], bool], seconds: float = 20.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 async def test_a_gateway_error_is_retried(rank_servers: RankServers) -> None:
     (rank,) = rank_servers.stub(1, status=502)
     async with aiohttp.ClientSession() as http:
         sent = asyncio.ensure_future(post_with_retries(http, rank.url, BODY, "s", 50, 0.2))
-        await _until(lambda: len(rank.behavior.received) >= 1)
+        await wait_until_async(lambda: len(rank.behavior.received) >= 1, timeout=20.0)
         rank.behavior.status = None  # the gateway recovers
         out, rejections = await asyncio.wait_for(sent, 30)
     assert rejections >= 1 and out.content

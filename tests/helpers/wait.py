@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -32,3 +33,20 @@ def wait_until(
                 return value
         assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(interval)
+
+
+async def wait_until_async(
+    predicate: Callable[[], T],
+    what: str = "condition not reached before the deadline",
+    timeout: float = 10.0,
+    interval: float = 0.01,
+) -> T:
+    """``wait_until`` for a test on the event loop: it yields to the loop between polls (a blocking
+    sleep would stop the very tasks it waits for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(interval)

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import httpx
-from starlette.datastructures import Headers
 
-from proxy.apis import CHAT
+from bench.sim import SimRankServer
 from proxy.context import RequestContext
 from proxy.server import ServerThread
 from proxy.stages.blocks import Blocks
 from proxy.state.local import SessionLocals
 from tests.helpers.gateway import gateway_app
+from tests.helpers.ranks import RankServers
 from tests.helpers.wait import wait_until
+from tests.proxy.test_blocks_stage import context as blocks_context
 from tokenization.base import ChatPrompt, Encoded, Plan
 from tokenization.hashers import make_hasher
 from tokenization.prompt import IncrementalTokenizer
@@ -58,15 +58,7 @@ class HeldTokenizer:
 
 
 def context(messages: list[dict[str, Any]], locals_: SessionLocals) -> RequestContext:
-    ctx = RequestContext(
-        api=CHAT,
-        headers=Headers(),
-        raw_body=b"",
-        body={"messages": messages},
-        stream=False,
-        model=None,
-        started=time.perf_counter(),
-    )
+    ctx = blocks_context({"messages": messages})
     ctx.session_key, ctx.local = "s1", locals_.open("s1")
     return ctx
 
@@ -144,7 +136,7 @@ def chat(url: str, messages: list[dict[str, Any]]) -> httpx.Response:
     return response
 
 
-def two_turns(ranks: Any, held: bool) -> tuple[list[int], int]:
+def two_turns(ranks: list[SimRankServer], held: bool) -> tuple[list[int], int]:
     """A session's first two turns through prefixgate: the estimated cached tokens of each, and the
     first turn's blocks (``held``: the first turn's whole prompt is held until it was answered;
     else it is tokenized on the request's path, as before)."""
@@ -185,7 +177,7 @@ def two_turns(ranks: Any, held: bool) -> tuple[list[int], int]:
         server.stop()
 
 
-def test_a_first_turn_is_forwarded_before_its_whole_prompt_is_tokenized(rank_servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_first_turn_is_forwarded_before_its_whole_prompt_is_tokenized(rank_servers: RankServers) -> None:
     held, blocks = two_turns(rank_servers.sim(2), held=True)
     inline, inline_blocks = two_turns(rank_servers.sim(2), held=False)
     assert held == inline and blocks == inline_blocks
