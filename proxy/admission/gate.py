@@ -319,6 +319,10 @@ class Admission(Ledger):
             left = self.time.remaining_life(now - session.created) or 0.0
             return max(now + left, last_activity(session)) + self.release_after(session)
 
+        # the same for every rank: read once per decision, not once per rank
+        chance, rounds = self.time.return_probability, self.time.turns_per_session()
+        last_turn = self.time.ended_share() or 0.0
+        ending = expected_end if self.time.lifetimes_known() else None
         out = []
         for rank in self.fleet.healthy():
             state = states[rank.name]
@@ -329,9 +333,6 @@ class Admission(Ledger):
             queued = self.placement.queued(rank.name) if self.placement is not None else 0
             speed, load = self.speeds.seconds_per_token(rank.name), self.speeds.load(rank.name)
             candidate = Candidate(state, hit, queued, speed, load.waiting)
-            chance, rounds = self.time.return_probability, self.time.turns_per_session()
-            last_turn = self.time.ended_share() or 0.0
-            ending = expected_end if self.time.lifetimes_known() else None
             need_here = max(need - hit, 0)
             out.append(option(candidate, tokens, need_here, now, chance, ends_at, rounds, last_turn, ending))
         return out

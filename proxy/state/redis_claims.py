@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 
 from proxy.state.claims import Ask
-from proxy.state.redis_queue import LAPSE, queue_keys
+from proxy.state.redis_queue import LAPSE, admission_keys, queue_keys
 from routing.redis_link import ERRORS, RedisLink
-from routing.redis_topology import ScriptBatch, slot_prefix
+from routing.redis_topology import ScriptBatch
 
 log = logging.getLogger("prefixgate.admission")
 
@@ -166,8 +166,7 @@ class RedisClaims:
     ) -> None:
         self.link = link
         self.clock = clock
-        base = slot_prefix(f"{prefix}:admission", link.client) + ":"
-        self.keys = [base + name for name in ("T", "C", "H", "R", "E", "S", "N")]
+        self.keys = admission_keys(link.client, prefix, ("T", "C", "H", "R", "E", "S", "N"))
         self._reserve_keys = self.keys + queue_keys(link.client, prefix)[:3]
         client = link.client
         self._reserve = client.register_script(RESERVE)

@@ -103,11 +103,17 @@ return 1
 """
 
 
+def admission_keys(client: Any, prefix: str, names: Sequence[str]) -> list[str]:
+    """The keys ``names`` under ``{prefix}:admission:`` on ``client``'s Redis, all in one slot: the
+    claims' and the order's, which the reservation script reads together."""
+    base = slot_prefix(f"{prefix}:admission", client) + ":"
+    return [base + name for name in names]
+
+
 def queue_keys(client: Any, prefix: str = "prefixgate") -> list[str]:
     """The order's keys (``QUEUE_KEYS``) on ``client``'s Redis, in the slot of the claims' under
     ``prefix``."""
-    base = slot_prefix(f"{prefix}:admission", client) + ":"
-    return [base + name for name in QUEUE_KEYS]
+    return admission_keys(client, prefix, QUEUE_KEYS)
 
 
 def place_order(member: str) -> tuple[int, float, int]:
@@ -122,11 +128,13 @@ class RedisWaitOrder:
     #: Leases are compared across replicas: wall-clock time, as the claims' expiries are.
     clock = staticmethod(time.time)
 
-    def __init__(self, link: RedisLink, on_state: Callable[[bool], None] | None = None) -> None:
-        """``link``: the one the claims use (their keys' slot: the reservation script reads the
-        order); ``on_state(shared)``: told when the order becomes unreachable, and back."""
+    def __init__(
+        self, link: RedisLink, on_state: Callable[[bool], None] | None = None, *, prefix: str = "prefixgate"
+    ) -> None:
+        """``link`` and ``prefix``: the ones the claims use (their keys' slot: the reservation script
+        reads the order); ``on_state(shared)``: told when the order becomes unreachable, and back."""
         self.link = link
-        self.keys = queue_keys(link.client)
+        self.keys = queue_keys(link.client, prefix)
         self._enter, self._renew, self._leave = (
             link.client.register_script(s) for s in (ENTER, RENEW, LEAVE)
         )
