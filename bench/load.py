@@ -264,10 +264,7 @@ def proxied_phase(
 
 
 def print_table(results: dict[str, Any]) -> None:
-    print(
-        f"{'phase':<12} {'done':>7} {'req/s':>7} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'+p50':>7} {'+p99':>7}"
-    )
+    print(f"{'phase':<12} {'done':>7} {'req/s':>7} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8}    +p50    +p99")
     for name, r in results.items():
         if not isinstance(r, dict) or "completed" not in r:
             continue
@@ -275,6 +272,8 @@ def print_table(results: dict[str, Any]) -> None:
             f"{name:<12} {r['completed']:>7} {r['requests_per_s']:>7} {r['errors']:>6} {r['p50_ms']:>8} "
             f"{r['p99_ms']:>8} {r.get('added_p50_ms', ''):>7} {r.get('added_p99_ms', ''):>7}"
         )
+        if r["errors"]:
+            print(f"   errors by kind: {r['error_kinds']}")
         if "first_turns" in r:
             print(f"   first turns of {r['first_turns']} sessions, p50 {r['first_turn_p50_ms']} ms")
         for i, mem in enumerate(r.get("proxies", [])):

@@ -50,6 +50,8 @@ HOP_BY_HOP = frozenset(
 DROPPED_REQUEST_HEADERS = HOP_BY_HOP | {"host", "content-length", "accept-encoding"}
 #: Response headers never relayed: the proxy's own server sets these.
 DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
+#: The ``user-agent`` a forwarded request carries when its client sent none.
+USER_AGENT = "prefixgate"
 
 
 def upstream_headers(request_headers: Mapping[str, str]) -> dict[str, str]:
@@ -57,6 +59,7 @@ def upstream_headers(request_headers: Mapping[str, str]) -> dict[str, str]:
     headers = {k: v for k, v in request_headers.items() if k not in DROPPED_REQUEST_HEADERS}
     headers["accept-encoding"] = "identity"  # the stream tail must be readable for usage
     headers.setdefault("content-type", "application/json")
+    headers.setdefault("user-agent", USER_AGENT)  # not aiohttp's: see upstream_session
     return headers
 
 
@@ -95,7 +98,8 @@ def upstream_session(
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout),
         auto_decompress=False,
         trust_env=False,  # never send rank traffic through an environment proxy
-        skip_auto_headers=("User-Agent",),
+        # No skip_auto_headers: a skip list sends every request down aiohttp's slow path (a copy of
+        # its headers, ~20 us); forwarded requests name their agent instead (upstream_headers).
     )
 
 

@@ -59,6 +59,20 @@ def test_request_bytes_and_authorization_reach_the_rank_unchanged(rank_servers, 
     assert received["body"]["tools"] == TOOLS
 
 
+def test_the_rank_sees_the_clients_user_agent_else_prefixgates(rank_servers, proxy):
+    (rank,) = rank_servers.stub(1)
+    server = proxy([rank])
+    body = {"model": "model-0", "messages": MESSAGES}
+    for agent in ("claude-cli/2.1 (external, cli)", None):
+        headers = {"user-agent": agent} if agent else {}
+        with httpx.Client() as client:
+            client.headers.pop("user-agent")  # httpx's own, which would otherwise go along
+            response = client.post(server.url + "/v1/chat/completions", json=body, headers=headers)
+            assert response.status_code == 200
+    sent = [r["headers"].get("user-agent") for r in rank.behavior.received]
+    assert sent == ["claude-cli/2.1 (external, cli)", "prefixgate"]
+
+
 def test_tools_in_the_request(rank_servers, proxy):
     (rank,) = rank_servers.stub(1)
     server = proxy([rank])
