@@ -39,7 +39,7 @@ from proxy.state import StateBackend, open_state
 from proxy.state.kv_feeds import start_kv_event_feeds
 from proxy.state.local import SessionLocals
 from proxy.state.sessions import Session, SessionTable
-from routing.health import check_all, run_health_checks
+from routing.health import HealthChecker
 from routing.kv_events import KVEventSubscriber
 from routing.policies import make_policy, needs_of
 from routing.rank_metrics import poll_all, run_metrics_polls
@@ -83,6 +83,7 @@ class Gateway:
         self._kv_feeds: list[KVEventSubscriber] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._tokenizer_client: httpx.AsyncClient | None = None
+        self.health: HealthChecker | None = None
         self._tokenizer_pool: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
@@ -93,7 +94,8 @@ class Gateway:
             settings.connect_timeout, settings.read_timeout, auth, settings.upstream_keepalive
         )
         self._fresh_client = upstream_session(settings.connect_timeout, settings.read_timeout, auth, None)
-        await check_all(client, self.fleet, settings.health_timeout)
+        self.health = HealthChecker(self.fleet, settings.health_timeout, auth)
+        await self.health.check_all()
         await asyncio.gather(*(self._learn_cache_config(r) for r in self.fleet if r.healthy))
         incremental = await self._incremental_tokenizer()
         block_size = (incremental.block_size if incremental is not None else self._block_size()) or (
@@ -172,9 +174,7 @@ class Gateway:
             debug_headers=settings.debug_headers,
         )
         self._tasks = [
-            asyncio.create_task(
-                run_health_checks(client, self.fleet, settings.health_interval, settings.health_timeout)
-            ),
+            asyncio.create_task(self.health.run(settings.health_interval)),
             asyncio.create_task(self._refresh_admission(admission)),
             asyncio.create_task(
                 run_metrics_polls(
@@ -203,6 +203,8 @@ class Gateway:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.health is not None:
+            self.health.close()
         for client in (self.client, self._fresh_client):
             if client is not None:
                 await client.close()
