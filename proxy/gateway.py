@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 import httpx
 
-from proxy.admission import Admission, admission_from_settings
+from proxy.admission import Admission, RankSpeeds, admission_from_settings
 from proxy.admission.config import DEFAULT_IDLE_TTL_S
 from proxy.config import Settings
 from proxy.explain import Explainer
@@ -114,6 +114,9 @@ class Gateway:
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )
+        # what the ranks' metrics teach of their prefill speeds: admission weighs its options by
+        # them, routing the prefill queued on each rank
+        speeds = RankSpeeds()
         self.router = router = Router(
             self.fleet,
             make_policy(settings.policy, balance_factor=settings.balance_factor),
@@ -121,6 +124,7 @@ class Gateway:
             block_size=block_size,
             metrics=self.metrics,
             pins=self.pins,
+            speeds=speeds,
         )
         if settings.redis_url:  # name a wrong password or a TLS mismatch, not just "unreachable"
             from proxy.ops.redis_check import log_redis_problem
@@ -139,6 +143,7 @@ class Gateway:
             self.state.wait_order(
                 lambda shared: self.metrics.admission_queue_shared_up.set(1 if shared else 0)
             ),
+            speeds,
         )
         # the ranks' context lengths and first figures before the first request
         await poll_all(client, self.fleet, settings.health_timeout, admission.observe_rank)

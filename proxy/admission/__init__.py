@@ -21,6 +21,7 @@ from __future__ import annotations
 from proxy.admission.accounting import RankState, Reservation
 from proxy.admission.config import AdmissionConfig
 from proxy.admission.gate import Admission, Admitted, Placement
+from proxy.admission.rank_speed import RankSpeeds
 from proxy.config import Settings
 from proxy.ops.metrics import Metrics
 from proxy.state.claims import RoomClaims
@@ -38,6 +39,7 @@ def admission_from_settings(
     placement: Placement | None = None,
     claims: RoomClaims | None = None,
     order: WaitOrder | None = None,
+    speeds: RankSpeeds | None = None,
 ) -> Admission:
     """``Admission`` for ``no_admission``, ``admission_policy``, ``target_fraction``,
     ``session_idle_ttl`` and ``admission_wait`` (None: learned), ... ."""
@@ -50,7 +52,7 @@ def admission_from_settings(
         block_size=block_size,
         policy=settings.admission_policy,
     )
-    return Admission(table, fleet, config, metrics, placement, claims, order)
+    return Admission(table, fleet, config, metrics, placement, claims, order, speeds)
 
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "AdmissionConfig",
     "Admitted",
     "Placement",
+    "RankSpeeds",
     "RankState",
     "Reservation",
     "admission_from_settings",

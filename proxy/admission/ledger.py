@@ -73,9 +73,11 @@ class Ledger(Observer):
         placement: Placement | None = None,
         claims: RoomClaims | None = None,
         order: WaitOrder | None = None,
+        speeds: RankSpeeds | None = None,
     ) -> None:
         """``claims``: where room is taken, ``order``: where waiters stand, both shared by replicas
-        with Redis (None: this process's)."""
+        with Redis (None: this process's); ``speeds``: what the ranks' metrics teach of their
+        prefill speeds, shared with routing (None: admission's own)."""
         self.table = table
         self.claims: RoomClaims = claims if claims is not None else LocalClaims()
         self.fleet = fleet
@@ -83,7 +85,7 @@ class Ledger(Observer):
         self.metrics = metrics
         self.placement = placement
         self.time = LearnedTime(config)
-        self.speeds = RankSpeeds()
+        self.speeds = speeds if speeds is not None else RankSpeeds()
         self.queue = WaitQueue(self.poll_interval(), order)
         self._reservations: dict[str, Reservation] = {}
         self._over_pool: set[str] = set()

@@ -12,6 +12,7 @@ speed is unknown (``None``) and admission holds the budget (``cost.py``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from routing.rank_metrics import RankSample
@@ -92,6 +93,11 @@ class RankSpeeds:
             return own
         known = self._seconds_per_token.values()
         return sum(known) / len(known) if known else None
+
+    def measured(self) -> Mapping[str, float]:
+        """Seconds of prefill per computed token of each rank measured so far (a read-only view:
+        routing weighs a rank's queued prefill by it, ``bounds.token_weights``)."""
+        return self._seconds_per_token
 
     def tokens_per_second(self, rank: str) -> float | None:
         """``rank``'s measured prefill speed (None: not measured, or too fast to measure)."""

@@ -16,8 +16,9 @@ events (``exact``) get no speculative records or corrections: their events are t
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from proxy.context import Outcome, RequestContext
 from proxy.errors import no_healthy_backend
@@ -38,6 +39,19 @@ DEFAULT_BLOCK_SIZE = 16
 #: no ``pool_tokens``): without one, routing's own records grow the index forever (~200 B per block).
 #: 131,072 blocks = 2M tokens at block size 16 (~26 MB of mirror), the size of a large GPU pool.
 UNKNOWN_POOL_BLOCKS = 131_072
+
+
+class PrefillSpeeds(Protocol):
+    """The ranks' measured prefill speeds, as routing reads them (admission's ``RankSpeeds``, fed by
+    the ranks' own ``/metrics``)."""
+
+    def measured(self) -> Mapping[str, float]:
+        """Seconds of prefill per computed token, per rank measured so far."""
+        ...
+
+
+#: Before any rank is measured (or without a source): every rank's token weighs the same.
+_UNMEASURED: Mapping[str, float] = {}
 
 
 @dataclass(slots=True)
@@ -66,7 +80,10 @@ class Router(Observer):
         metrics: Metrics | None = None,
         exact: Iterable[str] = (),
         pins: Pins | None = None,
+        speeds: PrefillSpeeds | None = None,
     ) -> None:
+        """``speeds``: the ranks' measured prefill speeds, which weigh the prefill queued on each
+        (None: queued tokens weigh alike on every rank)."""
         self.fleet = fleet
         self.policy = policy
         self.index: PrefixIndex = index if index is not None else MemoryPrefixIndex()
@@ -76,6 +93,7 @@ class Router(Observer):
         self.metrics = metrics
         self.exact = set(exact)
         self.pins = pins
+        self.speeds = speeds
         #: Prefill tokens routed to each rank and not answered yet.
         self.queued_prefill: dict[str, int] = {r.name: 0 for r in fleet}
         #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
@@ -130,6 +148,8 @@ class Router(Observer):
             # the blocks of the previous answer, which the rank cached while decoding it
             self.index.record(answered.rank, hashes[: answered.blocks])
         found = self.index.lookup(hashes, key) if hashes or key else Lookup()
+        blocks = ctx.prompt_blocks
+        speeds = self.speeds
         request = RouteRequest(
             key,
             ctx.prompt_tokens,
@@ -140,6 +160,8 @@ class Router(Observer):
             self.queued_prefill,
             admitted.home if admitted is not None else None,
             self.inflight_tokens,
+            blocks.head()[1] if blocks is not None else 0,
+            speeds.measured() if speeds is not None else _UNMEASURED,
         )
         plan = RoutePlan(self.policy.order(request, candidates))
         bound = self._bind(key, plan, found) if key else False

@@ -1,4 +1,5 @@
-"""The math the policies share: CHWBL's load bound, saturation, prompt sizes, the rendezvous tie-break.
+"""The math the policies share: CHWBL's load bound, saturation, prompt sizes, what a rank's queued
+prefill costs a request against what its cache saves, the rendezvous tie-break.
 
 Pure functions of numbers and ``Rank``s: no policy, no request, no registry, so every policy module
 (and the router) can import them without pulling anything else in.
@@ -7,7 +8,7 @@ Pure functions of numbers and ``Rank``s: no policy, no request, no registry, so 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import xxhash
 
@@ -56,6 +57,36 @@ def saturated(home: Rank, bound: int, prompt: int, inflight_tokens: int) -> bool
     if not home.pool_tokens:
         return not within_bound(home, bound)
     return inflight_tokens + prompt > home.pool_tokens
+
+
+def token_weights(candidates: Sequence[Rank], seconds_per_token: Mapping[str, float]) -> dict[str, float]:
+    """What a token of prefill costs on each candidate against the others: its measured seconds per
+    token over the mean of the candidates measured. A rank not measured weighs 1 (the mean), and
+    with none measured every rank does: the comparison stays in tokens. A ratio of the ranks' own
+    speeds, so it holds as is on a replay compressed in time."""
+    measured = [s for r in candidates if (s := seconds_per_token.get(r.name)) is not None and s > 0]
+    if not measured:
+        return dict.fromkeys((r.name for r in candidates), 1.0)
+    mean = sum(measured) / len(measured)
+    return {r.name: (s / mean if (s := seconds_per_token.get(r.name)) and s > 0 else 1.0) for r in candidates}
+
+
+def placement_score(hit: int, head: int, prompt: int, queued: int, weight: float = 1.0) -> float:
+    """What sending a request of ``prompt`` tokens to a rank is worth, in tokens of prefill at the
+    fleet's mean speed: the session's own blocks the rank holds, minus the prefill the rank computes
+    before this request's first token there (vLLM schedules first come, first served): the
+    ``queued`` prefill of its requests in flight, then this request's miss, at the rank's
+    ``weight`` (``token_weights``).
+
+    ``hit`` is what the rank holds of the prompt, ``head`` the leading tokens every session of the
+    agent shares. A hit on the head saves its prefill now and nothing more: once any rank computed
+    it, that rank holds it too, so a new session goes where the head is only while the head's
+    tokens outweigh the queue there (a wave of first turns spreads once the head's rank has more
+    prefill queued than the head saves). The session's own blocks beyond the head count twice:
+    going elsewhere recomputes them now and leaves a dead copy crowding the pool.
+    """
+    own = max(hit - head, 0)
+    return own - weight * (queued + prompt - hit)
 
 
 def rendezvous_order(key: str, rank: Rank) -> int:

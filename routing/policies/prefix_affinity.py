@@ -1,24 +1,34 @@
 """Prefix affinity (the default): the rank that already holds the most of the prompt, load-bounded.
 
 Per candidate rank ``r``, with ``hit_r`` the tokens of the prompt's leading blocks the index says
-``r`` holds and ``P`` the prompt's tokens::
+``r`` holds, ``head`` the prompt's leading tokens every session of its agent shares (system prompt
+and tools), ``P`` the prompt's tokens and ``w_r`` what a token of prefill costs on ``r`` against the
+other ranks (its measured seconds per token over their mean; 1 while not measured)::
 
-    score_r = hit_r - (P - hit_r) - queued_prefill_r
+    own_r   = hit_r - head                         (the session's own blocks there, at least 0)
+    score_r = own_r - w_r x (queued_prefill_r + P - hit_r)      (``bounds.placement_score``)
 
-i.e. expected hit tokens minus the load it would cost: the prefill this request would need there
-plus the prefill already queued there. A rank is eligible only while its in-flight requests stay
-within ``balance_factor`` x the fleet mean (CHWBL), checked per candidate; there is no fleet-wide
-"imbalanced, stop being sticky" switch.
+i.e. minus the prefill ``r`` computes before this request's first token (what is queued there, the
+uncached tokens of its requests in flight, then this request's miss), plus the session's own blocks
+once more: moving a session off them recomputes them and leaves a dead copy crowding the pool. A
+hit on the shared head saves its prefill once and nothing more, since the rank that computes it
+holds it too: a new session goes to the rank holding its agent's head only while the head saves
+more than the prefill queued there costs, so a wave of first turns spreads over idle ranks instead
+of queueing behind each other on the head's rank, while small ones still share it. The comparison
+is in tokens weighed by the ranks' own measured speeds, so a replay compressed in time behaves
+alike. A rank is eligible only while its in-flight requests stay within ``balance_factor`` x the
+fleet mean (CHWBL), checked per candidate; there is no fleet-wide "imbalanced, stop being sticky"
+switch.
 
 - A session admission has accounted on a rank (``home_rank``: admitted and active) stays there
   unless the rank is down, or truly saturated (``bounds.saturated``: its requests in flight fill
   its pool) and another rank scores better (below) even though the session must recompute its
   context there. Admission already keeps each rank's sessions within its pool; moving one for
-  load would recompute its whole context and crowd the other rank's pool. The load bound does not
-  apply to it.
+  load would recompute its whole context and crowd the other rank's pool. Neither the load bound
+  nor the queued prefill applies to it.
 - Any other known session stays on its rank while that rank is eligible.
 - Otherwise (new session, or its rank is over the bound or gone) the best-scoring eligible rank
-  wins: a new session whose system prompt and tools are already held somewhere goes there.
+  wins.
 - Ties (e.g. no blocks known yet) go to the rank with fewer requests in flight, then to the
   session's rendezvous-hash favourite, so every replica breaks them the same way.
 
@@ -35,9 +45,11 @@ from routing.policies.bounds import (
     DEFAULT_BALANCE_FACTOR,
     load_bound,
     max_hit_blocks,
+    placement_score,
     prompt_size,
     rendezvous_order,
     saturated,
+    token_weights,
     within_bound,
 )
 from routing.policies.protocol import Needs, PolicyOptions, RouteRequest
@@ -78,10 +90,13 @@ class PrefixAffinity:
         matched = request.matched_blocks
         queued = request.queued_prefill
         key = request.session_key or ""
+        head = request.head_tokens
+        weights = token_weights(candidates, request.seconds_per_token)
 
-        def rank_key(r: Rank) -> tuple[int, int, int]:
+        def rank_key(r: Rank) -> tuple[float, int, int]:
             hit = min(matched.get(r.name, 0), cap) * size
-            return (hit - (prompt - hit) - queued.get(r.name, 0), -r.in_flight, rendezvous_order(key, r))
+            score = placement_score(hit, head, prompt, queued.get(r.name, 0), weights[r.name])
+            return (score, -r.in_flight, rendezvous_order(key, r))
 
         scores = {r.name: rank_key(r) for r in candidates}
 
@@ -93,9 +108,9 @@ class PrefixAffinity:
 
         # sorted() is stable: equal keys keep the candidates' order, so the first is what max() picks.
         if first is None and home is not None:
-            # Saturated: leave only for a rank that scores better than home, where a token to
-            # recompute weighs twice a token queued (it is both prefill now and cache the session
-            # loses). Ineligible ranks other than home come last.
+            # Saturated: leave only for a rank that scores better than home, where a token of its
+            # own to recompute weighs twice a token queued (it is both prefill now and cache the
+            # session loses). Ineligible ranks other than home come last.
             return sorted(
                 [home, *(r for r in candidates if r is not home)],
                 key=lambda r: (r is home or eligible(r), scores[r.name][0], r is home),

@@ -62,6 +62,13 @@ class RouteRequest:
     #: Prompt tokens of the requests routed to each rank (by name) and not answered yet: KV the rank
     #: must hold for them, whatever is cached.
     inflight_tokens: Mapping[str, int] = field(default_factory=dict)
+    #: Leading tokens of the prompt that every session of its agent shares (system prompt and tools,
+    #: ``PromptBlocks.head``): a rank holding them saves this request their prefill, but says nothing
+    #: of where the session itself lives.
+    head_tokens: int = 0
+    #: Each rank's measured seconds of prefill per computed token (by name; a rank not measured is
+    #: missing): what a token queued there costs in time.
+    seconds_per_token: Mapping[str, float] = field(default_factory=dict)
 
 
 class RoutingPolicy(Protocol):
