@@ -26,9 +26,10 @@ themselves: no round trip of its own); each replica's listener (``watch``: one c
 thread) wakes its waiters, whose own poll is then only the safety net. A cluster's pub/sub reaches
 every node, and the channel is in the claims' slot anyway.
 
-Redis down: ``enter`` answers None (logged once, ``on_state(False)``), so the waiter queues in its
-replica's own order, as the claims fall back to the replica's own count; the next ``enter`` that
-reaches Redis says it is back.
+Redis down: ``enter`` answers None (logged once, ``on_state(False)``; so does the link failing
+anywhere), so the waiter queues in its replica's own order, as the claims fall back to the
+replica's own count; the link coming back, or the next ``enter`` that reaches Redis, says it is
+back.
 """
 
 from __future__ import annotations
@@ -195,6 +196,8 @@ class RedisWaitOrder:
         self._shared, self._on_state = True, on_state
         self._wakes: list[Callable[[], None]] = []
         self._listener: threading.Thread | None = None
+        # places also come from the claims' reservation script: the link's state is the order's too
+        link.on_state(lambda up: self._state(up, "the link to it failed"))
 
     def _state(self, shared: bool, why: object = None) -> None:
         if shared == self._shared:
