@@ -84,9 +84,9 @@ local function drop_claim(key)
   redis.call('HDEL', C, key)
   redis.call('ZREM', S, key)
 end
-local function say_freed(channel, kept_rank, kept)
-  for rank, tokens in pairs(freed) do
-    if tokens > 0 and (rank ~= kept_rank or tokens > kept) then
+local function say_freed(channel)
+  for _, tokens in pairs(freed) do
+    if tokens > 0 then
       redis.call('PUBLISH', channel, 'room')
       return
     end
@@ -148,8 +148,9 @@ return granted
 """.replace("%(batch)d", str(PURGE_BATCH))
 )
 
-#: ARGV: now, key, rank, body, head ('-': none), head tokens, the room channel (told when the
-#: reservation's other ranks, or a smaller claim, freed room).
+#: ARGV: now, key, rank, body, head ('-': none), head tokens, the room channel. Every claim is said
+#: there: an answer wakes every replica's waiters as it wakes its own replica's (a claim may free
+#: room, and the count they re-check then sees the sessions that time ended meanwhile).
 CLAIM = (
     _COMMON
     + """
@@ -164,7 +165,7 @@ redis.call('HINCRBY', T, rank, add)
 redis.call('HINCRBY', N, rank, 1)
 redis.call('HSET', C, key, rank .. '\\t' .. ARGV[4] .. '\\t' .. head .. '\\t' .. ARGV[6])
 redis.call('ZADD', S, tonumber(ARGV[1]), key)
-say_freed(ARGV[7], rank, add)
+redis.call('PUBLISH', ARGV[7], 'claim')
 return add
 """
 )
@@ -175,7 +176,7 @@ RELEASE = (
     + """
 drop_reservation(ARGV[1])
 drop_claim(ARGV[1])
-say_freed(ARGV[2], '', 0)
+say_freed(ARGV[2])
 return 1
 """
 )

@@ -20,11 +20,11 @@ Redis that restarted empty, the waiters restored keep their turn ahead of those 
 (Those arriving between the restart and the renewal, at most ``lease_s / 3`` later, may stand
 before them.)
 
-Room that frees (a claim released or shrunk, a reservation's other ranks once it is claimed, the
-first place leaving) is said on a pub/sub channel (``room_channel``, published by the scripts
-themselves: no round trip of its own); each replica's listener (``watch``: one connection, one
-thread) wakes its waiters, whose own poll is then only the safety net. A cluster's pub/sub reaches
-every node, and the channel is in the claims' slot anyway.
+What wakes one replica's waiters wakes every replica's: each claim (an answer, a placement), each
+release that freed room and the first place leaving are said on a pub/sub channel
+(``room_channel``, published by the scripts themselves: no round trip of its own); each replica's
+listener (``watch``: one connection, one thread) wakes its waiters, whose own poll is then only the
+safety net. A cluster's pub/sub reaches every node, and the channel is in the claims' slot anyway.
 
 Redis down: ``enter`` answers None (logged once, ``on_state(False)``; so does the link failing
 anywhere), so the waiter queues in its replica's own order, as the claims fall back to the
@@ -150,8 +150,8 @@ def queue_keys(client: Any, prefix: str = "prefixgate") -> list[str]:
 
 
 def room_channel(client: Any, prefix: str = "prefixgate") -> str:
-    """The channel on which room freeing (a claim released or shrunk, a reservation's other ranks,
-    the first waiter leaving) is said, in the claims' slot (a cluster's pub/sub reaches every node)."""
+    """The channel on which what may free room (a claim, a release, the first waiter leaving) is
+    said, in the claims' slot (a cluster's pub/sub reaches every node)."""
     return admission_keys(client, prefix, ("room",))[0]
 
 
