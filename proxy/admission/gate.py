@@ -270,7 +270,8 @@ class Admission(Ledger):
             )
             granted = reserved.granted
             if not granted:
-                entered = reserved.place
+                if entry is not None:
+                    entered = reserved.place
                 return None  # another replica took that room, or has a waiter before this one
             if granted != choice.allowed:
                 victims = {name: keys for name, keys in choice.victims.items() if name in granted}
