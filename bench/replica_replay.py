@@ -14,7 +14,7 @@ schedule before any run, then measured during each):
 Per system, from the ranks' own usage: hit rate, prefill tokens, TTFT p50/p99, completion time
 p50, completed conversations, 429s and errors, and the conversations answered by more than one rank;
 from the session table, the wait order (``bench/wait_order.py``: how often a later arrival took room
-before an earlier waiter).
+before an earlier waiter); from Redis, the commands and scripts it ran per request.
 Clocks: think times x ``--think-scale`` and the sim's model time x ``--time-scale``; prefixgate's
 idle TTL and wait bound are learned from the traffic each replica sees (not configured), so they
 follow the compressed replay. Each system's requests hit its own fresh fleet::
@@ -44,6 +44,8 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+import redis as redis_client
 
 from bench.balancer import haproxy_binary, haproxy_config
 from bench.common import Subprocess, machine, median, proxy_process, write_json
@@ -91,6 +93,18 @@ def _faults(
     return timers, done
 
 
+def redis_commands(url: str) -> dict[str, int]:
+    """Commands Redis ran in the replay, per command (``INFO commandstats``: those run inside
+    scripts included; ``evalsha``: the scripts run, one round trip each unless pipelined). A
+    restarted Redis counts from its restart."""
+    client = redis_client.Redis.from_url(url)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
 def run_system(
     replicas: int, sessions: list[TraceSession], args: argparse.Namespace, kv_tokens: int
 ) -> dict[str, Any]:
@@ -124,6 +138,7 @@ def run_system(
             timer.cancel()
             timer.join()
         order = wait_order(urls[-1])  # a live replica (the first may have been stopped)
+        commands = redis_commands(redis.url) if redis is not None else {}
     summary = result.summary()
     ranks_of: dict[str, set[str]] = defaultdict(set)
     for turn in result.turns:
@@ -149,6 +164,7 @@ def run_system(
         "wall_s": result.wall_s,
         "faults": faults,
         "wait_order": order,
+        "redis_commands": commands,
         "requests_sent": sum(len(s.requests) for top in sessions for s in top.all_sessions()),
     }
 
@@ -209,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {r['system']}: {fault}")
         lost = r["requests_sent"] - r["requests"]
         print(f"  {r['system']}: {r['requests']} of {r['requests_sent']} requests answered ({lost} lost)")
+        commands = r["redis_commands"]
+        if commands:
+            per = r["requests"] or 1
+            total, scripts = sum(commands.values()) / per, commands.get("evalsha", 0) / per
+            print(
+                f"  {r['system']}: Redis ran {total:.1f} commands per request answered, {scripts:.2f} "
+                f"scripts, {commands.get('publish', 0) / per:.2f} publishes"
+            )
         order = r["wait_order"]
         print(
             f"  {r['system']}: wait order: {order['overtakes']} overtakes (a later arrival taking room "

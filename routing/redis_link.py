@@ -82,6 +82,11 @@ class RedisLink:
         self._run_id: str | None = None
         self._next_check = 0.0
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called (a store's own thread on this link then ends)."""
+        return self._closed
+
     def on_state(self, callback: Callable[[bool], None]) -> None:
         """``callback(up)`` when the circuit opens (False) or closes (True)."""
         self._on_state.append(callback)

@@ -28,7 +28,7 @@ The count, the reservations and what answers and time change are the ``Ledger``'
 against the budget and sessions against ``max_sessions_per_rank``, and taken in one atomic step)
 and the queue's order (``proxy/state/redis_queue.py``: room within the budgets goes to the first
 waiter across replicas, checked in that same step; a session admitted at once pays no round trip
-for it).
+for it, and one that finds no room there takes its place in the order in that step too).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from proxy.admission.turns import Before, take_turn
 from proxy.admission.weight import head, prompt_tokens
 from proxy.context import RequestContext
 from proxy.state.sessions import Session
+from proxy.state.wait_order import Entry, Place
 
 __all__ = ["Admission", "Admitted", "Guard", "Placement"]
 
@@ -219,12 +220,19 @@ class Admission(Ledger):
         #: When its first wait expected room (the table's clock, like the estimate): past it, the
         #: estimate failed once and the session stops waiting rather than follow one that keeps moving.
         promised: float | None = None
+        client = ctx.client
+        ticket = Ticket(client.label, client.priority, client.weight) if client is not None else Ticket()
+        #: The place its first attempt took in the shared wait order, finding no room there.
+        entered: Place | None = None
 
-        def attempt(place: str | None = None, at_bound: bool = False, behind: bool = False) -> Choice | None:
+        def attempt(
+            place: str | None = None, at_bound: bool = False, behind: bool = False, entry: Entry | None = None
+        ) -> Choice | None:
             """The decision now, when it admits (``behind``: others wait for room first, so room
             goes to them; past a budget nobody's room is taken and the session need not queue;
-            ``place``: its place in the replicas' shared wait order, while it waits there)."""
-            nonlocal promised
+            ``place``: its place in the replicas' shared wait order, while it waits there;
+            ``entry``: not waiting yet, it takes a place there when the claims grant no room)."""
+            nonlocal promised, entered
             states = self.refresh()
             room = self._room(tokens, head_key, head_tokens, states)
             if self.config.policy == "budget":
@@ -249,23 +257,32 @@ class Admission(Ledger):
                 return None
             room_taken = Room(choice.allowed, choice.victims)
             forced = choice.decision != "room"  # the cost policy chose to go past a budget
-            granted = self._reserve(
-                key, room_taken, need, head_key, head_tokens, force=forced, queued=not at_bound, place=place
-            )  # at the bound its wait is over: as with one replica, it takes what room there is
+            reserved = self._reserve(
+                key,
+                room_taken,
+                need,
+                head_key,
+                head_tokens,
+                force=forced,
+                queued=not at_bound,  # at the bound its wait is over: it takes what room there is
+                place=place,
+                entry=entry,
+            )
+            granted = reserved.granted
             if not granted:
+                if entry is not None:
+                    entered = reserved.place
                 return None  # another replica took that room, or has a waiter before this one
             if granted != choice.allowed:
                 victims = {name: keys for name, keys in choice.victims.items() if name in granted}
                 choice = replace(choice, allowed=granted, victims=victims)
             return choice
 
-        found = attempt(behind=len(self.queue) > 0)
+        found = attempt(behind=len(self.queue) > 0, entry=self.queue.entry(ticket))
         if found is not None:
             return found, 0.0
         if self.metrics is not None:
             self.metrics.admission_queued.inc()
-        client = ctx.client
-        ticket = Ticket(client.label, client.priority, client.weight) if client is not None else Ticket()
         behind = (lambda: attempt(behind=True)) if self.config.policy == "cost" else None
         place: str | None = None
 
@@ -281,6 +298,7 @@ class Admission(Ledger):
             self.time.wait_bound,
             behind,
             took_place,
+            entered,
         )
         try:
             choice = await (guard(waiting) if guard is not None else waiting)

@@ -26,9 +26,9 @@ from proxy.admission.turns import Before, lost_tokens, settle
 from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
 from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
-from proxy.state.claims import Ask, LocalClaims, RoomClaims
+from proxy.state.claims import Ask, LocalClaims, Reserved, RoomClaims
 from proxy.state.sessions import Session, SessionTable
-from proxy.state.wait_order import WaitOrder
+from proxy.state.wait_order import Entry, WaitOrder
 from routing.rank_metrics import RankSample
 from routing.ranks import Fleet, Rank
 
@@ -160,24 +160,31 @@ class Ledger(Observer):
         force: bool = False,
         queued: bool = False,
         place: str | None = None,
-    ) -> frozenset[str]:
+        entry: Entry | None = None,
+    ) -> Reserved:
         """Reserve ``tokens`` for session ``key`` on the ranks of ``room`` that the claims still
         grant (another replica may have taken the room, or a rank's last session place, since this
         count); ``force``: past their budgets, never past ``max_sessions_per_rank``; ``queued``: a
         new session's room, which waits its turn behind every replica's waiters (``place``: its
-        own, while it waits; ``claims.Ask``). The ranks granted, empty when none is."""
+        own, while it waits; ``claims.Ask``); ``entry``: granted none, it takes its place in the
+        shared wait order in the same step (``Reserved.place``). The ranks granted, empty when none
+        is."""
         budgets = {name: self._budget(name) for name in room.allowed}
         body = tokens - head_tokens if head_key is not None else tokens
         ttl, cap = self.time.idle_ttl(), self.config.max_sessions_per_rank
         ask = Ask(
             key, budgets, body, head_key, head_tokens, force, ttl, RESERVATION_TTL_S, cap, queued, place
         )
-        granted = self.claims.reserve(ask)
-        if granted:
+        reserved = (
+            self.claims.reserve_or_enter(ask, entry)
+            if entry is not None
+            else Reserved(self.claims.reserve(ask))
+        )
+        if reserved.granted:
             # in the same step as the room check: the next waiter must see this session's claim
-            victims = {name: keys for name, keys in room.victims.items() if name in granted}
-            self._reservations[key] = Reservation(granted, tokens, victims)
-        return granted
+            victims = {name: keys for name, keys in room.victims.items() if name in reserved.granted}
+            self._reservations[key] = Reservation(reserved.granted, tokens, victims)
+        return reserved
 
     def _budget(self, name: str) -> int | None:
         rank = self.fleet.get(name)
@@ -346,8 +353,8 @@ class Ledger(Observer):
     def release(self, key: str) -> Session | None:
         """End a session at once (``DELETE /admin/sessions/{id}``): its budget is free for the queue."""
         self._reservations.pop(key, None)
+        session = self.table.delete(key)  # first: the claim's release wakes other replicas' waiters
         self.claims.release(key)
-        session = self.table.delete(key)
         if session is not None:
             self.time.note_end()
         self.queue.notify()

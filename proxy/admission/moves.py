@@ -14,6 +14,7 @@ from collections.abc import Callable
 from proxy.admission.accounting import RankState
 from proxy.admission.config import AdmissionConfig
 from proxy.admission.room import Room, excess_tokens, should_move
+from proxy.state.claims import Reserved
 from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet
 
@@ -29,7 +30,7 @@ class Moves:
         config: AdmissionConfig,
         refresh: Callable[[], dict[str, RankState]],
         room: Callable[..., Room],
-        reserve: Callable[[str, Room, int], frozenset[str]],
+        reserve: Callable[[str, Room, int], Reserved],
         projected: Callable[[int], int],
     ) -> None:
         self.fleet = fleet
@@ -95,7 +96,8 @@ class Moves:
             ", ".join(sorted(allowed)),
         )
         # None when the shared claims granted none of them: another replica took that room first
-        return self._reserve(session.key, Room(allowed), self._projected(session.context_tokens)) or None
+        reserved = self._reserve(session.key, Room(allowed), self._projected(session.context_tokens))
+        return reserved.granted or None
 
     def release_idle(
         self,

@@ -18,9 +18,14 @@ With a shared ``WaitOrder`` (Redis: ``proxy/state/redis_queue.py``) each waiter 
 the order of every replica's waiters, which then orders this queue too (its fair-share tags are kept
 there, so they compare across replicas); the head here is the first of this replica's waiters, and
 the room it finds is granted only if no replica has a waiter before it (checked where room is taken,
-``claims.Ask.place``). The queue renews its waiters' leases while they wait (``LEASE_S``, all in
-one step), so a dead replica's waiters lapse. Without a place (no shared order, or Redis
-unreachable) this process's order alone decides, as before.
+``claims.Ask.place``). A session that finds no room there takes its place in the same step
+(``claims.RoomClaims.reserve_or_enter``: nobody arriving later takes the room between the two) and
+waits from it (``wait(entered=...)``). What other replicas free wakes the waiters here through the
+order (``WaitOrder.watch``: Redis pub/sub), so the poll interval stays the one learned from the idle
+TTL (the safety net for what nothing says: leases lapsing, and the channel lost). The queue renews
+its waiters' leases while they wait (``LEASE_S``, all in one step), so a dead replica's waiters
+lapse. Without a place (no shared order, or Redis unreachable) this process's order alone decides,
+as before.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from proxy.state.wait_order import LocalOrder, Place, WaitOrder
+from proxy.state.wait_order import Entry, LocalOrder, Place, WaitOrder
 
 T = TypeVar("T")
 
@@ -42,10 +47,6 @@ T = TypeVar("T")
 #: waits): how long a dead replica's waiters stay in the others' way. Wall-clock time, not the
 #: traffic's: it measures whether a process is alive, which a replay does not compress.
 LEASE_S = 3.0
-#: With a place in a shared order, the head looks for room at least this often (seconds): room that
-#: another replica frees wakes nobody here, and while this head waits nobody else may take it. One
-#: reservation round trip per look, per replica with waiters.
-SHARED_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,20 +79,43 @@ class WaitQueue:
         self._virtual = 0.0
         #: When this queue last renewed its waiters' places in the shared order (all at once).
         self._renewed = time.monotonic()
+        #: The loop the waiters wait on, which the order's wakes reach (from its listener's thread).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watching = False
 
     def __len__(self) -> int:
         return len(self._waiters)
+
+    def entry(self, ticket: Ticket) -> Entry | None:
+        """What ``ticket``'s waiter enters the shared order as, when the step that finds no room
+        enters it (``wait(entered=...)``); None: the order keeps no places of its own."""
+        if not self.order.shared_places:
+            return None
+        return Entry(ticket.client, ticket.priority, ticket.weight, LEASE_S)
 
     def notify(self) -> None:
         """Something changed that may have freed room: wake every waiter to re-check."""
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def _enter(self, ticket: Ticket) -> _Waiter:
+    def _notify_from_thread(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits on it any more
+                loop.call_soon_threadsafe(self.notify)
+
+    def _watch(self) -> None:
+        """From the first wait on, the order's word that room freed elsewhere wakes the waiters."""
+        self._loop = asyncio.get_running_loop()
+        if not self._watching:
+            self._watching = True
+            self.order.watch(self._notify_from_thread)
+
+    def _enter(self, ticket: Ticket, entered: Place | None) -> _Waiter:
         key = ticket.client or ""
         start = max(self._virtual, self._finish.get(key, 0.0))
         self._finish[key] = start + 1.0 / ticket.weight
-        place = self.order.enter(ticket.client, ticket.priority, ticket.weight, LEASE_S)
+        place = entered or self.order.enter(ticket.client, ticket.priority, ticket.weight, LEASE_S)
         if not self._waiters:
             self._renewed = time.monotonic()  # a fresh lease: the next renewal is a third of one away
         order = place.order if place is not None else (-ticket.priority, start, next(self._arrivals))
@@ -115,14 +139,17 @@ class WaitQueue:
         limit: Callable[[], float] | None = None,
         attempt_behind: Callable[[], T | None] | None = None,
         on_place: Callable[[str | None], None] | None = None,
+        entered: Place | None = None,
     ) -> T:
         """``attempt()``'s first non-None result, tried whenever this waiter is at the head (and
         ``attempt_behind()``'s while it is not); raises ``TimeoutError`` after ``timeout`` seconds,
         or sooner when ``limit()`` (re-read as it waits: a bound learned meanwhile) says fewer.
         ``on_depth(n)`` is told the queue's length as it changes; ``on_place(id)``, before the first
         attempt, the waiter's place in the shared order (None: none), which its attempts name where
-        room is taken (granted only if no replica has a waiter before it)."""
-        waiter = self._enter(ticket or Ticket())
+        room is taken (granted only if no replica has a waiter before it); ``entered``: the place
+        it already took, in the step that found no room (``reserve_or_enter``)."""
+        self._watch()
+        waiter = self._enter(ticket or Ticket(), entered)
         if on_place is not None:
             on_place(waiter.place.id if waiter.place is not None else None)
         on_depth(len(self._waiters))
@@ -148,10 +175,7 @@ class WaitQueue:
                     raise TimeoutError
                 changed = self._changed
                 with contextlib.suppress(TimeoutError):
-                    poll = (
-                        self.poll_interval if waiter.place is None else min(self.poll_interval, SHARED_POLL_S)
-                    )
-                    await asyncio.wait_for(changed.wait(), min(left, poll))
+                    await asyncio.wait_for(changed.wait(), min(left, self.poll_interval))
         finally:
             self._leave(waiter, served)
             on_depth(len(self._waiters))

@@ -8,6 +8,10 @@ one atomic step, returning the ranks granted;
 current as the session grows); ``release`` ends it. A claim's tokens are its projected working set:
 its own ``body`` plus a shared ``head`` (an agent's system+tools) counted once per rank.
 
+A new session that finds no room waits in the wait order (``wait_order.py``); ``reserve_or_enter``
+takes its place there in the same step as the failed reservation, so that nobody arriving later
+takes the room between the two.
+
 ``LocalClaims`` (the ``memory`` backend) grants what one process's own count allowed: there, that
 count is the whole truth (and its queue the whole wait order). ``redis_claims.RedisClaims`` shares
 the claims between replicas, and checks the shared wait order in the same step.
@@ -18,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+from proxy.state.wait_order import Entry, Place
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +51,26 @@ class Ask:
     place: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """What ``reserve_or_enter`` did: the ranks granted, or (none granted) the place taken in the
+    wait order (None: no shared order to stand in, or none granted past the budgets)."""
+
+    granted: frozenset[str]
+    place: Place | None = None
+
+
 class RoomClaims(Protocol):
     """Where room is taken (see the module docstring)."""
 
     def reserve(self, ask: Ask) -> frozenset[str]:
         """Reserve room for ``ask.key`` on each rank asked that still has it, in one step; the
         reservation lapses unless claimed. The ranks granted (empty: none has room any more)."""
+        ...
+
+    def reserve_or_enter(self, ask: Ask, entry: Entry) -> Reserved:
+        """``reserve(ask)`` for a session not waiting yet; granted none, it takes its place in the
+        shared wait order as ``entry`` in the same atomic step (``Reserved.place``)."""
         ...
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
@@ -75,6 +95,9 @@ class LocalClaims:
 
     def reserve(self, ask: Ask) -> frozenset[str]:
         return frozenset(ask.budgets)
+
+    def reserve_or_enter(self, ask: Ask, entry: Entry) -> Reserved:
+        return Reserved(frozenset(ask.budgets))
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
         pass

@@ -8,7 +8,9 @@ reservation: rank and tokens pairs), ``E`` (sorted set: reservations by expiry),
 set: claims by last touch), ``N`` (hash: rank -> sessions claimed or reserved there: what
 ``max_sessions_per_rank`` caps, checked in the same script as the tokens). A new session's
 reservation within the budgets also waits its turn in the shared wait order (``redis_queue.py``'s
-keys, in the same slot), read in the same script: no round trip of its own.
+keys, in the same slot), read in the same script: no round trip of its own; and when it is granted
+nothing, ``reserve_or_enter`` takes its place there in that same script. The scripts that free room
+say so on the order's room channel (``redis_queue.room_channel``).
 
 Each call is one script, O(ranks allowed) plus a bounded purge: expired reservations and claims
 idle past the idle TTL (sessions that ended on a replica that died before releasing them) go in
@@ -26,8 +28,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from proxy.state.claims import Ask
-from proxy.state.redis_queue import LAPSE, admission_keys, queue_keys
+from proxy.state.claims import Ask, Reserved
+from proxy.state.redis_queue import LAPSE, admission_keys, entered, entry_args, queue_keys, room_channel
+from proxy.state.wait_order import Entry
 from routing.redis_link import ERRORS, RedisLink
 from routing.redis_topology import ScriptBatch
 
@@ -39,6 +42,12 @@ RESYNC_BATCH = 500
 
 _COMMON = """
 local T, C, H, R, E, S, N = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+-- tokens freed per rank by this script's drops (what a waiter elsewhere may now take)
+local freed = {}
+local function free(rank, tokens)
+  freed[rank] = (freed[rank] or 0) + tokens
+  redis.call('HINCRBY', T, rank, -tokens)
+end
 local function leave(rank)
   if redis.call('HINCRBY', N, rank, -1) <= 0 then redis.call('HDEL', N, rank) end
 end
@@ -52,7 +61,7 @@ local function drop_reservation(key)
   if not r then return end
   local p = split(r)
   for i = 1, #p, 2 do
-    redis.call('HINCRBY', T, p[i], -tonumber(p[i + 1]))
+    free(p[i], tonumber(p[i + 1]))
     leave(p[i])
   end
   redis.call('HDEL', R, key)
@@ -62,25 +71,36 @@ local function drop_claim(key)
   local c = redis.call('HGET', C, key)
   if not c then return end
   local p = split(c)
-  local freed = tonumber(p[2])
+  local tokens = tonumber(p[2])
   if p[3] ~= '-' then
     local held = p[1] .. '\\t' .. p[3]
     if redis.call('HINCRBY', H, held, -1) <= 0 then
       redis.call('HDEL', H, held)
-      freed = freed + tonumber(p[4])
+      tokens = tokens + tonumber(p[4])
     end
   end
-  redis.call('HINCRBY', T, p[1], -freed)
+  free(p[1], tokens)
   leave(p[1])
   redis.call('HDEL', C, key)
   redis.call('ZREM', S, key)
+end
+local function say_freed(channel)
+  for _, tokens in pairs(freed) do
+    if tokens > 0 then
+      redis.call('PUBLISH', channel, 'room')
+      return
+    end
+  end
 end
 """
 
 #: ARGV: now, reservation TTL s, idle TTL s, key, body, head ('-': none), head tokens, force (0/1),
 #: sessions per rank (-1: no cap; ``force`` does not pass it), the wait order's say (``0``: none;
-#: ``-``: not waiting, granted while nobody waits; else the place, granted at the head), then rank,
-#: budget (-1: none) pairs. KEYS 8 to 10: the wait order's Q, P, L. Returns the ranks granted.
+#: ``-``: not waiting, granted while nobody waits; else the place, granted at the head), the place
+#: to enter when none is granted (``enter_place``'s lease s, id, client, priority, weight; a lease
+#: of ``-``: none, and the four after it unused), then rank, budget (-1: none) pairs. KEYS 8 to 11:
+#: the wait order's Q, P, L, F. Returns the member of the place entered (``''``: none), then the
+#: ranks granted.
 RESERVE = (
     _COMMON
     + LAPSE
@@ -88,6 +108,13 @@ RESERVE = (
 local now, key = tonumber(ARGV[1]), ARGV[4]
 local body, head, head_tokens, force = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8] == '1'
 local cap = tonumber(ARGV[9])
+local Q, P, L, F = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local function none_granted()
+  if ARGV[11] == '-' then return {''} end
+  local member = enter_place(Q, P, L, F, now, tonumber(ARGV[11]), ARGV[12], ARGV[13], tonumber(ARGV[14]),
+    tonumber(ARGV[15]))
+  return {member}
+end
 for _, k in ipairs(redis.call('ZRANGEBYSCORE', E, '-inf', now, 'LIMIT', 0, %(batch)d)) do
   drop_reservation(k)
 end
@@ -96,11 +123,11 @@ for _, k in ipairs(redis.call('ZRANGEBYSCORE', S, '-inf', now - tonumber(ARGV[3]
 end
 drop_reservation(key)
 drop_claim(key)
-if not force and ARGV[10] ~= '0' and not first_place(KEYS[8], KEYS[9], KEYS[10], now, ARGV[10]) then
-  return {}
+if not force and ARGV[10] ~= '0' and not first_place(Q, P, L, now, ARGV[10]) then
+  return none_granted()
 end
-local granted, parts = {}, {}
-for i = 11, #ARGV, 2 do
+local granted, parts = {''}, {}
+for i = 16, #ARGV, 2 do
   local rank, budget = ARGV[i], tonumber(ARGV[i + 1])
   local total = tonumber(redis.call('HGET', T, rank) or '0')
   local need = body
@@ -114,15 +141,16 @@ for i = 11, #ARGV, 2 do
     redis.call('HINCRBY', N, rank, 1)
   end
 end
-if #granted > 0 then
-  redis.call('HSET', R, key, table.concat(parts, '\\t'))
-  redis.call('ZADD', E, now + tonumber(ARGV[2]), key)
-end
+if #parts == 0 then return none_granted() end
+redis.call('HSET', R, key, table.concat(parts, '\\t'))
+redis.call('ZADD', E, now + tonumber(ARGV[2]), key)
 return granted
 """.replace("%(batch)d", str(PURGE_BATCH))
 )
 
-#: ARGV: now, key, rank, body, head ('-': none), head tokens.
+#: ARGV: now, key, rank, body, head ('-': none), head tokens, the room channel. Every claim is said
+#: there: an answer wakes every replica's waiters as it wakes its own replica's (a claim may free
+#: room, and the count they re-check then sees the sessions that time ended meanwhile).
 CLAIM = (
     _COMMON
     + """
@@ -137,21 +165,25 @@ redis.call('HINCRBY', T, rank, add)
 redis.call('HINCRBY', N, rank, 1)
 redis.call('HSET', C, key, rank .. '\\t' .. ARGV[4] .. '\\t' .. head .. '\\t' .. ARGV[6])
 redis.call('ZADD', S, tonumber(ARGV[1]), key)
+redis.call('PUBLISH', ARGV[7], 'claim')
 return add
 """
 )
 
-#: ARGV: key.
+#: ARGV: key, the room channel (told when it freed room).
 RELEASE = (
     _COMMON
     + """
 drop_reservation(ARGV[1])
 drop_claim(ARGV[1])
+say_freed(ARGV[2])
 return 1
 """
 )
 
 Claim = tuple[str, int, str, int]
+#: ``RESERVE``'s entry arguments when it enters no place.
+NO_ENTRY: list[str | int] = ["-", "", "", 0, 1]
 
 
 class RedisClaims:
@@ -167,7 +199,8 @@ class RedisClaims:
         self.link = link
         self.clock = clock
         self.keys = admission_keys(link.client, prefix, ("T", "C", "H", "R", "E", "S", "N"))
-        self._reserve_keys = self.keys + queue_keys(link.client, prefix)[:3]
+        self._reserve_keys = self.keys + queue_keys(link.client, prefix)
+        self.channel = room_channel(link.client, prefix)
         client = link.client
         self._reserve = client.register_script(RESERVE)
         self._claim = client.register_script(CLAIM)
@@ -195,11 +228,18 @@ class RedisClaims:
                 self._on_state(False)
 
     def reserve(self, ask: Ask) -> frozenset[str]:
+        return self._reserve_or_enter(ask, None).granted
+
+    def reserve_or_enter(self, ask: Ask, entry: Entry) -> Reserved:
+        return self._reserve_or_enter(ask, entry)
+
+    def _reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
         if not ask.budgets:
-            return frozenset()
+            return Reserved(frozenset())
         if not self.link.available():
             self._local("its circuit is open")
-            return frozenset(ask.budgets)
+            return Reserved(frozenset(ask.budgets))
+        place, entering = entry_args(entry) if entry is not None else ("", NO_ENTRY)
         args: list[str | int | float] = [
             repr(self.clock()),
             repr(ask.expires_in),
@@ -211,25 +251,28 @@ class RedisClaims:
             1 if ask.force else 0,
             -1 if ask.max_sessions is None else ask.max_sessions,
             (ask.place or "-") if ask.queued else "0",
+            *entering,
         ]
         for rank, budget in ask.budgets.items():
             args += [rank, -1 if budget is None else budget]
         try:
-            granted = self._reserve(keys=self._reserve_keys, args=args)
+            member, *granted = self._reserve(keys=self._reserve_keys, args=args)
         except ERRORS as exc:
             self.link.failed(exc)
             self._local(exc)
-            return frozenset(ask.budgets)
-        return frozenset(r.decode() if isinstance(r, bytes) else str(r) for r in granted)
+            return Reserved(frozenset(ask.budgets))
+        ranks = frozenset(r.decode() if isinstance(r, bytes) else str(r) for r in granted)
+        return Reserved(ranks, entered(place, member) if member else None)
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
         claim = (rank, max(body, 0), head or "-", head_tokens if head else 0)
         self._mine[key] = claim
-        self.link.submit(lambda: self._claim(keys=self.keys, args=[repr(self.clock()), key, *claim]))
+        args: list[str | int] = [repr(self.clock()), key, *claim, self.channel]
+        self.link.submit(lambda: self._claim(keys=self.keys, args=args))
 
     def release(self, key: str) -> None:
         self._mine.pop(key, None)
-        self.link.submit(lambda: self._release(keys=self.keys, args=[key]))
+        self.link.submit(lambda: self._release(keys=self.keys, args=[key, self.channel]))
 
     def totals(self) -> dict[str, int]:
         return self._per_rank(self.keys[0])
@@ -248,7 +291,8 @@ class RedisClaims:
         for start in range(0, len(mine), RESYNC_BATCH):
             batch = ScriptBatch(self.link.client)
             for key, claim in mine[start : start + RESYNC_BATCH]:
-                self._claim(keys=self.keys, args=[now, key, *claim], client=batch.target)
+                args: list[str | int] = [now, key, *claim, self.channel]
+                self._claim(keys=self.keys, args=args, client=batch.target)
             batch.execute()
         if not self._shared:
             self._shared = True

@@ -15,7 +15,7 @@ order. ``redis_queue.RedisWaitOrder`` shares it between replicas.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,8 +31,24 @@ class Place:
     member: str
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """Who would take a place: a new waiter of ``client`` (its key's ``priority`` and fair-share
+    ``weight``), its place held ``lease_s`` seconds unless renewed (``WaitOrder.enter``'s arguments,
+    for the reservation that enters the order when it finds no room: ``claims.RoomClaims``)."""
+
+    client: str | None
+    priority: int
+    weight: float
+    lease_s: float
+
+
 class WaitOrder(Protocol):
     """Where waiters stand across replicas (see the module docstring)."""
+
+    #: Whether it keeps places beside its backend's claims: a place the claims' step enters
+    #: (``RoomClaims.reserve_or_enter``) is then this order's to renew and leave.
+    shared_places: bool
 
     def enter(self, client: str | None, priority: int, weight: float, lease_s: float) -> Place | None:
         """A place for a new waiter of ``client`` (its key's ``priority`` and fair-share
@@ -50,9 +66,16 @@ class WaitOrder(Protocol):
         fair-share clock on)."""
         ...
 
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` (from any thread) whenever room may have freed, or the first place
+        changed, on another replica: what no event of this process says."""
+        ...
+
 
 class LocalOrder:
     """No shared order: each process's queue orders its own waiters."""
+
+    shared_places = False
 
     def enter(self, client: str | None, priority: int, weight: float, lease_s: float) -> Place | None:
         return None
@@ -62,3 +85,6 @@ class LocalOrder:
 
     def leave(self, place: Place, served: bool) -> None:
         pass
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        pass  # no other replica: this process's own events are all there is
