@@ -167,3 +167,28 @@ def test_fleet_names_and_ports() -> None:
             assert httpx.get(f"{s.url}/health").status_code == 200
     finally:
         stop_fleet(fleet)
+
+
+def test_a_chat_streams_first_chunk_comes_after_its_prefill(rank_servers: RankServers) -> None:
+    # ~1 s of modelled prefill: the role chunk used to go out at once, long before it
+    (slow,) = rank_servers.sim(1, num_blocks=512, prefill_rate=2_000, time_scale=1.0)
+    before = metric(slow.url, "vllm:prompt_tokens_total")
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": SYSTEM * 8}],  # ~2,300 tokens
+        "stream": True,
+        "max_tokens": 3,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{slow.url}/v1/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        first = next(lines)
+        # the rank counts a prompt once its prefill is done (vllm:prompt_tokens): so it already has
+        prefilled = metric(slow.url, "vllm:prompt_tokens_total") - before
+        rest = "\n".join(lines)
+    role = {"role": "assistant", "content": ""}
+    assert orjson.loads(first.removeprefix("data: "))["choices"][0]["delta"] == role
+    events = sse(f"{first}\n{rest}\n\n")
+    assert events[-1] == "[DONE]" and len(events) == 1 + 3 + 2  # the role, three tokens, usage, [DONE]
+    usage = events[-2]["usage"]  # type: ignore[index]
+    assert usage["prompt_tokens"] > 2_000 and prefilled == usage["prompt_tokens"]
