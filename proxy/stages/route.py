@@ -8,8 +8,8 @@ rank), so a burst of sibling requests lands together; when a retry lands elsewhe
 moves the charge. A streamed answer's queued prefill is released at its first token (``prefilled``:
 vLLM sends its first chunk after the prefill); its prompt tokens, whose KV the rank holds while
 decoding, and a whole answer's charge are released when it ends. After the answer, ``finished``
-releases the rest of the charge, compares the predicted hit
-with what the rank reported and corrects the rank's mirror.
+releases the rest of the charge, compares the predicted hit with what the rank reported and
+corrects the rank's mirror.
 
 A request continuing a stored answer (Responses' ``previous_response_id``) is pinned: its plan is
 the rank that stored it, or an error when that rank is gone. Ranks whose mirror is fed by KV-cache
