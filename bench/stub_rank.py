@@ -36,6 +36,7 @@ class StubBehavior:
     status: int | None = None  # answer completions with this status and an error body
     healthy: bool = True
     gate: threading.Event | None = None  # streams wait here after their first chunk
+    hold: threading.Event | None = None  # completions wait here before answering (unlike hang, releasable)
     record: bool = True  # keep every request in ``received`` (off for benchmarks)
     cache_details: bool = True  # report usage.prompt_tokens_details.cached_tokens
     received: list[dict[str, Any]] = field(default_factory=list)
@@ -73,6 +74,9 @@ def create_stub_app(
             )
         if behavior.hang:
             await asyncio.sleep(3600)
+        held = behavior.hold
+        if held is not None:
+            await asyncio.to_thread(held.wait, 30)
         if behavior.status is not None:
             error = {
                 "error": {

@@ -195,6 +195,9 @@ class Pipeline:
         assert plan is not None
         if plan.charged != rank.name:  # a retry landed on another rank
             self.observers.placed(ctx, rank)
+        if opened.chunks is not None:
+            # not deferred by a landing: the rank's prefill is done whatever our tokenizer does
+            self.observers.prefilled(ctx)
         self._routed(ctx)
         api = ctx.api
         session_headers = self._session_headers(ctx)

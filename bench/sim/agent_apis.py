@@ -173,13 +173,19 @@ class AgentApis:
     ) -> AsyncIterator[bytes]:
         req = reqs[0]
         try:
-            message = _anthropic_message(mid, model, [], None, self.anthropic_usage(req, 0))
-            yield _event("message_start", {"type": "message_start", "message": message})
-            block = {"type": "text", "text": ""}
-            yield _event(
-                "content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}
-            )
+            started = False
             async for text in self.tokens(scope, out):
+                if not started:
+                    # vLLM's Messages stream converts its chat stream, whose first chunk comes after
+                    # the prefill: its message_start does too
+                    started = True
+                    message = _anthropic_message(mid, model, [], None, self.anthropic_usage(req, 0))
+                    yield _event("message_start", {"type": "message_start", "message": message})
+                    block = {"type": "text", "text": ""}
+                    yield _event(
+                        "content_block_start",
+                        {"type": "content_block_start", "index": 0, "content_block": block},
+                    )
                 delta = {
                     "type": "content_block_delta",
                     "index": 0,

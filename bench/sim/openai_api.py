@@ -266,25 +266,29 @@ class OpenAIApi:
             if must_die():
                 await drop_connection(scope)
                 return
-            if chat:
-                for r in reqs:
-                    role = {
-                        "index": r.index,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                    yield chunk([role])
-                    sent += 1
-                    if must_die():
-                        await drop_connection(scope)
-                        return
             pending = len(reqs)
+            # Like vLLM's chat stream, the role chunks go out on the engine's first output: after
+            # the prefill, just before the first token (a client's first byte means prefill is done).
+            roles = chat
             while pending:
                 if malformed and sent:
                     malformed = False
                     yield _MALFORMED
                 index, token, finish = await out.get()
+                if roles:
+                    roles = False
+                    for r in reqs:
+                        role = {
+                            "index": r.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                        yield chunk([role])
+                        sent += 1
+                        if must_die():
+                            await drop_connection(scope)
+                            return
                 if finish is not None:
                     pending -= 1
                 text = OUTPUT_TOKEN_TEXT[token]

@@ -1,11 +1,13 @@
 """Stage 8, observe: what happened to a request goes to an explicit list of observers.
 
-Three events, in this order for every routed request:
+Events, in this order for every routed request:
 
 - ``placed(ctx, rank)``: ``rank`` holds the request: the plan's first choice once routed, and again
   the rank a retry landed on when that is another;
 - ``landed(ctx)``: only for a first turn routed on its head (``ctx.landing``), just before
   ``routed``: its whole prompt's blocks are known now;
+- ``prefilled(ctx)``: only for a streamed answer, at once when its stream opened (never deferred by a
+  landing): the rank sent its first chunk, which vLLM sends with the first token, after the prefill;
 - ``routed(ctx)``: the rank answered (``ctx.rank``): the stream opened, or the whole body arrived;
 - ``finished(outcome)``: the request ended: answered, failed on every rank, or its client left.
 
@@ -38,6 +40,9 @@ class Observer:
     def landed(self, ctx: RequestContext) -> None:
         """The whole prompt's blocks of a request routed on its head are on ``ctx`` now."""
 
+    def prefilled(self, ctx: RequestContext) -> None:
+        """The stream of ``ctx.rank`` opened: its first token came, so the rank's prefill is done."""
+
     def routed(self, ctx: RequestContext) -> None:
         """The rank ``ctx.rank`` answered (its stream opened, or its whole body arrived)."""
 
@@ -56,6 +61,9 @@ class Observers:
 
     def landed(self, ctx: RequestContext) -> None:
         self._tell("landed", ctx)
+
+    def prefilled(self, ctx: RequestContext) -> None:
+        self._tell("prefilled", ctx)
 
     def routed(self, ctx: RequestContext) -> None:
         self._tell("routed", ctx)

@@ -5,8 +5,11 @@ rank probably holds and which rank the session used, lets the policy rank the ca
 returns a ``RoutePlan``: the ranks in the order forwarding tries them. The first is charged at once
 (its queued prefill and in-flight prompt tokens, the prompt's blocks recorded on it, the session's
 rank), so a burst of sibling requests lands together; when a retry lands elsewhere, ``placed``
-moves the charge. After the answer, ``finished`` releases the charge, compares the predicted hit
-with what the rank reported and corrects the rank's mirror.
+moves the charge. A streamed answer's queued prefill is released at its first token (``prefilled``:
+vLLM sends its first chunk after the prefill); its prompt tokens, whose KV the rank holds while
+decoding, and a whole answer's charge are released when it ends. After the answer, ``finished``
+releases the rest of the charge, compares the predicted hit with what the rank reported and
+corrects the rank's mirror.
 
 A request continuing a stored answer (Responses' ``previous_response_id``) is pinned: its plan is
 the rank that stored it, or an error when that rank is gone. Ranks whose mirror is fed by KV-cache
@@ -63,6 +66,8 @@ class RoutePlan:
     charged: str | None = None
     prefill: int = 0
     tokens: int = 0
+    #: The charged rank's stream opened (its first token came): its prefill left the queue already.
+    prefilled: bool = False
     #: The response id that pins the request to its rank (Responses continuations), if any.
     pinned: str | None = None
 
@@ -94,7 +99,8 @@ class Router(Observer):
         self.exact = set(exact)
         self.pins = pins
         self.speeds = speeds
-        #: Prefill tokens routed to each rank and not answered yet.
+        #: Prefill tokens routed to each rank and not prefilled yet (a stream's first token, or the
+        #: end of a whole answer).
         self.queued_prefill: dict[str, int] = {r.name: 0 for r in fleet}
         #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
         self.inflight_tokens: dict[str, int] = {r.name: 0 for r in fleet}
@@ -201,7 +207,7 @@ class Router(Observer):
         return self.index.match(block_hashes) if block_hashes else {}
 
     def queued(self, rank: str) -> int:
-        """Prefill tokens routed to ``rank`` and not answered yet (a read, for admission)."""
+        """Prefill tokens routed to ``rank`` and not prefilled yet (a read, for admission)."""
         return self.queued_prefill.get(rank, 0)
 
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
@@ -222,6 +228,12 @@ class Router(Observer):
         name = plan.charged if plan is not None else None
         if name is not None and name not in self.exact and ctx.block_hashes:
             self.index.record(name, ctx.block_hashes)
+
+    def prefilled(self, ctx: RequestContext) -> None:
+        """A streamed answer's first token: the rank's prefill is done, so its tokens leave the rank's
+        queued prefill now, not when a decode of minutes ends (the prompt's KV stays in flight)."""
+        if ctx.plan is not None:
+            self._unqueue(ctx.plan)
 
     def finished(self, outcome: Outcome) -> None:
         """After the answer (or the failure): release the charge; count predicted vs reported hit
@@ -275,6 +287,7 @@ class Router(Observer):
         ctx.estimated_cached_tokens = estimate if hashes else None
         prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         plan.charged, plan.prefill, plan.tokens = name, max(prompt - estimate, 0), prompt
+        plan.prefilled = False
         self.queued_prefill[name] = self.queued_prefill.get(name, 0) + plan.prefill
         self.inflight_tokens[name] = self.inflight_tokens.get(name, 0) + prompt
         key = ctx.session_key
@@ -290,9 +303,17 @@ class Router(Observer):
         name = plan.charged
         if name is None:
             return
+        self._unqueue(plan)
         plan.charged = None
-        self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) - plan.prefill, 0)
         self.inflight_tokens[name] = max(self.inflight_tokens.get(name, 0) - plan.tokens, 0)
+
+    def _unqueue(self, plan: RoutePlan) -> None:
+        """Take the plan's prefill off its charged rank's queue, once per charge."""
+        name = plan.charged
+        if name is None or plan.prefilled:
+            return
+        plan.prefilled = True
+        self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) - plan.prefill, 0)
 
     def _log_move(self, ctx: RequestContext, old: str, new: str, prefill: int, why: str | None) -> None:
         """Say why a known session left its rank: each move recomputes its context elsewhere."""

@@ -90,8 +90,9 @@ class RankServers:
                     rank.clear_faults()  # releases hung requests
             rank.stop()
         for stub in self.stubs:
-            if stub.behavior.gate is not None:
-                stub.behavior.gate.set()
+            for event in (stub.behavior.gate, stub.behavior.hold):
+                if event is not None:
+                    event.set()
             stub.stop()
         self.sims.clear()
         self.stubs.clear()

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from proxy.context import Outcome
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
@@ -239,3 +240,59 @@ def test_redis_killed_mid_run_routing_continues(redis_server: RedisServer) -> No
             assert index.up is False and "prefixgate_index_redis_up 0.0" in metrics.render().decode()
     assert index.up is True and index.resyncs == 1
     index.close()
+
+
+def test_a_streams_queued_prefill_leaves_at_its_first_token_and_its_tokens_at_its_end() -> None:
+    router = Router(make_pool(1), make_policy("least_loaded"))
+    held = make_ctx("held", chain("h", 10), prompt_tokens=170)  # another request, still in prefill
+    pick(router, held)
+    ctx = make_ctx("s", chain("q", 10), prompt_tokens=170)
+    rank = pick(router, ctx)
+    assert router.queued_prefill["r0"] == 340 and router.inflight_tokens["r0"] == 340
+    router.prefilled(ctx)
+    assert router.queued_prefill["r0"] == 170 and router.inflight_tokens["r0"] == 340
+    router.prefilled(ctx)  # told twice: released once
+    assert router.queued_prefill["r0"] == 170
+    observe(router, ctx, rank, None)
+    assert router.queued_prefill["r0"] == 170 and router.inflight_tokens["r0"] == 170
+    observe(router, ctx, rank, None)  # a second end releases nothing either
+    assert router.queued_prefill["r0"] == 170 and router.inflight_tokens["r0"] == 170
+
+
+def test_a_whole_answer_keeps_its_prefill_queued_until_it_ends() -> None:
+    router = Router(make_pool(1), make_policy("least_loaded"))
+    ctx = make_ctx("s", chain("q", 10), prompt_tokens=170)
+    rank = pick(router, ctx)
+    assert router.queued_prefill["r0"] == 170
+    observe(router, ctx, rank, None)
+    assert router.queued_prefill["r0"] == 0 and router.inflight_tokens["r0"] == 0
+
+
+def test_a_retry_charges_the_new_rank_whose_first_token_releases_it_once() -> None:
+    router = Router(make_pool(2), make_policy("least_loaded"))
+    ctx = make_ctx("s", chain("q", 10), prompt_tokens=170)
+    first = pick(router, ctx)
+    second = pick(router, ctx, tried=[first.name])  # the first rank failed before its first chunk
+    holder = make_ctx("other", chain("o", 10), prompt_tokens=170)
+    assert pick(router, holder).name == first.name  # least loaded: the rank the retry left
+    router.prefilled(ctx)
+    assert router.queued_prefill == {first.name: 170, second.name: 0}
+    assert router.inflight_tokens == {first.name: 170, second.name: 170}
+    router.finished(Outcome(ctx, second.name, 200, None, error="the stream broke"))
+    assert router.queued_prefill == {first.name: 170, second.name: 0}
+    assert router.inflight_tokens == {first.name: 170, second.name: 0}
+
+
+def test_a_request_no_rank_answered_releases_its_whole_charge_once() -> None:
+    router = Router(make_pool(2), make_policy("least_loaded"))
+    for i in range(2):  # one other request in prefill on each rank
+        pick(router, make_ctx(f"other{i}", chain(f"o{i}", 10), prompt_tokens=170))
+    assert router.queued_prefill == {"r0": 170, "r1": 170}
+    ctx = make_ctx("s", chain("q", 10), prompt_tokens=170)
+    first = pick(router, ctx)
+    pick(router, ctx, tried=[first.name])
+    router.finished(Outcome(ctx, None, 502, error="every rank failed"))
+    router.finished(Outcome(ctx, None, 502, error="told again"))
+    router.prefilled(ctx)  # a late first-token event changes nothing once released
+    assert router.queued_prefill == {"r0": 170, "r1": 170}
+    assert router.inflight_tokens == {"r0": 170, "r1": 170}

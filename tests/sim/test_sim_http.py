@@ -6,6 +6,7 @@ import re
 
 import httpx
 import orjson
+import pytest
 
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
 from tests.helpers.ranks import RankServers
@@ -167,3 +168,36 @@ def test_fleet_names_and_ports() -> None:
             assert httpx.get(f"{s.url}/health").status_code == 200
     finally:
         stop_fleet(fleet)
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_a_streams_first_chunk_comes_after_its_prefill(rank_servers: RankServers, api: str) -> None:
+    # ~1 s of modelled prefill: the first chunk used to go out at once, long before it
+    (slow,) = rank_servers.sim(1, num_blocks=512, prefill_rate=2_000, time_scale=1.0)
+    before = metric(slow.url, "vllm:prompt_tokens_total")
+    body: dict[str, object] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": SYSTEM * 8}],  # ~2,300 tokens
+        "stream": True,
+        "max_tokens": 3,
+    }
+    if api == "chat":
+        body["stream_options"] = {"include_usage": True}
+    path = "/v1/chat/completions" if api == "chat" else "/v1/messages"
+    with httpx.stream("POST", f"{slow.url}{path}", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        # the rank counts a prompt once its prefill is done (vllm:prompt_tokens): so it already has
+        prefilled = metric(slow.url, "vllm:prompt_tokens_total") - before
+        rest = "\n".join(lines)
+    event = orjson.loads(first.removeprefix("data: "))
+    if api == "chat":
+        assert event["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        events = sse(f"{first}\n{rest}\n\n")
+        assert events[-1] == "[DONE]" and len(events) == 1 + 3 + 2  # the role, 3 tokens, usage, [DONE]
+        prompt_tokens = events[-2]["usage"]["prompt_tokens"]  # type: ignore[index]
+    else:
+        assert event["type"] == "message_start"
+        assert rest.count("event: content_block_delta") == 3 and "event: message_stop" in rest
+        prompt_tokens = event["message"]["usage"]["input_tokens"]
+    assert prompt_tokens > 2_000 and prefilled == prompt_tokens
