@@ -59,12 +59,16 @@ def probe(url: str, headers: Mapping[str, str], timeout: float) -> Probe:
         except OSError as exc:
             where = f"{host}:{port or (443 if https else 80)}"
             return Probe(failure=f"health check cannot connect to {where}: {exc.strerror or exc}")
+        # Held here, not read from the connection: an answer that closes the connection
+        # (``Connection: close``, HTTP/1.0) hands the socket to the response and clears
+        # ``connection.sock``, while the body is still to be read through it.
+        sock = connection.sock
+        assert sock is not None
         try:
-            assert connection.sock is not None
-            connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
             connection.request("GET", parts.path.rstrip("/") + "/health", headers=dict(headers))
             response = connection.getresponse()
-            connection.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
             return Probe(response.status, response.read(BODY_READ))
         except TimeoutError:
             return late
@@ -103,9 +107,17 @@ class HealthChecker:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="prefixgate-health")
 
     async def check(self, rank: Rank) -> bool:
-        """Probe one rank and update its state; True when it answered 200."""
+        """Probe one rank and update its state; True when it answered 200.
+
+        A probe that fails in a way ``probe`` does not know marks the rank down with the error and
+        is logged: it must never end the checker, or a rank once down would never come back.
+        """
         loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(self._pool, probe, rank.url, self.headers, self.timeout)
+        try:
+            found = await loop.run_in_executor(self._pool, probe, rank.url, self.headers, self.timeout)
+        except Exception as exc:
+            log.exception("health check of rank %s failed unexpectedly", rank.name)
+            found = Probe(failure=f"health check failed: {type(exc).__name__}: {exc}")
         return apply(rank, found)
 
     async def check_all(self) -> None:

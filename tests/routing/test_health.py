@@ -4,7 +4,9 @@ timeout (a proxy saturated by its clients) must not take a healthy rank out of r
 from __future__ import annotations
 
 import asyncio
+import http.server
 import socket
+import threading
 import time
 
 from routing.health import HealthChecker
@@ -60,3 +62,64 @@ def test_a_refused_connection_and_a_failing_status_say_what_failed(rank_servers)
         checker.close()
     assert not answering.healthy and (answering.last_error or "").startswith("GET /health answered 503")
     assert refusing.last_error == f"health check cannot connect to 127.0.0.1:{port}: Connection refused"
+
+
+class _ClosingHealth(http.server.BaseHTTPRequestHandler):
+    """A rank whose ``/health`` answers 200 and closes the connection (``Connection: close``)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_rank_whose_health_answer_closes_the_connection_is_up():
+    # http.client hands the socket to such an answer and clears the connection's: the probe used
+    # to fail on it with AttributeError, which ended the checker and left a rank down for good.
+    server = http.server.HTTPServer(("127.0.0.1", 0), _ClosingHealth)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    rank = Rank("closing", f"http://127.0.0.1:{server.server_port}")
+    rank.mark_down("not probed yet")
+    checker = HealthChecker(Fleet([rank]), timeout=2.0)
+    try:
+        assert asyncio.run(checker.check(rank)) is True
+    finally:
+        checker.close()
+        server.shutdown()
+        server.server_close()
+    assert rank.healthy
+
+
+def test_an_unexpected_probe_failure_marks_the_rank_down_and_the_checker_goes_on(rank_servers):
+    (stub,) = rank_servers.stub(1)
+    broken = Rank("broken", "http://127.0.0.1:notaport")  # urlsplit's port raises ValueError
+    answering = Rank(stub.name, stub.url)
+    answering.mark_down("not probed yet")
+    checker = HealthChecker(Fleet([broken, answering]), timeout=2.0)
+
+    async def rounds_until_both_are_judged() -> None:
+        running = asyncio.ensure_future(checker.run(interval=0.01))
+        try:
+            deadline = time.monotonic() + 30
+            while not (answering.healthy and broken.last_error) and not running.done():
+                assert time.monotonic() < deadline, "the checker judged neither rank"
+                await asyncio.sleep(0.01)
+            assert not running.done()  # the failure did not end the checker
+        finally:
+            running.cancel()
+
+    try:
+        asyncio.run(rounds_until_both_are_judged())
+    finally:
+        checker.close()
+    assert not broken.healthy
+    assert (broken.last_error or "").startswith("health check failed: ValueError")
+    assert answering.healthy
