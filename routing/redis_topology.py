@@ -29,6 +29,11 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
 
 
+def reply_text(reply: object) -> str:
+    """A Redis reply as text: the clients here do not decode responses, so a string arrives as bytes."""
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
 @dataclass(frozen=True, slots=True)
 class Topology:
     """A Sentinel or Cluster URL, parsed."""

@@ -32,7 +32,7 @@ from proxy.state.claims import Ask, Reserved
 from proxy.state.redis_queue import LAPSE, admission_keys, entered, entry_args, queue_keys, room_channel
 from proxy.state.wait_order import Entry
 from routing.redis_link import ERRORS, RedisLink
-from routing.redis_topology import ScriptBatch
+from routing.redis_topology import ScriptBatch, reply_text
 
 log = logging.getLogger("prefixgate.admission")
 
@@ -261,7 +261,7 @@ class RedisClaims:
             self.link.failed(exc)
             self._local(exc)
             return Reserved(frozenset(ask.budgets))
-        ranks = frozenset(r.decode() if isinstance(r, bytes) else str(r) for r in granted)
+        ranks = frozenset(reply_text(r) for r in granted)
         return Reserved(ranks, entered(place, member) if member else None)
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
@@ -282,7 +282,7 @@ class RedisClaims:
 
     def _per_rank(self, hash_key: str) -> dict[str, int]:
         raw = self.link.call(lambda: self.link.client.hgetall(hash_key))
-        return {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in (raw or {}).items()}
+        return {reply_text(k): int(v) for k, v in (raw or {}).items()}
 
     def resync(self) -> None:
         """Push this replica's claims back (the link's thread, before the circuit closes)."""

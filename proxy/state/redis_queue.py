@@ -44,7 +44,7 @@ from typing import Any
 
 from proxy.state.wait_order import Entry, Place
 from routing.redis_link import ERRORS, RedisLink
-from routing.redis_topology import slot_prefix
+from routing.redis_topology import reply_text, slot_prefix
 
 log = logging.getLogger("prefixgate.admission")
 
@@ -171,7 +171,7 @@ def entry_args(entry: Entry) -> tuple[str, list[str | int]]:
 
 def entered(place: str, raw: bytes | str) -> Place:
     """The place ``place`` whose member a script returned."""
-    member = raw.decode() if isinstance(raw, bytes) else str(raw)
+    member = reply_text(raw)
     return Place(place, place_order(member), member)
 
 

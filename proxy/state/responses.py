@@ -11,6 +11,7 @@ import logging
 from typing import Any, Protocol
 
 from routing.redis_link import RedisLink
+from routing.redis_topology import reply_text
 from tokenization.lru import LRU
 
 log = logging.getLogger("prefixgate.responses")
@@ -74,7 +75,7 @@ class RedisResponseRanks:
         value = self.link.call(lambda: self.client.get(REDIS_PREFIX + response_id))
         if value is None:
             return None
-        rank = value.decode() if isinstance(value, bytes) else str(value)
+        rank = reply_text(value)
         self.local.put(response_id, rank)
         return rank
 

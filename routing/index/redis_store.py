@@ -51,7 +51,7 @@ from routing.index import Lookup
 from routing.index.memory import MemoryPrefixIndex
 from routing.index.redis_scripts import BIND, EXTEND, LEASE, MATCH, RECORD, REMOVE
 from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
-from routing.redis_topology import slot_prefix
+from routing.redis_topology import reply_text, slot_prefix
 
 log = logging.getLogger("prefixgate.index.redis")
 
@@ -215,7 +215,7 @@ class RedisPrefixIndex:
             if blocks > matches.get(rank, 0):
                 matches[rank] = blocks
         session = out[-1] if session_key and out[-1] else None
-        session_rank = session.decode() if isinstance(session, bytes) else session
+        session_rank = reply_text(session) if session else None
         return Lookup(matches, session_rank or local.session_rank)
 
     def record(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
@@ -345,7 +345,7 @@ class RedisPrefixIndex:
             except ERRORS as exc:
                 self.link.failed(exc)
             else:
-                bound = won.decode() if isinstance(won, bytes) else str(won)
+                bound = reply_text(won)
         self.local.set_session_rank(session_key, bound)
         return bound
 
