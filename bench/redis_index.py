@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,56 +48,46 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sys.path.insert(0, str(Path(args.root).resolve()))
     import redis
 
-    from proxy.server import free_port
-    from proxy.state.embedded_redis import redis_binary
+    from bench.common import redis_server
     from routing.index.redis_store import RedisPrefixIndex
 
-    port = free_port()
-    server = subprocess.Popen(
-        [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    try:
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+    with redis_server() as url:
+        if url is None:
+            raise SystemExit("bench.redis_index needs redis-server (apt-get install redis-server)")
         index = RedisPrefixIndex(url, model="m", block_size=args.block_size)
-        ranks = [f"rank-{i}" for i in range(args.ranks)]
-        for rank in ranks:
-            index.set_capacity(rank, args.capacity_blocks or None)
-        shared = _chain("system", args.tokens // 5 // args.block_size, b"")
-        chains = {
-            s: shared + _chain(f"s{s}", args.tokens // args.block_size - len(shared), shared[-1])
-            for s in range(args.sessions)
-        }
-        growth = max(1, args.growth // args.block_size)
-        requests = 0
-        index.flush()
-        before = _counters(client)
-        started = time.perf_counter()
-        for turn in range(args.turns):
-            for s, blocks in chains.items():
-                if turn:
-                    blocks += _chain(f"s{s}t{turn}", growth, blocks[-1])
-                key = f"session-{s}"
-                index.lookup(blocks, key)
-                rank = ranks[s % len(ranks)]
-                index.record(rank, blocks)
-                index.set_session_rank(key, rank)
-                requests += 1
-        index.flush(timeout=120)
-        wall = time.perf_counter() - started
-        after = _counters(client)
-        index.close()
-    finally:
-        server.terminate()
-        server.wait(10)
+        return _measure(args, redis.Redis.from_url(url), index)
+
+
+def _measure(args: argparse.Namespace, client: Any, index: Any) -> dict[str, Any]:
+    """Replays the conversations through ``index`` and reads what Redis (``client``) counted."""
+    ranks = [f"rank-{i}" for i in range(args.ranks)]
+    for rank in ranks:
+        index.set_capacity(rank, args.capacity_blocks or None)
+    shared = _chain("system", args.tokens // 5 // args.block_size, b"")
+    chains = {
+        s: shared + _chain(f"s{s}", args.tokens // args.block_size - len(shared), shared[-1])
+        for s in range(args.sessions)
+    }
+    growth = max(1, args.growth // args.block_size)
+    requests = 0
+    index.flush()
+    before = _counters(client)
+    started = time.perf_counter()
+    for turn in range(args.turns):
+        for s, blocks in chains.items():
+            if turn:
+                blocks += _chain(f"s{s}t{turn}", growth, blocks[-1])
+            key = f"session-{s}"
+            index.lookup(blocks, key)
+            rank = ranks[s % len(ranks)]
+            index.record(rank, blocks)
+            index.set_session_rank(key, rank)
+            requests += 1
+    index.flush(timeout=120)
+    wall = time.perf_counter() - started
+    after = _counters(client)
+    index.close()
+    client.close()
     per = {k: (after[k] - before[k]) / requests for k in after}
     return {
         "root": args.root or str(Path(__file__).resolve().parents[1]),
