@@ -98,6 +98,9 @@ def upstream_session(
         timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout),
         auto_decompress=False,
         trust_env=False,  # never send rank traffic through an environment proxy
+        # One client carries every client's requests: a cookie a rank set for one must never go
+        # along with another's (cookies are the clients' business, relayed as headers, not kept).
+        cookie_jar=aiohttp.DummyCookieJar(),
         # No skip_auto_headers: a skip list sends every request down aiohttp's slow path (a copy of
         # its headers, ~20 us); forwarded requests name their agent instead (upstream_headers).
     )
