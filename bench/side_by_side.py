@@ -1,9 +1,12 @@
 """Time the same requests straight to a rank and through several proxies, interleaved.
 
 Each sample sends one request to every system in turn (straight to the rank first, then each
-proxy, the order of the proxies rotating from one sample to the next) so all of them see the same
-machine noise; a system's *added* latency is the median over samples of its time minus the rank's
-time for the same sample. Systems are prefixgate from this tree, optionally prefixgate from another
+proxy) so all of them see the same machine noise. The proxies' order goes through every
+permutation, one per sample, so each proxy follows every other equally often: a system is slower
+right after one that kept the machine busy or idle for long (sglang-router's streams take ~42 ms
+to their first byte), and a plain rotation put one proxy after the same neighbour in two samples
+of three. A system's *added* latency is the median over samples of its time minus the rank's time
+for the same sample. Systems are prefixgate from this tree, optionally prefixgate from another
 source tree (``--baseline-root``: e.g. a worktree of main, the "before" of a change) and the peer
 routers of ``bench/peers``. ``growing_conversation`` builds the shape agents send most: a long
 conversation growing by about a thousand tokens a turn.
@@ -12,6 +15,7 @@ conversation growing by about a thousand tokens a turn.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -83,15 +87,15 @@ def interleaved(
     stream: bool,
     conversations: list[str] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Send each body to the rank and to every system (rotating their order); per system its p50
+    """Send each body to the rank and to every system (in every order in turn); per system its p50
     and p99 and its added p50 (and p99) over the rank's time. ``conversations``: the conversation
     of each body, sent as ``x-session-id`` (one session per system and conversation)."""
     times: dict[str, list[float]] = {"direct": [], **{s.name: [] for s in systems}}
+    orders = list(itertools.permutations(systems))
     with httpx.Client(timeout=60) as client:
         for k, body in enumerate(bodies):
             times["direct"].append(time_request(client, direct + PATH, body, stream, None))
-            for i in range(len(systems)):
-                system = systems[(k + i) % len(systems)]
+            for system in orders[k % len(orders)]:
                 session = f"{system.name}-{conversations[k]}" if conversations else None
                 times[system.name].append(time_request(client, system.url + PATH, body, stream, session))
     ms = 1000.0
