@@ -32,7 +32,8 @@ anyway, so the session waits only while::
 every change). Once sessions' lifetimes are learned (``timing.py``), room is predicted instead from
 when each session on the rank will have ended (its remaining life at its age, then quiet long
 enough to be judged ended), freed by several of them one after another (``room_at``): ``P`` is 1
-when that is within the bound, else 0. A wait whose room did not come by the time it first expected
+when that is within the bound, else 0. A session older than every one seen to end has no known end
+(``LearnedTime.outlived``) and promises no room. A wait whose room did not come by the time it first expected
 it stops (``overdue``): a prediction that keeps moving is not followed to the bound.
 
 When the ranks compute fast, evicting costs little and the session goes in at once; when they are
@@ -43,6 +44,7 @@ clocks and the ranks' speeds are learned (the first requests), the budget holds 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -207,8 +209,8 @@ def room_at(
     freed = 0
     for at, tokens in sorted((expected_end(session), tokens) for session, tokens in state.lru):
         freed += tokens
-        if freed >= short:
-            return max(at - now, 0.0)
+        if freed >= short:  # an end never known (``math.inf``) makes no room either
+            return max(at - now, 0.0) if math.isfinite(at) else None
     return None
 
 

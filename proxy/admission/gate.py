@@ -34,6 +34,7 @@ for it, and one that finds no room there takes its place in the order in that st
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -333,8 +334,12 @@ class Admission(Ledger):
 
         def expected_end(session: Session) -> float:
             """When ``session`` will have ended: its expected remaining life at its age, then quiet
-            long enough to be judged ended."""
-            left = self.time.remaining_life(now - session.created) or 0.0
+            long enough to be judged ended; never known for one older than every session seen to
+            end (``LearnedTime.outlived``): no room is predicted from it."""
+            age = now - session.created
+            if self.time.outlived(age):
+                return math.inf
+            left = self.time.remaining_life(age) or 0.0
             return max(now + left, last_activity(session)) + self.release_after(session)
 
         # the same for every rank: read once per decision, not once per rank

@@ -144,6 +144,14 @@ class LearnedTime:
         age_ms = round(age_s * 1000)
         return (self._lifetimes.expected_peak(age_ms) - age_ms) / 1000
 
+    def outlived(self, age_s: float) -> bool:
+        """Whether a session ``age_s`` old has lived longer than every recorded lifetime (once they are
+        known). Its end is then unknown, not due: early in the traffic only the short sessions have
+        ended yet (the long ones are the sessions still running), and taking the oldest for about to
+        end predicted room that never came, so new sessions waited for it and then went past the
+        budget anyway (the slow, heavy cell of ``prefixgate bench --preset matrix``)."""
+        return self.lifetimes_known() and self._lifetimes.reaching(round(age_s * 1000)) == 0
+
     def idle_ttl(self) -> float:
         """Seconds after its last request a session has ended: configured, else learned."""
         if self.config.idle_ttl is not None:

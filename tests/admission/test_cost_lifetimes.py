@@ -6,6 +6,7 @@ not come."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -86,3 +87,35 @@ async def test_a_wait_whose_room_does_not_come_when_expected_stops() -> None:
     record = new.admitted.session.admission  # type: ignore[union-attr]
     assert record["decision"] == "over_budget" and "did not come" in record["reason"]
     assert new.admitted.allowed == {"r0"}
+
+
+def test_a_session_older_than_every_lifetime_seen_has_no_known_end() -> None:
+    clocks = LearnedTime(AdmissionConfig(idle_ttl=None, wait=None))
+    assert not clocks.outlived(100.0)  # nothing learned: nothing to say
+    for life in (10.0, 20.0, 30.0, 40.0, 50.0):
+        clocks.note_end(turns=3, lifetime_s=life)
+    assert not clocks.outlived(0.0) and not clocks.outlived(50.0)
+    assert clocks.outlived(50.001) and clocks.outlived(600.0)
+
+
+def test_room_is_never_due_from_a_session_whose_end_is_unknown() -> None:
+    state = RankState("r0", 2000, 1600)
+    state.lru = [(Session(key, created=0.0, last_seen=0.0), 500) for key in ("a", "b")]
+    ends = {"a": 5.0, "b": math.inf}
+    assert room_at(state, 400, 1.0, lambda s: ends[s.key]) == pytest.approx(4.0)
+    assert room_at(state, 800, 1.0, lambda s: ends[s.key]) is None  # b's end is not known
+
+
+async def test_sessions_older_than_every_lifetime_seen_promise_no_room() -> None:
+    # early in the traffic only short sessions have ended: a and b (3 s old) have outlived them all,
+    # so their end is unknown, not due; waiting for it would only delay c, then admit it anyway
+    adm, clock, _ = make()
+    teach_speed(adm, "r0", 100)  # compute-bound: evicting costs more than a short wait
+    await two_thinkers(adm, clock)
+    teach_lifetimes(adm, 1.0)
+    new = ctx_for("c", 700)
+    new.admitted = await asyncio.wait_for(adm.admit(new), 10)
+    assert new.admitted.waited_s == 0 and new.admitted.allowed == {"r0"}
+    assert new.admitted.session is not None
+    record = new.admitted.session.admission
+    assert record["decision"] == "over_budget" and "no room is coming" in record["reason"]
