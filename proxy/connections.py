@@ -32,6 +32,10 @@ from proxy.errors import error_body
 
 log = logging.getLogger("prefixgate.connections")
 
+#: A request body reaches the app whole, or in pieces of this size (the server buffers at most this
+#: much of one before reading pauses until the app takes it): a 100k-token prompt is ~400 KB of JSON.
+BODY_BATCH_BYTES = 1024 * 1024
+
 
 def canned(status: int, reason: str, message: str, code: str) -> bytes:
     """A whole HTTP/1.1 response, with an OpenAI error body, that closes the connection."""
@@ -135,7 +139,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._disarm()
 
     def on_body(self, body: bytes) -> None:
-        super().on_body(body)
+        # uvicorn's, with its 64 KiB high-water mark raised to BODY_BATCH_BYTES: it woke the app for
+        # every socket read and paused reading past 64 KiB until the app took them, so a 400 KB body
+        # came in 7+ receive() steps (a loop turn, a wake-up and two copies each, the client stalled
+        # meanwhile). The app reads every body whole anyway (``read_body``), so it is woken once
+        # the body is complete (``on_message_complete``) or this much of it waits.
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        cycle.body += body
+        if len(cycle.body) >= BODY_BATCH_BYTES:
+            self.flow.pause_reading()
+            cycle.message_event.set()
         if self._phase == "body":
             self._deadline = self.loop.time() + self.guard.body_timeout
 

@@ -12,6 +12,7 @@ from proxy.apis.base import Api, check_stream_and_model
 from proxy.context import RequestContext
 from proxy.errors import ProxyError, bad_request
 from proxy.ops.limits import Bounds
+from proxy.server import TRIM_AFTER_BYTES, trim_heap
 from proxy.stages.disconnect import ClientDisconnected
 
 
@@ -26,10 +27,11 @@ def too_large(limit: int) -> ProxyError:
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refusing more than ``limit`` bytes without reading them all.
 
-    Chunks go into one growing buffer rather than a list joined at the end: a large body is then one
-    allocation in pages of its own (``proxy.server.return_freed_memory``), handed back to the system
-    when the request ends or its client leaves half-way, where thousands of 64 KiB chunks would
-    leave the heap fragmented and resident.
+    A body up to ``proxy.connections.BODY_BATCH_BYTES`` comes as one piece, returned as it is.
+    Larger ones go into one growing buffer rather than a list joined at the end: one allocation, in
+    pages of its own once large (``proxy.server.return_freed_memory``), handed back to the system when
+    the request ends, where thousands of chunks would leave the heap fragmented and resident; a
+    client leaving half-way has the heap trimmed (``trim_heap``).
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -53,6 +55,10 @@ async def read_body(request: Request, limit: int) -> bytes:
             if len(buffer) > limit:
                 raise too_large(limit)
     except ClientDisconnect:
+        held = len(buffer) if buffer is not None else len(first or b"")
+        first = buffer = None  # freed here, so that the trim below finds its pages free
+        if held >= TRIM_AFTER_BYTES:
+            trim_heap()
         raise ClientDisconnected() from None
     if buffer is None:
         if first is not None and len(first) > limit:
