@@ -34,6 +34,7 @@ from proxy.stages.identify import Identify
 from proxy.stages.observe import Observers
 from proxy.stages.parse import Parse, read_body
 from proxy.stages.pin import Pins
+from proxy.stages.preamble import PrefillWatch, past_preamble
 from proxy.stages.relay import RelayResponse, StreamOutcome
 from proxy.stages.route import Router
 from proxy.stages.threads import Threads
@@ -195,11 +196,17 @@ class Pipeline:
         assert plan is not None
         if plan.charged != rank.name:  # a retry landed on another rank
             self.observers.placed(ctx, rank)
-        if opened.chunks is not None:
-            # not deferred by a landing: the rank's prefill is done whatever our tokenizer does
-            self.observers.prefilled(ctx)
-        self._routed(ctx)
         api = ctx.api
+        prefill: PrefillWatch | None = None
+        if opened.chunks is not None:
+            # not deferred by a landing: the rank's prefill is done whatever our tokenizer does;
+            # a stream opening with its API's preamble is prefilled at the first chunk past it
+            preamble = api.stream_preamble if translation is None else frozenset()
+            if past_preamble(opened.first_chunk, preamble):
+                self.observers.prefilled(ctx)
+            else:
+                prefill = PrefillWatch(preamble, lambda: self.observers.prefilled(ctx))
+        self._routed(ctx)
         session_headers = self._session_headers(ctx)
         if opened.chunks is not None:
 
@@ -214,7 +221,7 @@ class Pipeline:
                     outcome = Outcome(ctx, rank.name, 200, usage, stored, stream.error)
                 self._finished(outcome)
 
-            relay = RelayResponse(opened, done, api.sse_error, translation, api.stream_end)
+            relay = RelayResponse(opened, done, api.sse_error, translation, api.stream_end, prefill)
             relay.headers.update(session_headers)
             return relay
 

@@ -330,19 +330,25 @@ class AgentApis:
         item_id = f"msg_{uuid.uuid4().hex}"
         where = {"item_id": item_id, "output_index": 0, "content_index": 0}
         try:
+            # as vLLM's: these two at once, the output item with the first token (after the prefill)
             yield event("response.created", response=response)
             yield event("response.in_progress", response=response)
-            yield event(
-                "response.output_item.added", output_index=0, item=_output_message(item_id, "", "in_progress")
-            )
             part = {"type": "output_text", "text": "", "annotations": []}
-            yield event("response.content_part.added", part=part, **where)
+            opened = event(
+                "response.output_item.added",
+                output_index=0,
+                item=_output_message(item_id, "", "in_progress"),
+            ) + event("response.content_part.added", part=part, **where)
             pieces: list[str] = []
             async for text in self.tokens(scope, out):
+                if not pieces:
+                    yield opened
                 pieces.append(text)
                 yield event("response.output_text.delta", delta=text, logprobs=[], **where)
             if not reqs[0].finish_reason:
                 return  # the connection was dropped (fault)
+            if not pieces:
+                yield opened
             text = "".join(pieces)
             yield event("response.output_text.done", text=text, logprobs=[], **where)
             yield event("response.content_part.done", part={**part, "text": text}, **where)

@@ -74,6 +74,10 @@ class Api(Protocol):
     #: The start of the SSE line of a stream's last event (``data: [DONE]``): the answer is observed
     #: before the chunk holding it reaches the client, so the client's next request finds it counted.
     stream_end: bytes
+    #: The events a rank's stream of this API opens with before its prefill is done (vLLM's
+    #: Responses stream sends ``response.created`` and ``response.in_progress`` at once): the
+    #: prefill is done at the first chunk naming another event. Empty: at the first chunk.
+    stream_preamble: frozenset[bytes]
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:
         """Raise ``ProxyError(400)`` when ``body`` is not a request of this API (``stream`` and
@@ -131,6 +135,7 @@ class NativeApi:
     ``data: [DONE]``. An API overrides what differs."""
 
     stream_end = b"data: [DONE]"
+    stream_preamble: frozenset[bytes] = frozenset()
 
     def continues(self, body: dict[str, Any]) -> str | None:
         return None

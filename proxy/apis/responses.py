@@ -49,6 +49,9 @@ class ResponsesApi(NativeApi):
     )
     prompt_kind: Literal["chat", "text"] = "chat"
     stream_end = b"event: response.completed"
+    # vLLM's Responses stream yields these two before it awaits the engine's first output
+    # (``responses_stream_generator``); its first output item comes with the first token
+    stream_preamble = frozenset({b"response.created", b"response.in_progress"})
 
     def validate(self, body: dict[str, Any], bounds: Bounds) -> None:
         check_stream_and_model(body)

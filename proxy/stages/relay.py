@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.apis.base import Translation
 from proxy.stages.disconnect import cancel_on_disconnect, fired
 from proxy.stages.forward import Opened, response_headers
+from proxy.stages.preamble import PrefillWatch
 
 log = logging.getLogger("prefixgate.forward")
 
@@ -58,13 +59,15 @@ class RelayResponse(Response):
         error_event: Callable[[str], bytes],
         translation: Translation | None = None,
         end_marker: bytes | None = None,
+        prefill: PrefillWatch | None = None,
     ) -> None:
         """``error_event`` renders the event that ends a broken stream, in the client API's own shape;
         ``translation`` turns the rank's chunks into the client API's (None: relayed as they are);
         ``end_marker`` starts the SSE line of the stream's last event: the outcome is reported before
         the chunk holding it is sent, so a client that asks again at once finds this answer counted.
         It is matched only at a line's start, where no event's text can put it (JSON escapes
-        newlines)."""
+        newlines). ``prefill``: fed the chunks after the first until it says the rank's prefill is
+        done (a stream whose first chunk was its API's preamble, ``proxy/stages/preamble.py``)."""
         self.opened = opened
         self.on_done = on_done
         self.error_event = error_event
@@ -83,6 +86,7 @@ class RelayResponse(Response):
         self._watcher: asyncio.Task[bool] | None = None
         self._end_line = None if end_marker is None else b"\n" + end_marker
         self.end_marker = end_marker
+        self._prefill = prefill
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # The relay runs in the request's own task, which the watcher cancels when the client leaves
@@ -129,6 +133,8 @@ class RelayResponse(Response):
                     if problem is not None:  # end the stream here rather than relay what clients cannot parse
                         raise MalformedStream(problem)
                     tail.append(chunk)
+                    if self._prefill is not None and self._prefill.feed(chunk):
+                        self._prefill = None
                     if not self._reported and ends(chunk):
                         self._report(left=False)
                     out = translate.chunk(chunk) if translate is not None else chunk
