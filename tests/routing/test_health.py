@@ -4,13 +4,12 @@ timeout (a proxy saturated by its clients) must not take a healthy rank out of r
 from __future__ import annotations
 
 import asyncio
-import http.server
 import socket
-import threading
 import time
 
 from routing.health import HealthChecker
 from routing.ranks import Fleet, Rank
+from tests.helpers.fixed_answer import fixed_answer
 
 
 def test_a_rank_answering_in_time_stays_up_while_the_loop_is_blocked_past_the_timeout(rank_servers):
@@ -64,37 +63,17 @@ def test_a_refused_connection_and_a_failing_status_say_what_failed(rank_servers)
     assert refusing.last_error == f"health check cannot connect to 127.0.0.1:{port}: Connection refused"
 
 
-class _ClosingHealth(http.server.BaseHTTPRequestHandler):
-    """A rank whose ``/health`` answers 200 and closes the connection (``Connection: close``)."""
-
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_a_rank_whose_health_answer_closes_the_connection_is_up():
     # http.client hands the socket to such an answer and clears the connection's: the probe used
     # to fail on it with AttributeError, which ended the checker and left a rank down for good.
-    server = http.server.HTTPServer(("127.0.0.1", 0), _ClosingHealth)
-    serving = threading.Thread(target=server.serve_forever, daemon=True)
-    serving.start()
-    rank = Rank("closing", f"http://127.0.0.1:{server.server_port}")
-    rank.mark_down("not probed yet")
-    checker = HealthChecker(Fleet([rank]), timeout=2.0)
-    try:
-        assert asyncio.run(checker.check(rank)) is True
-    finally:
-        checker.close()
-        server.shutdown()
-        server.server_close()
+    with fixed_answer({"Connection": "close"}) as closing:
+        rank = Rank("closing", closing.url)
+        rank.mark_down("not probed yet")
+        checker = HealthChecker(Fleet([rank]), timeout=2.0)
+        try:
+            assert asyncio.run(checker.check(rank)) is True
+        finally:
+            checker.close()
     assert rank.healthy
 
 
