@@ -34,7 +34,7 @@ from proxy.stages.identify import Identify
 from proxy.stages.observe import Observers
 from proxy.stages.parse import Parse, read_body
 from proxy.stages.pin import Pins
-from proxy.stages.preamble import PrefillWatch, past_preamble
+from proxy.stages.preamble import PrefillWatch
 from proxy.stages.relay import RelayResponse, StreamOutcome
 from proxy.stages.route import Router
 from proxy.stages.threads import Threads
@@ -202,10 +202,9 @@ class Pipeline:
             # not deferred by a landing: the rank's prefill is done whatever our tokenizer does;
             # a stream opening with its API's preamble is prefilled at the first chunk past it
             preamble = api.stream_preamble if translation is None else frozenset()
-            if past_preamble(opened.first_chunk, preamble):
-                self.observers.prefilled(ctx)
-            else:
-                prefill = PrefillWatch(preamble, lambda: self.observers.prefilled(ctx))
+            prefill = PrefillWatch(preamble, lambda: self.observers.prefilled(ctx))
+            if prefill.feed(opened.first_chunk):
+                prefill = None
         self._routed(ctx)
         session_headers = self._session_headers(ctx)
         if opened.chunks is not None:

@@ -33,8 +33,8 @@ every change). Once sessions' lifetimes are learned (``timing.py``), room is pre
 when each session on the rank will have ended (its remaining life at its age, then quiet long
 enough to be judged ended), freed by several of them one after another (``room_at``): ``P`` is 1
 when that is within the bound, else 0. A session older than every one seen to end has no known end
-(``LearnedTime.outlived``) and promises no room. A wait whose room did not come by the time it first expected
-it stops (``overdue``): a prediction that keeps moving is not followed to the bound.
+(``LearnedTime.outlived``) and promises no room. A wait whose room did not come by the time it
+first expected it stops (``overdue``): a prediction that keeps moving is not followed to the bound.
 
 When the ranks compute fast, evicting costs little and the session goes in at once; when they are
 compute-bound, the budget holds while room is likely to come. Past the bound it is admitted on the

@@ -175,11 +175,7 @@ class Ledger(Observer):
         ask = Ask(
             key, budgets, body, head_key, head_tokens, force, ttl, RESERVATION_TTL_S, cap, queued, place
         )
-        reserved = (
-            self.claims.reserve_or_enter(ask, entry)
-            if entry is not None
-            else Reserved(self.claims.reserve(ask))
-        )
+        reserved = self.claims.reserve_or_enter(ask, entry)
         if reserved.granted:
             # in the same step as the room check: the next waiter must see this session's claim
             victims = {name: keys for name, keys in room.victims.items() if name in reserved.granted}

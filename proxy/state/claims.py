@@ -68,9 +68,9 @@ class RoomClaims(Protocol):
         reservation lapses unless claimed. The ranks granted (empty: none has room any more)."""
         ...
 
-    def reserve_or_enter(self, ask: Ask, entry: Entry) -> Reserved:
-        """``reserve(ask)`` for a session not waiting yet; granted none, it takes its place in the
-        shared wait order as ``entry`` in the same atomic step (``Reserved.place``)."""
+    def reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
+        """``reserve(ask)``; granted none, a session not waiting yet takes its place in the shared
+        wait order as ``entry`` in the same atomic step (``Reserved.place``; None: it enters none)."""
         ...
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
@@ -96,7 +96,7 @@ class LocalClaims:
     def reserve(self, ask: Ask) -> frozenset[str]:
         return frozenset(ask.budgets)
 
-    def reserve_or_enter(self, ask: Ask, entry: Entry) -> Reserved:
+    def reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
         return Reserved(frozenset(ask.budgets))
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:

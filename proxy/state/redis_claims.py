@@ -228,12 +228,9 @@ class RedisClaims:
                 self._on_state(False)
 
     def reserve(self, ask: Ask) -> frozenset[str]:
-        return self._reserve_or_enter(ask, None).granted
+        return self.reserve_or_enter(ask, None).granted
 
-    def reserve_or_enter(self, ask: Ask, entry: Entry) -> Reserved:
-        return self._reserve_or_enter(ask, entry)
-
-    def _reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
+    def reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
         if not ask.budgets:
             return Reserved(frozenset())
         if not self.link.available():

@@ -258,7 +258,7 @@ class DeniedHook:
             self._denied()
         return granted
 
-    def reserve_or_enter(self, ask: Ask, entry: Entry) -> Reserved:
+    def reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
         reserved = self.claims.reserve_or_enter(ask, entry)
         if not reserved.granted:
             self._denied()
