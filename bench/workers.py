@@ -2,15 +2,27 @@
 
 Fast stub ranks (own processes) stand in for vLLM. ``--concurrency`` sessions each loop on their own
 ~100k-token conversation (a returning agent's turn: the conversation re-sent with a small new
-message), non-streaming, for ``--seconds`` after a warm-up, through:
+message), non-streaming, through:
 
 - ``1 (memory)``: one process, state in memory (the single-process baseline);
 - ``N workers``: ``serve --workers N`` (N processes sharing an embedded Redis) for each N given.
 
-Prints per configuration requests/s, p50/p99 latency, errors, and Redis commands per request (from
-the embedded server's own counters: every command prefixgate sent, an upper bound of its round
-trips, which pipelining batches); writes ``bench/out/workers.json``. Client, ranks and proxies share
-this machine's cores, so scaling is bounded by them: compare the configurations side by side.
+Each configuration runs two phases:
+
+- **first turns**: every session sends its first turn at once (``--concurrency`` 100k-token
+  conversations prefixgate has never seen: tokenized, hashed and recorded whole); the phase lasts
+  until the last one is answered, and its length is reported;
+- **steady**: the sessions' returning turns, counted for ``--seconds`` after a short warm-up.
+
+Per configuration and phase: requests/s, p50/p99 latency and errors, then the steady phase's CPU
+per request of the proxy's processes and of Redis (from ``/proc``: what a turn costs, however many
+cores there are) and Redis commands per request (the embedded server's own counters: every command
+prefixgate sent, an upper bound of its round trips, which pipelining batches). ``req/s per core``
+is 1 / CPU per request: what one core of proxy processes serves, the figure that shows whether
+sharing state makes each request dearer. Client, ranks, Redis and proxies share this machine's
+cores, so the raw req/s cannot grow past them (``cores`` is printed; the client's own CPU share
+says whether it kept up): on a machine with C cores, N workers can scale up to about C - 1.
+Writes ``bench/out/workers.json``.
 
     python -m bench.workers [--workers 2,4] [--concurrency 256] [--seconds 20] [--ranks 2]
 """
@@ -19,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -32,60 +45,165 @@ from bench.common import (
     machine,
     median,
     percentile,
+    positive_seconds,
     proxy_process,
     stub_rank_process,
     write_json,
 )
 from bench.overhead import large_request
 
-WARMUP_S = 5.0
+#: Returning turns each session takes before the steady phase's window opens.
+WARMUP_TURNS = 2
+#: The longest a first-turn wave may take before the run is called failed.
+FIRST_TURNS_TIMEOUT_S = 600.0
+HEADERS = {"content-type": "application/json"}
 
 
-async def _session(
-    url: str, key: str, base: list[Any], until: float, warm_until: float, out: dict[str, Any]
-) -> None:
-    history = list(base)
-    timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout) as client:
-        turn = 0
-        while time.monotonic() < until:
-            history.append({"role": "user", "content": f"{key} turn {turn}: next step"})
-            body = orjson.dumps({"model": "stub-model", "messages": history, "max_tokens": 16})
-            start = time.monotonic()
-            try:
-                async with client.post(
-                    url + "/v1/chat/completions",
-                    data=body,
-                    headers={"content-type": "application/json", "x-session-id": key},
-                ) as answer:
-                    await answer.read()
-                    ok = answer.status == 200
-            except (aiohttp.ClientError, TimeoutError):
-                ok = False
-            end = time.monotonic()
-            if start >= warm_until and end <= until:
-                if ok:
-                    out["latencies"].append(end - start)
-                else:
-                    out["errors"] += 1
-            history.append({"role": "assistant", "content": "done."})
-            turn += 1
+class Conversations:
+    """Each session's next request body, built from bytes: the shared ~100k-token conversation is
+    serialized once, so the client's cost per request is one copy of the body, not a JSON encode
+    of a 100k-token message list (which would make the client the bottleneck it measures)."""
+
+    def __init__(self) -> None:
+        body = orjson.loads(large_request(stream=False))
+        messages = orjson.dumps(body["messages"])
+        self.head = b'{"model":"stub-model","max_tokens":16,"messages":' + messages[:-1]
+        self.tails: dict[str, list[bytes]] = {}
+
+    def next_body(self, session: str) -> bytes:
+        """The session's next turn: everything so far plus a new user message."""
+        tail = self.tails.setdefault(session, [])
+        turn = (len(tail) + 1) // 2
+        tail.append(orjson.dumps({"role": "user", "content": f"{session} turn {turn}: next step"}))
+        return b"".join([self.head, b",", b",".join(tail), b"]}"])
+
+    def answered(self, session: str) -> None:
+        self.tails[session].append(b'{"role":"assistant","content":"done."}')
 
 
-async def _load(url: str, concurrency: int, seconds: float) -> dict[str, Any]:
-    base = orjson.loads(large_request(stream=False))["messages"]
-    warm_until = time.monotonic() + WARMUP_S
-    until = warm_until + seconds
-    out: dict[str, Any] = {"latencies": [], "errors": 0}
-    await asyncio.gather(*(_session(url, f"s{i}", base, until, warm_until, out) for i in range(concurrency)))
-    latencies = out["latencies"]
+async def _turn(client: aiohttp.ClientSession, url: str, session: str, body: bytes) -> bool:
+    try:
+        async with client.post(
+            url + "/v1/chat/completions", data=body, headers={**HEADERS, "x-session-id": session}
+        ) as answer:
+            await answer.read()
+            return answer.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def _first_turns(
+    clients: dict[str, aiohttp.ClientSession], url: str, sessions: list[str], talks: Conversations
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = 0
+
+    async def one(session: str) -> None:
+        nonlocal errors
+        start = time.monotonic()
+        ok = await _turn(clients[session], url, session, talks.next_body(session))
+        talks.answered(session)
+        if ok:
+            latencies.append(time.monotonic() - start)
+        else:
+            errors += 1
+
+    start = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(*(one(s) for s in sessions)), FIRST_TURNS_TIMEOUT_S)
+    took = time.monotonic() - start
     return {
+        "seconds": took,
         "requests": len(latencies),
-        "req_per_s": len(latencies) / seconds,
+        "req_per_s": len(latencies) / took,
         "p50_s": median(latencies) if latencies else None,
         "p99_s": percentile(latencies, 99) if latencies else None,
-        "errors": out["errors"],
+        "errors": errors,
     }
+
+
+async def _steady(
+    clients: dict[str, aiohttp.ClientSession],
+    url: str,
+    sessions: list[str],
+    talks: Conversations,
+    seconds: float,
+    meter: CpuMeter,
+) -> dict[str, Any]:
+    async def turn(session: str) -> tuple[bool, float, float]:
+        body = talks.next_body(session)
+        start = time.monotonic()
+        ok = await _turn(clients[session], url, session, body)
+        talks.answered(session)
+        return ok, start, time.monotonic()
+
+    async def warm(session: str) -> None:
+        for _ in range(WARMUP_TURNS):
+            await turn(session)
+
+    # A first turn is answered before it is tokenized whole (routed on its head, the rest lands
+    # beside it), and a session's next turn waits for that landing: the window opens once every
+    # session has its previous turn at hand, so it counts returning turns only.
+    began = time.monotonic()
+    await asyncio.gather(*(warm(s) for s in sessions))
+    warmed = time.monotonic() - began
+    closes = time.monotonic() + seconds
+    latencies: list[float] = []
+    errors = 0
+
+    async def loop(session: str) -> None:
+        nonlocal errors
+        while time.monotonic() < closes:
+            ok, start, end = await turn(session)
+            if end <= closes:
+                if ok:
+                    latencies.append(end - start)
+                else:
+                    errors += 1
+
+    before = meter.read()
+    await asyncio.gather(*(loop(s) for s in sessions))
+    window = meter.since(before)  # the last turns end just after ``closes``: charged, not counted
+    done = len(latencies)
+    return {
+        "warmup_s": warmed,
+        "requests": done,
+        "req_per_s": done / seconds,
+        "p50_s": median(latencies) if latencies else None,
+        "p99_s": percentile(latencies, 99) if latencies else None,
+        "errors": errors,
+        "cpu_s": window,
+        "cpu_window_s": seconds,
+    }
+
+
+class CpuMeter:
+    """CPU seconds used by the proxy's processes (workers and supervisor), its Redis and this client."""
+
+    def __init__(self, proxy_pid: int) -> None:
+        self.root = psutil.Process(proxy_pid)
+        self.client = psutil.Process(os.getpid())
+
+    def _processes(self) -> list[psutil.Process]:
+        return [self.root, *self.root.children(recursive=True)]
+
+    def read(self) -> dict[str, float]:
+        out = {"proxy": 0.0, "redis": 0.0, "client": 0.0}
+        for proc in self._processes():
+            try:
+                times = proc.cpu_times()
+                part = "redis" if "redis" in proc.name() or "valkey" in proc.name() else "proxy"
+            except psutil.Error:  # a process that ended between the listing and the read
+                continue
+            out[part] += times.user + times.system
+            if part == "proxy":
+                out[f"pid {proc.pid}"] = times.user + times.system
+        client = self.client.cpu_times()
+        out["client"] = client.user + client.system
+        return out
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        now = self.read()
+        return {k: v - before.get(k, 0.0) for k, v in now.items()}
 
 
 def _redis_commands(proc: psutil.Process) -> int | None:
@@ -98,55 +216,139 @@ def _redis_commands(proc: psutil.Process) -> int | None:
     return None
 
 
-def run(workers: int, ranks: list[str], concurrency: int, seconds: float) -> dict[str, Any]:
+async def _load(url: str, pid: int, concurrency: int, seconds: float, shared_pool: bool) -> dict[str, Any]:
+    talks = Conversations()
+    sessions = [f"s{i}" for i in range(concurrency)]
+    timeout = aiohttp.ClientTimeout(total=FIRST_TURNS_TIMEOUT_S)
+    # One pool per session, as each agent process has its own: a session's turns reuse its own
+    # keep-alive connection. ``shared_pool``: one pool for all, so any turn may take any connection.
+    pools = [
+        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=1))
+        for _ in range(1 if shared_pool else concurrency)
+    ]
+    if shared_pool:
+        pools[0] = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency))
+    clients = {s: pools[0 if shared_pool else i] for i, s in enumerate(sessions)}
+    try:
+        first = await _first_turns(clients, url, sessions, talks)
+        steady = await _steady(clients, url, sessions, talks, seconds, CpuMeter(pid))
+    finally:
+        for pool in pools:
+            await pool.close()
+    return {"first_turns": first, "steady": steady}
+
+
+def _wait_for_listeners(supervisor: psutil.Process, url: str, workers: int) -> None:
+    """Wait until every worker listens: the supervisor answers ``/health`` once its first worker
+    does, and keep-alive clients that connect before the others listen all stay with that one."""
+    port = int(url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listening = {
+            proc.pid
+            for proc in supervisor.children(recursive=True)
+            for conn in proc.net_connections(kind="tcp")
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port
+        }
+        if len(listening) >= workers:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{workers} workers did not all listen within 60 s")
+
+
+def run(
+    workers: int, ranks: list[str], concurrency: int, seconds: float, shared_pool: bool = False
+) -> dict[str, Any]:
     config = embedded_tokenizer_config()
     extra = ["--config", str(config)] + (["--workers", str(workers)] if workers > 1 else [])
     proxy, url = proxy_process(ranks, extra=extra)
     try:
         with proxy:
-            assert proxy.proc is not None
-            supervisor = psutil.Process(proxy.proc.pid)
+            supervisor = psutil.Process(proxy.pid)
+            if workers > 1:
+                _wait_for_listeners(supervisor, url, workers)
             before = _redis_commands(supervisor) if workers > 1 else None
-            result = asyncio.run(_load(url, concurrency, seconds))
+            result = asyncio.run(_load(url, proxy.pid, concurrency, seconds, shared_pool))
             after = _redis_commands(supervisor) if workers > 1 else None
     finally:
         config.unlink()
-    if before is not None and after is not None and result["requests"]:
-        result["redis_commands_per_request"] = (after - before) / result["requests"]
+    steady = result["steady"]
+    done = steady["requests"]
+    cpu = steady["cpu_s"]
+    if done:
+        steady["proxy_cpu_ms_per_request"] = 1000 * cpu["proxy"] / done
+        steady["redis_cpu_ms_per_request"] = 1000 * cpu["redis"] / done
+        steady["client_cpu_share"] = cpu["client"] / seconds
+    sent = first_and_steady(result)
+    if before is not None and after is not None and sent:
+        result["redis_commands_per_request"] = (after - before) / sent
     return result
+
+
+def first_and_steady(result: dict[str, Any]) -> int:
+    """Requests sent in both phases (Redis's counters span both, warm-up included: an estimate)."""
+    return int(result["first_turns"]["requests"] + result["steady"]["requests"])
+
+
+def _print(results: dict[str, Any], cores: int) -> None:
+    base = results["1 (memory)"]["steady"]["req_per_s"] or 1.0
+    print(f"cores: {cores}")
+    print(
+        f"{'configuration':<14}{'1st turns s':>12}{'req/s':>8}{'x one':>7}{'p50 s':>8}{'p99 s':>8}"
+        f"{'errors':>7}{'cpu ms/req':>11}{'req/s/core':>11}{'redis ms':>9}{'client':>7}{'cmd/req':>8}"
+    )
+    for name, r in results.items():
+        first, steady = r["first_turns"], r["steady"]
+        cpu = steady.get("proxy_cpu_ms_per_request")
+        cmds = r.get("redis_commands_per_request")
+        print(
+            f"{name:<14}{first['seconds']:>12.1f}"
+            f"{steady['req_per_s']:>8.1f}{steady['req_per_s'] / base:>7.2f}"
+            f"{(steady['p50_s'] or 0):>8.3f}{(steady['p99_s'] or 0):>8.3f}"
+            f"{first['errors'] + steady['errors']:>7}"
+            f"{'' if cpu is None else f'{cpu:.2f}':>11}{'' if not cpu else f'{1000 / cpu:.0f}':>11}"
+            f"{steady.get('redis_cpu_ms_per_request', 0):>9.2f}{steady.get('client_cpu_share', 0):>7.0%}"
+            f"{'' if cmds is None else f'{cmds:.1f}':>8}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="2,4", help="worker counts to run beside one process")
     parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=positive_seconds, default=20.0, help="the steady window")
     parser.add_argument("--ranks", type=int, default=2, help="stub ranks (own processes)")
+    parser.add_argument(
+        "--shared-pool",
+        action="store_true",
+        help="one client connection pool for every session (any turn on any connection, so on any "
+        "worker), instead of one keep-alive connection per session as agents have",
+    )
     args = parser.parse_args()
     stubs = [stub_rank_process() for _ in range(args.ranks)]
     for stub, _ in stubs:
         stub.__enter__()
     try:
         specs = [f"stub{i}={url}" for i, (_, url) in enumerate(stubs)]
-        results: dict[str, Any] = {"1 (memory)": run(1, specs, args.concurrency, args.seconds)}
+        results: dict[str, Any] = {
+            "1 (memory)": run(1, specs, args.concurrency, args.seconds, args.shared_pool)
+        }
         for n in (int(w) for w in args.workers.split(",") if w):
-            results[f"{n} workers"] = run(n, specs, args.concurrency, args.seconds)
+            results[f"{n} workers"] = run(n, specs, args.concurrency, args.seconds, args.shared_pool)
     finally:
         for stub, _ in stubs:
             stub.__exit__(None, None, None)
-    base = results["1 (memory)"]["req_per_s"] or 1.0
-    header = f"{'configuration':<14}{'req/s':>9}{'x one':>8}{'p50 s':>9}{'p99 s':>9}{'errors':>8}"
-    print(header + f"{'redis cmd/req':>15}")
-    for name, r in results.items():
-        cmds = r.get("redis_commands_per_request")
-        print(
-            f"{name:<14}{r['req_per_s']:>9.1f}{r['req_per_s'] / base:>8.2f}"
-            f"{(r['p50_s'] or 0):>9.3f}{(r['p99_s'] or 0):>9.3f}{r['errors']:>8}"
-            f"{'' if cmds is None else f'{cmds:.1f}':>15}"
-        )
+    cores = os.cpu_count() or 1
+    _print(results, cores)
     path = write_json(
         "workers.json",
-        {"machine": machine(), "concurrency": args.concurrency, "seconds": args.seconds, "results": results},
+        {
+            "machine": machine(),
+            "cores": cores,
+            "concurrency": args.concurrency,
+            "seconds": args.seconds,
+            "results": results,
+        },
     )
     print(f"wrote {path}")
 

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.app import create_app
-    from proxy.cli.workers import run_workers
+    from proxy.cli.workers import REUSE_PORT, claim_port, run_workers
     from proxy.server import prepare_process, serving_options, uvicorn_config
 
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
@@ -95,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        listener = listen(settings.host, settings.port)
+        if settings.workers > 1 and REUSE_PORT:
+            listener = claim_port(settings.host, settings.port)
+        else:
+            listener = listen(settings.host, settings.port)
     except OSError as exc:
         print(f"prefixgate: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
         return 2

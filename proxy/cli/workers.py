@@ -1,7 +1,12 @@
 """``prefixgate serve --workers N``: N processes serving one port, acting as one router.
 
-``serve`` binds the listening socket once and lets uvicorn's process supervisor run N workers
-on it (the kernel deals connections out; a worker that dies is replaced). Every worker builds the
+``serve`` binds the port once (so a port in use is told before any worker starts) and lets uvicorn's
+process supervisor run N workers (a worker that dies is replaced). Where the OS has
+``SO_REUSEPORT`` (Linux, the BSDs), each worker listens on a socket of its own bound to that port,
+and the kernel spreads new connections evenly over them by their addresses; one socket shared by
+every worker would instead go to whichever worker wakes first, which under a burst of connections
+takes nearly all of them (measured: one of two workers served 96 % of 64 keep-alive clients, so a
+second worker added nothing). Only processes of the same user can bind a port taken this way. Every worker builds the
 same app from the same settings, handed over in a file only this user can read (settings may hold
 keys). What decides placement is shared through Redis: the given ``--redis-url``, or, without one,
 an embedded Redis server the supervisor starts on a private unix socket and stops on exit.
@@ -29,6 +34,45 @@ log = logging.getLogger("prefixgate")
 
 #: Where a worker finds its settings (a JSON file, mode 0600, removed when the supervisor exits).
 SETTINGS_ENV = "PREFIXGATE_WORKER_SETTINGS_FILE"
+
+
+class SharedPort(socket.socket):
+    """The supervisor's claim on the port (bound with ``SO_REUSEPORT``, never listening): a worker
+    that receives it (uvicorn hands each worker its sockets by pickling them) gets a listening socket
+    of its own on the same address instead of a copy of this one."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str, int]]:
+        host, port = self.getsockname()[:2]
+        return own_listener, (host, port)
+
+
+def reuse_port_socket(host: str, port: int, kind: type[socket.socket] = socket.socket) -> socket.socket:
+    """A socket bound to ``host:port`` with ``SO_REUSEPORT`` (and ``SO_REUSEADDR``), not listening."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, as serve's ``listen``: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
+    sock = kind(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+#: Whether this OS can give each worker a listening socket of its own on one port.
+REUSE_PORT = hasattr(socket, "SO_REUSEPORT")
+
+
+def claim_port(host: str, port: int) -> socket.socket:
+    """The supervisor's socket for ``--workers`` where ``REUSE_PORT``: a ``SharedPort``."""
+    return reuse_port_socket(host, port, SharedPort)
+
+
+def own_listener(host: str, port: int) -> socket.socket:
+    """A worker's own listening socket on the supervisor's port (uvicorn's startup listens on it)."""
+    return reuse_port_socket(host, port)
 
 
 def _plain(value: Any) -> Any:

@@ -76,3 +76,43 @@ def test_workers_share_one_session_table_and_stop_together(rank_servers: RankSer
         lambda: not any(p.is_running() for p in embedded), "the embedded Redis outlived prefixgate", 10
     )
     assert not socket_dir.exists()
+
+
+def listening_sockets(proc: subprocess.Popen[bytes], port: int) -> dict[int, int]:
+    """The workers' listening sockets on ``port``: socket inode -> the worker's pid."""
+    found: dict[int, int] = {}
+    for worker in psutil.Process(proc.pid).children(recursive=True):
+        for conn in worker.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
+                link = os.readlink(f"/proc/{worker.pid}/fd/{conn.fd}")  # "socket:[INODE]"
+                found[int(link[len("socket:[") : -1])] = worker.pid
+    return found
+
+
+def test_each_worker_listens_on_a_socket_of_its_own_and_connections_spread(rank_servers: RankServers) -> None:
+    """With SO_REUSEPORT each worker accepts from its own queue and the kernel deals new connections
+    over them by address: a burst of keep-alive clients reaches both workers, instead of whichever
+    worker woke first on one shared socket."""
+    ranks = rank_servers.sim(1)
+    proc, url = serve(["--workers", "2", *(f"--backend={r.name}={r.url}" for r in ranks)])
+    port = int(url.rsplit(":", 1)[1])
+    clients = [httpx.Client(base_url=url) for _ in range(24)]
+    try:
+        wait_until(lambda: len(listening_sockets(proc, port)) == 2, "two workers never listened apart", 60)
+        sockets = listening_sockets(proc, port)
+        assert len(set(sockets.values())) == 2  # two sockets, one in each worker
+        for client in clients:  # each keeps its connection open
+            assert client.get("/health").status_code == 200
+        held: dict[int, int] = {}
+        for worker in set(sockets.values()):
+            conns = psutil.Process(worker).net_connections(kind="tcp")
+            held[worker] = sum(
+                1 for c in conns if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+            )
+        assert sum(held.values()) == len(clients)
+        assert all(held.values()), held  # all 24 on one worker: a chance of 2 in 2**24 when hashed
+    finally:
+        for client in clients:
+            client.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
