@@ -84,3 +84,22 @@ def test_hit_rate_window_keeps_the_last_requests_only() -> None:
         window.add(queried, hits)
     assert len(window) == 3
     assert window.rate == pytest.approx(250 / 300)
+
+
+def test_a_record_dumps_every_field_but_its_breaks_as_a_deep_copy_would() -> None:
+    """``dumps`` writes the fields as they are (no ``asdict`` copy): the same bytes as the deep copy
+    without its breaks, nested decision records included, and ``loads`` restores every field."""
+    from dataclasses import asdict
+
+    import orjson
+
+    s = Session("k2", created=1.0, last_seen=2.5, rank="r1", turns=4, gaps=2, gap_max=3.25, head_key="ab")
+    s.admission = {"decision": "admitted", "allowed": ["r0", "r1"], "options": [{"rank": "r0", "cost": 1.5}]}
+    s.breaks = [{"turn": 1, "cause": "tools"}]
+    reference = asdict(s)
+    del reference["breaks"]
+    assert s.dumps() == orjson.dumps(reference)
+    back = Session.loads(s.dumps())
+    assert back.breaks == []
+    back.breaks = s.breaks
+    assert back == s
