@@ -125,7 +125,10 @@ def create_app(settings: Settings) -> LeanApp:
         gw = current()
         admin = bool((request.scope.get("state") or {}).get("is_admin"))  # per-session series: admin only
         rate = gw.dashboard.recorder.window.rate
-        export_gauges(gw.metrics, gw.fleet, gw.admission, rate, gw.sessions, per_session=admin)
+        memory = (gw.locals.nbytes, gw.locals.budget_bytes)
+        export_gauges(
+            gw.metrics, gw.fleet, gw.admission, rate, gw.sessions, per_session=admin, session_memory=memory
+        )
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.exception_handler(StarletteHTTPException)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
@@ -37,7 +38,7 @@ from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
 from proxy.stages.threads import Threads
 from proxy.state import StateBackend, open_state
 from proxy.state.kv_feeds import start_kv_event_feeds
-from proxy.state.local import SessionLocals
+from proxy.state.local import SessionLocal, SessionLocals
 from proxy.state.sessions import Session, SessionTable
 from routing.health import HealthChecker
 from routing.kv_events import KVEventSubscriber
@@ -53,6 +54,10 @@ from tokenization.prompt import IncrementalTokenizer
 log = logging.getLogger("prefixgate")
 
 
+#: Seconds between two warnings that sessions' kept turns were dropped for room (each is counted).
+EVICTION_REPORT_S = 60.0
+
+
 class Gateway:
     """The state of one prefixgate process: ranks, the client to them, the stages and the pipeline."""
 
@@ -62,7 +67,11 @@ class Gateway:
         self.loop_lag = LoopLag(self.metrics.registry)
         self.state: StateBackend = open_state(settings)
         #: What this process keeps per session between its turns, for every stage.
-        self.locals = SessionLocals(budget_bytes=int(settings.session_memory_mb * 1024 * 1024))
+        self.locals = SessionLocals(
+            budget_bytes=int(settings.session_memory_mb * 1024 * 1024), on_evict=self._session_evicted
+        )
+        self._evicted_unreported = 0
+        self._evictions_reported_at = -EVICTION_REPORT_S
         # the idle TTL until admission has learned one from the traffic (or the configured one)
         self.sessions = SessionTable(self.state.sessions(), settings.session_idle_ttl or DEFAULT_IDLE_TTL_S)
         self.explainer = Explainer(
@@ -195,6 +204,27 @@ class Gateway:
         for rank in self.fleet:
             state = "healthy" if rank.healthy else f"DOWN ({rank.last_error})"
             log.info("rank %s at %s: %s", rank.name, rank.url, state)
+
+    def _session_evicted(self, local: SessionLocal) -> None:
+        """A session's kept turns were dropped to make room: counted, and said at most once a
+        ``EVICTION_REPORT_S`` (an operator sizing ``--session-memory-mb`` needs the idle time of what
+        goes: seconds mean the budget is too small for the sessions in play)."""
+        self.metrics.session_evictions.inc()
+        self._evicted_unreported += 1
+        now = time.monotonic()
+        if now - self._evictions_reported_at < EVICTION_REPORT_S:
+            return
+        idle = f"{time.time() - local.last_seen:.1f} s" if local.last_seen else "never used"
+        log.warning(
+            "session memory full (--session-memory-mb %g): %d sessions' kept turns dropped to make "
+            "room, the latest idle %s; their next turns are tokenized whole. Raise "
+            "--session-memory-mb if sessions idle that briefly are still in play",
+            self.settings.session_memory_mb,
+            self._evicted_unreported,
+            idle,
+        )
+        self._evicted_unreported = 0
+        self._evictions_reported_at = now
 
     @property
     def kv_feeds(self) -> tuple[KVEventSubscriber, ...]:

@@ -278,6 +278,21 @@ class Metrics:
             registry=r,
         )
 
+        self.session_memory = Gauge(
+            "prefixgate_session_memory_bytes",
+            "What this process keeps per session between turns (previous turns' tokens and block "
+            "hashes, the explainer's previous body, the turn log), all sessions together",
+            registry=r,
+        )
+        self.session_memory_budget = Gauge(
+            "prefixgate_session_memory_budget_bytes", "--session-memory-mb, in bytes", registry=r
+        )
+        self.session_evictions = Counter(
+            "prefixgate_session_memory_evictions",
+            "Sessions whose kept turns were dropped to make room (their next turn is tokenized whole)",
+            registry=r,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -301,10 +316,12 @@ def export_gauges(
     max_sessions: int = 1000,
     *,
     per_session: bool = True,
+    session_memory: tuple[int, int] | None = None,
 ) -> None:
     """Set the gauges read at scrape time from the current state (reading it changes nothing):
     per rank its health, load and admission count, the fleet hit rate, the active sessions' hit rates
-    (only with ``per_session``: the admin's scrape; session keys are the clients' business)."""
+    (only with ``per_session``: the admin's scrape; session keys are the clients' business) and
+    ``session_memory``: what the sessions' kept turns hold, and their budget (bytes)."""
     for rank in fleet:
         metrics.backend_up.labels(rank.name).set(1 if rank.healthy else 0)
         metrics.in_flight.labels(rank.name).set(rank.in_flight)
@@ -323,6 +340,9 @@ def export_gauges(
             if state.pool_tokens is not None:
                 metrics.rank_pool_tokens.labels(state.name).set(state.pool_tokens)
     metrics.fleet_hit_rate.set(fleet_hit_rate)
+    if session_memory is not None:
+        metrics.session_memory.set(session_memory[0])
+        metrics.session_memory_budget.set(session_memory[1])
     gauge = metrics.session_hit_rate
     # only active sessions are exported, so the series come and go with the sessions
     gauge.clear()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +144,11 @@ class SessionLocal:
         return _BASE_BYTES + threads + 160 * (len(self.breaks) + len(self.turns))
 
     @property
+    def last_seen(self) -> float:
+        """When any of its threads last had a request (wall clock; 0 before the first)."""
+        return max((t.last_seen for t in self.threads.values()), default=0.0)
+
+    @property
     def main(self) -> ThreadLocal:
         """The main conversation's thread (opened when missing)."""
         return self.thread(MAIN)
@@ -168,9 +174,17 @@ class SessionLocals:
     """Every session's ``SessionLocal``, bounded together (see the module docstring)."""
 
     def __init__(
-        self, max_sessions: int = DEFAULT_MAX_SESSIONS, budget_bytes: int = DEFAULT_BUDGET_BYTES
+        self,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        on_evict: Callable[[SessionLocal], None] | None = None,
     ) -> None:
-        self._lru: LRU[str, SessionLocal] = LRU(budget_bytes, max_entries=max_sessions)
+        """``on_evict``: told of each session dropped to make room (not of sessions ended)."""
+        self._lru: LRU[str, SessionLocal] = LRU(
+            budget_bytes,
+            max_entries=max_sessions,
+            on_evict=None if on_evict is None else lambda _key, local: on_evict(local),
+        )
 
     def __len__(self) -> int:
         return len(self._lru)
