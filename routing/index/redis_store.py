@@ -66,6 +66,16 @@ EVENTS_LEASE_S = 10.0
 def _keys_blob(block_hashes: Sequence[bytes]) -> bytes:
     # A block's key is its digest's last 8 bytes, as vLLM's KV events do: a 64-bit collision between
     # two prefixes is negligible at fleet scale, and a 100k-token lookup sends 50 kB instead of 200 kB.
+    if not block_hashes:
+        return b""
+    joined = b"".join(block_hashes)
+    width = len(block_hashes[0])
+    if width % 8 == 0 and len(joined) == width * len(block_hashes):
+        # One hasher makes a chain, so its digests share one width (8, 16 or 32 bytes): every
+        # digest's last 8 bytes are every (width/8)-th 8-byte word of the joined chain, taken in C.
+        # Slicing each digest in Python was ~16 % of a process's CPU on 100k-token turns.
+        words = width // 8
+        return memoryview(joined).cast("Q")[words - 1 :: words].tobytes()
     return b"".join([h[-8:] for h in block_hashes])
 
 
