@@ -5,14 +5,18 @@ Fast stub ranks (own processes) stand in for vLLM. ``--concurrency`` sessions ea
 message), non-streaming, through:
 
 - ``1 (memory)``: one process, state in memory (the single-process baseline);
+- ``1 (redis)``: one process, state in a Redis server (what sharing state costs, without a second
+  process to share it with);
 - ``N workers``: ``serve --workers N`` (N processes sharing an embedded Redis) for each N given.
+``--proxy-root DIR`` runs every configuration from that source tree too, right after this one's.
 
 Each configuration runs two phases:
 
 - **first turns**: every session sends its first turn at once (``--concurrency`` 100k-token
   conversations prefixgate has never seen: tokenized, hashed and recorded whole); the phase lasts
   until the last one is answered, and its length is reported;
-- **steady**: the sessions' returning turns, counted for ``--seconds`` after a short warm-up.
+- **steady**: the sessions' returning turns, counted for ``--seconds`` once every session has taken
+  two (a first turn is answered before it is tokenized whole; its next turn waits for that).
 
 Per configuration and phase: requests/s, p50/p99 latency and errors, then the steady phase's CPU
 per request of the proxy's processes and of Redis (from ``/proc``: what a turn costs, however many
@@ -22,9 +26,9 @@ is 1 / CPU per request: what one core of proxy processes serves, the figure that
 sharing state makes each request dearer. Client, ranks, Redis and proxies share this machine's
 cores, so the raw req/s cannot grow past them (``cores`` is printed; the client's own CPU share
 says whether it kept up): on a machine with C cores, N workers can scale up to about C - 1.
-Writes ``bench/out/workers.json``.
+Writes ``bench/out/workers.json``::
 
-    python -m bench.workers [--workers 2,4] [--concurrency 256] [--seconds 20] [--ranks 2]
+    python -m bench.workers [--workers 2,4] [--concurrency 256] [--seconds 20] [--proxy-root DIR]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import argparse
 import asyncio
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -47,11 +52,15 @@ from bench.common import (
     percentile,
     positive_seconds,
     proxy_process,
+    redis_server,
     stub_rank_process,
     write_json,
 )
 from bench.overhead import large_request
 
+#: Every process's ``--session-memory-mb``: room for all sessions' kept turns (~1.5 MB each), so that
+#: configurations compare what a turn costs, not how many sessions one process holds.
+SESSION_MEMORY_MB = 2048
 #: Returning turns each session takes before the steady phase's window opens.
 WARMUP_TURNS = 2
 #: The longest a first-turn wave may take before the run is called failed.
@@ -60,9 +69,8 @@ HEADERS = {"content-type": "application/json"}
 
 
 class Conversations:
-    """Each session's next request body, built from bytes: the shared ~100k-token conversation is
-    serialized once, so the client's cost per request is one copy of the body, not a JSON encode
-    of a 100k-token message list (which would make the client the bottleneck it measures)."""
+    """Each session's next request body, from bytes: the shared ~100k-token conversation serialized
+    once, so a request costs the client one copy of its body, not a JSON encode of 100k tokens."""
 
     def __init__(self) -> None:
         body = orjson.loads(large_request(stream=False))
@@ -179,19 +187,22 @@ async def _steady(
 class CpuMeter:
     """CPU seconds used by the proxy's processes (workers and supervisor), its Redis and this client."""
 
-    def __init__(self, proxy_pid: int) -> None:
+    def __init__(self, proxy_pid: int, probe: redis.Redis | None) -> None:
         self.root = psutil.Process(proxy_pid)
         self.client = psutil.Process(os.getpid())
+        # a Redis the bench started (one process on --redis-url) is no child of the proxy
+        self.redis = None if probe is None else psutil.Process(int(probe.info("server")["process_id"]))
 
     def _processes(self) -> list[psutil.Process]:
-        return [self.root, *self.root.children(recursive=True)]
+        found = [self.root, *self.root.children(recursive=True)]
+        return found if self.redis is None or self.redis in found else [*found, self.redis]
 
     def read(self) -> dict[str, float]:
         out = {"proxy": 0.0, "redis": 0.0, "client": 0.0}
         for proc in self._processes():
             try:
                 times = proc.cpu_times()
-                part = "redis" if "redis" in proc.name() or "valkey" in proc.name() else "proxy"
+                part = "redis" if proc == self.redis or "redis" in proc.name() else "proxy"
             except psutil.Error:  # a process that ended between the listing and the read
                 continue
             out[part] += times.user + times.system
@@ -206,17 +217,26 @@ class CpuMeter:
         return {k: v - before.get(k, 0.0) for k, v in now.items()}
 
 
-def _redis_commands(proc: psutil.Process) -> int | None:
-    """Commands the embedded Redis (a child of the supervisor) processed, from its own INFO."""
-    for child in proc.children(recursive=True):
+def _redis_probe(supervisor: psutil.Process, url: str | None) -> redis.Redis | None:
+    """A client of the Redis the proxy shares its state through: ``url``, else the embedded server
+    the supervisor started (its child listening on ``redis.sock``), else None (memory state)."""
+    if url is not None:
+        return redis.Redis.from_url(url)
+    for child in supervisor.children(recursive=True):
         for conn in child.net_connections(kind="unix"):
             if conn.laddr and conn.laddr.endswith("redis.sock"):
-                client = redis.Redis(unix_socket_path=conn.laddr)
-                return int(client.info("stats")["total_commands_processed"])
+                return redis.Redis(unix_socket_path=conn.laddr)
     return None
 
 
-async def _load(url: str, pid: int, concurrency: int, seconds: float, shared_pool: bool) -> dict[str, Any]:
+def _commands(probe: redis.Redis | None) -> int | None:
+    """Commands that Redis processed so far (its own INFO), or None without one."""
+    return None if probe is None else int(probe.info("stats")["total_commands_processed"])
+
+
+async def _load(
+    url: str, meter: CpuMeter, concurrency: int, seconds: float, shared_pool: bool
+) -> dict[str, Any]:
     talks = Conversations()
     sessions = [f"s{i}" for i in range(concurrency)]
     timeout = aiohttp.ClientTimeout(total=FIRST_TURNS_TIMEOUT_S)
@@ -231,7 +251,7 @@ async def _load(url: str, pid: int, concurrency: int, seconds: float, shared_poo
     clients = {s: pools[0 if shared_pool else i] for i, s in enumerate(sessions)}
     try:
         first = await _first_turns(clients, url, sessions, talks)
-        steady = await _steady(clients, url, sessions, talks, seconds, CpuMeter(pid))
+        steady = await _steady(clients, url, sessions, talks, seconds, meter)
     finally:
         for pool in pools:
             await pool.close()
@@ -257,19 +277,32 @@ def _wait_for_listeners(supervisor: psutil.Process, url: str, workers: int) -> N
 
 
 def run(
-    workers: int, ranks: list[str], concurrency: int, seconds: float, shared_pool: bool = False
+    workers: int,
+    ranks: list[str],
+    concurrency: int,
+    seconds: float,
+    *,
+    redis_url: str | None = None,
+    shared_pool: bool = False,
+    root: Path | None = None,
 ) -> dict[str, Any]:
+    """One configuration: ``workers`` processes (their embedded Redis past one), or one process on
+    ``redis_url`` (the bench's own server); ``root``: prefixgate from that source tree."""
     config = embedded_tokenizer_config()
-    extra = ["--config", str(config)] + (["--workers", str(workers)] if workers > 1 else [])
-    proxy, url = proxy_process(ranks, extra=extra)
+    extra = ["--config", str(config), "--session-memory-mb", str(SESSION_MEMORY_MB)]
+    extra += ["--workers", str(workers)] if workers > 1 else []
+    if redis_url is not None:
+        extra += ["--redis-url", redis_url]
+    proxy, url = proxy_process(ranks, extra=extra, root=root)
     try:
         with proxy:
             supervisor = psutil.Process(proxy.pid)
             if workers > 1:
                 _wait_for_listeners(supervisor, url, workers)
-            before = _redis_commands(supervisor) if workers > 1 else None
-            result = asyncio.run(_load(url, proxy.pid, concurrency, seconds, shared_pool))
-            after = _redis_commands(supervisor) if workers > 1 else None
+            probe = _redis_probe(supervisor, redis_url)
+            before = _commands(probe)
+            result = asyncio.run(_load(url, CpuMeter(proxy.pid, probe), concurrency, seconds, shared_pool))
+            after = _commands(probe)
     finally:
         config.unlink()
     steady = result["steady"]
@@ -279,15 +312,11 @@ def run(
         steady["proxy_cpu_ms_per_request"] = 1000 * cpu["proxy"] / done
         steady["redis_cpu_ms_per_request"] = 1000 * cpu["redis"] / done
         steady["client_cpu_share"] = cpu["client"] / seconds
-    sent = first_and_steady(result)
+    # Redis's counters span both phases, warm-up included: an estimate per request sent
+    sent = int(result["first_turns"]["requests"] + steady["requests"])
     if before is not None and after is not None and sent:
         result["redis_commands_per_request"] = (after - before) / sent
     return result
-
-
-def first_and_steady(result: dict[str, Any]) -> int:
-    """Requests sent in both phases (Redis's counters span both, warm-up included: an estimate)."""
-    return int(result["first_turns"]["requests"] + result["steady"]["requests"])
 
 
 def _print(results: dict[str, Any], cores: int) -> None:
@@ -324,17 +353,31 @@ def main() -> None:
         help="one client connection pool for every session (any turn on any connection, so on any "
         "worker), instead of one keep-alive connection per session as agents have",
     )
+    parser.add_argument("--proxy-root", help="also run every configuration from this source tree, in turn")
     args = parser.parse_args()
+    load = (args.concurrency, args.seconds)
     stubs = [stub_rank_process() for _ in range(args.ranks)]
     for stub, _ in stubs:
         stub.__enter__()
     try:
         specs = [f"stub{i}={url}" for i, (_, url) in enumerate(stubs)]
-        results: dict[str, Any] = {
-            "1 (memory)": run(1, specs, args.concurrency, args.seconds, args.shared_pool)
-        }
-        for n in (int(w) for w in args.workers.split(",") if w):
-            results[f"{n} workers"] = run(n, specs, args.concurrency, args.seconds, args.shared_pool)
+        trees: list[tuple[str, Path | None]] = [("", None)]
+        if args.proxy_root:
+            trees.append((" (root)", Path(args.proxy_root).resolve()))
+        counts = [int(w) for w in args.workers.split(",") if w]
+        results: dict[str, Any] = {}
+        for label, root in trees:  # each configuration from every tree in turn, side by side
+            results["1 (memory)" + label] = run(1, specs, *load, shared_pool=args.shared_pool, root=root)
+        with redis_server() as redis_url:
+            for label, root in trees:
+                results["1 (redis)" + label] = run(
+                    1, specs, *load, redis_url=redis_url, shared_pool=args.shared_pool, root=root
+                )
+        for n in counts:
+            for label, root in trees:
+                results[f"{n} workers" + label] = run(
+                    n, specs, *load, shared_pool=args.shared_pool, root=root
+                )
     finally:
         for stub, _ in stubs:
             stub.__exit__(None, None, None)
