@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from proxy.config import read_environment
+from proxy.stages.identify import DEFAULT_SESSION_HEADERS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -33,6 +34,11 @@ def test_two_replicas_behind_nginx_share_redis_and_the_ranks_kv_events(profile: 
     upstream = re.findall(r"^\s*server\s+([\w-]+):8000", conf, flags=re.M)
     assert sorted(upstream) == replicas  # nginx deals requests to exactly this profile's replicas
     assert "proxy_buffering off" in conf  # streams reach clients chunk by chunk
+    # each session's turns reach one replica (the one holding its previous turn's tokens), keyed on
+    # every header prefixgate reads a session from; a request with none is dealt at random
+    affinity = re.search(r"^map (\S+) \$session_affinity \{", conf, flags=re.M)
+    assert affinity is not None and "hash $session_affinity consistent;" in conf
+    assert affinity.group(1) == "".join("$http_" + h.replace("-", "_") for h in DEFAULT_SESSION_HEADERS)
     ranks = set()
     for name in replicas:
         settings = read_environment(services[name]["environment"])
