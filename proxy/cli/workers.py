@@ -1,13 +1,14 @@
 """``prefixgate serve --workers N``: N processes serving one port, acting as one router.
 
 ``serve`` binds the port once (so a port in use is told before any worker starts) and lets uvicorn's
-process supervisor run N workers (a worker that dies is replaced). Where the OS has
-``SO_REUSEPORT`` (Linux, the BSDs), each worker listens on a socket of its own bound to that port,
-and the kernel spreads new connections evenly over them by their addresses; one socket shared by
-every worker would instead go to whichever worker wakes first, which under a burst of connections
-takes most of them (measured with 256 keep-alive clients on two workers: splits of 35/65 to 70/30,
-and once 3/97), leaving one worker with more sessions than its session memory holds. Only processes
-of the same user can bind a port taken this way.
+process supervisor run N workers (a worker that dies is replaced). On Linux (``SO_REUSEPORT``) each
+worker listens on a socket of its own bound to that port, and the kernel spreads new connections
+evenly over them by their addresses (a worker that dies resets the connections still waiting in
+its own queue, which clients retry). One socket shared by every worker would instead go to
+whichever worker wakes first, which under a burst of connections takes most of them (measured with
+256 keep-alive clients on two workers: splits of 35/65 to 70/30, and once 3/97), leaving one worker
+with more sessions than its session memory holds. Only processes of the same user can bind a port
+taken this way.
 
 Every worker builds the same app from the same settings, handed over in a file only this user can
 read (settings may hold keys). What decides placement is shared through Redis: the given
@@ -21,6 +22,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -64,8 +66,9 @@ def reuse_port_socket(host: str, port: int, kind: type[socket.socket] = socket.s
     return sock
 
 
-#: Whether this OS can give each worker a listening socket of its own on one port.
-REUSE_PORT = hasattr(socket, "SO_REUSEPORT")
+#: Whether this OS spreads one port's connections over several listening sockets: Linux does with
+#: ``SO_REUSEPORT``; macOS and most BSDs accept the option but give every connection to one socket.
+REUSE_PORT = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
 
 
 def claim_port(host: str, port: int) -> socket.socket:
