@@ -19,6 +19,16 @@ def metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
+def eight_sessions_then_metrics(url: str) -> str:
+    """Eight sessions of ~8k tokens each (one turn), then the gateway's ``/metrics``."""
+    for n in range(8):
+        text = f"session {n}: " + "some repository context to keep " * 1200
+        body = {"model": "sim", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+        answer = httpx.post(url + "/v1/chat/completions", json=body, headers={"x-session-id": f"m{n}"})
+        assert answer.status_code == 200
+    return httpx.get(url + "/metrics").text
+
+
 def test_sessions_dropped_for_room_are_counted_and_said(
     rank_servers: RankServers, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -27,14 +37,7 @@ def test_sessions_dropped_for_room_are_counted_and_said(
     gateway = start_gateway(ranks, session_memory_mb=0.25)
     try:
         with caplog.at_level(logging.WARNING, logger="prefixgate"):
-            for n in range(8):
-                text = f"session {n}: " + "some repository context to keep " * 1200
-                body = {"model": "sim", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
-                answer = httpx.post(
-                    gateway.url + "/v1/chat/completions", json=body, headers={"x-session-id": f"m{n}"}
-                )
-                assert answer.status_code == 200
-            text = httpx.get(gateway.url + "/metrics").text
+            text = eight_sessions_then_metrics(gateway.url)
     finally:
         gateway.stop()
     assert metric(text, "prefixgate_session_memory_evictions_total") >= 1
@@ -47,17 +50,9 @@ def test_sessions_dropped_for_room_are_counted_and_said(
 
 
 def test_a_budget_that_holds_every_session_drops_none(rank_servers: RankServers) -> None:
-    ranks = rank_servers.sim(1)
-    gateway = start_gateway(ranks)
+    gateway = start_gateway(rank_servers.sim(1))
     try:
-        for n in range(8):
-            text = f"session {n}: " + "some repository context to keep " * 1200
-            body = {"model": "sim", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
-            answer = httpx.post(
-                gateway.url + "/v1/chat/completions", json=body, headers={"x-session-id": f"m{n}"}
-            )
-            assert answer.status_code == 200
-        text = httpx.get(gateway.url + "/metrics").text
+        text = eight_sessions_then_metrics(gateway.url)
     finally:
         gateway.stop()
     assert metric(text, "prefixgate_session_memory_evictions_total") == 0
