@@ -239,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
             f"before an earlier waiter; bench/wait_order.py), {order['waited']} of "
             f"{order['admitted_sessions']} sessions waited"
         )
+        kinds = ", ".join(
+            f"{kind} {d['sessions']:g} ({d['waited']:g} waited {d['waited_s']:.1f} s)"
+            for kind, d in sorted(order["decisions"].items())
+        )
+        print(f"  {r['system']}: latest admission decisions: {kinds}")
     gap = rows[1]["hit_rate"] - rows[0]["hit_rate"]
     print(f"hit rate, {rows[1]['system']} minus 1 replica: {gap * 100:+.2f} points")
     path = write_json(

@@ -49,11 +49,19 @@ def overtakes(records: list[dict[str, Any]]) -> int:
     return count
 
 
-def wait_order(url: str) -> dict[str, int]:
-    """The figures of the replay behind ``url``: sessions, those that waited, and overtakes."""
+def wait_order(url: str) -> dict[str, Any]:
+    """The figures of the replay behind ``url``: sessions, those that waited, overtakes, and the
+    latest decisions by kind (``room``, ``home``, ``over_budget``, ...) with the seconds waited."""
     records = admission_records(url)
+    decisions: dict[str, dict[str, float]] = {}
+    for r in records:
+        kind = decisions.setdefault(r["decision"], {"sessions": 0, "waited": 0, "waited_s": 0.0})
+        kind["sessions"] += 1
+        kind["waited"] += r["waited_s"] > 0
+        kind["waited_s"] += r["waited_s"]
     return {
         "admitted_sessions": len(records),
         "waited": sum(1 for r in records if r["waited_s"] > 0),
         "overtakes": overtakes(records),
+        "decisions": decisions,
     }
