@@ -32,6 +32,10 @@ from proxy.state.wait_order import Entry, WaitOrder
 from routing.rank_metrics import RankSample
 from routing.ranks import Fleet, Rank
 
+#: Think-gap counts kept for sessions no longer active, so that one coming back is not counted from
+#: zero again (the least recently seen go first).
+GAP_COUNTS_KEPT = 10_000
+
 
 class Placement(Protocol):
     """What admission reads of routing: the prefix index and the prefill queued per rank."""
@@ -95,6 +99,8 @@ class Ledger(Observer):
         self.peaks = PeakEstimator()
         #: Active sessions at the last refresh and their context: one missing next time has ended.
         self._live: dict[str, int] = {}
+        #: Each session's think-gap count at the refresh that last saw it (``_note_returns``).
+        self._gaps_seen: dict[str, int] = {}
         self.moves = Moves(fleet, config, self.refresh, self._room, self._reserve, self.projected)
 
     def _note_gap(self, gap: float | None) -> None:
@@ -225,6 +231,7 @@ class Ledger(Observer):
         self.table.set_idle_ttl(self.time.idle_ttl())
         self.queue.poll_interval = self.poll_interval()
         active = self.table.active(now)
+        self._note_returns(active)
         self._note_ended({session.key: session.context_tokens for session in active})
         states = self._count(active, now)
         self.moves.counted(states)
@@ -241,6 +248,21 @@ class Ledger(Observer):
     def projected(self, tokens: int) -> int:
         """The room a session of ``tokens`` needs: as large as sessions of its size grew before ending."""
         return self.peaks.expected_peak(tokens)
+
+    def _note_returns(self, active: list[Session]) -> None:
+        """Quiet spells that closed since the last refresh: the growth of each active session's
+        think-gap count in the table. Counted from the table every replica shares, like the spells
+        that did not close (``_note_ended``): a replica that counted only the returns it served
+        against every end would find N times too many spells ending with N replicas."""
+        seen = self._gaps_seen
+        returned = 0
+        for session in active:
+            before = seen.pop(session.key, 0)  # re-inserted: the dict's order is last seen
+            returned += max(session.gaps - before, 0)
+            seen[session.key] = max(session.gaps, before)
+        while len(seen) > len(active) + GAP_COUNTS_KEPT:  # ended sessions, least recently seen first
+            del seen[next(iter(seen))]
+        self.time.note_returns(returned)
 
     def _note_ended(self, live: dict[str, int]) -> None:
         """Sessions active at the last refresh and not now have ended: their last context is their

@@ -85,8 +85,14 @@ class LearnedTime:
     # -- what the traffic shows -------------------------------------------------------------------
 
     def note_gap(self, gap_s: float) -> None:
+        """A think gap this replica saw close (its length joins the distribution; that the spell
+        closed is counted by ``note_returns``, from the table every replica shares)."""
         self.gaps.add(gap_s)
-        self._spell(False)
+
+    def note_returns(self, count: int) -> None:
+        """``count`` quiet spells closed (sessions came back), wherever they were served."""
+        for _ in range(count):
+            self._spell(False)
 
     def note_end(self, turns: int | None = None, lifetime_s: float | None = None) -> None:
         """A session stopped counting (idle past the TTL, or ended) after ``turns`` turns and

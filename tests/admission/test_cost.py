@@ -81,6 +81,7 @@ def teach_endings(adm: Admission) -> None:
     just answered comes back half the time, and one quiet for over 1 s has ended)."""
     for _ in range(20):
         adm.time.note_gap(1.0)
+        adm.time.note_returns(1)
         adm.time.note_end(turns=4)
 
 

@@ -16,10 +16,12 @@ LEARN = AdmissionConfig(idle_ttl=None, wait=None)
 
 
 def traffic(scale: float = 1.0) -> LearnedTime:
-    """Gaps of 1..40 s (one per second), a session ending after every fourth gap, requests of 1..20 s."""
+    """Gaps of 1..40 s (one per second), each a session coming back, a session ending after every
+    fourth gap, requests of 1..20 s."""
     clocks = LearnedTime(LEARN)
     for i in range(1, 41):
         clocks.note_gap(i * scale)
+        clocks.note_returns(1)
         if i % 4 == 0:
             clocks.note_end(turns=5)
     for i in range(1, 21):
