@@ -31,6 +31,7 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from uvicorn.supervisors import Multiprocess
 
+from proxy.cli.serve import listen
 from proxy.config import Settings
 from proxy.server import ServingOptions, return_freed_memory, uvicorn_config
 from proxy.state.embedded_redis import EmbeddedRedis
@@ -51,21 +52,6 @@ class SharedPort(socket.socket):
         return own_listener, (host, port)
 
 
-def reuse_port_socket(host: str, port: int, kind: type[socket.socket] = socket.socket) -> socket.socket:
-    """A socket bound to ``host:port`` with ``SO_REUSEPORT`` (and ``SO_REUSEADDR``), not listening."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP, as serve's ``listen``: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
-    sock = kind(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 #: Whether this OS spreads one port's connections over several listening sockets: Linux does with
 #: ``SO_REUSEPORT``; macOS and most BSDs accept the option but give every connection to one socket.
 REUSE_PORT = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
@@ -73,12 +59,12 @@ REUSE_PORT = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
 
 def claim_port(host: str, port: int) -> socket.socket:
     """The supervisor's socket for ``--workers`` where ``REUSE_PORT``: a ``SharedPort``."""
-    return reuse_port_socket(host, port, SharedPort)
+    return listen(host, port, reuse_port=True, kind=SharedPort)
 
 
 def own_listener(host: str, port: int) -> socket.socket:
     """A worker's own listening socket on the supervisor's port (uvicorn's startup listens on it)."""
-    return reuse_port_socket(host, port)
+    return listen(host, port, reuse_port=True)
 
 
 def _plain(value: Any) -> Any:
