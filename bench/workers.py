@@ -89,44 +89,43 @@ class Conversations:
         self.tails[session].append(b'{"role":"assistant","content":"done."}')
 
 
-async def _turn(client: aiohttp.ClientSession, url: str, session: str, body: bytes) -> bool:
+async def _turn(
+    clients: dict[str, aiohttp.ClientSession], url: str, talks: Conversations, session: str
+) -> tuple[bool, float, float]:
+    """The session's next turn, answered: whether it succeeded, and when it started and ended."""
+    body = talks.next_body(session)
+    start = time.monotonic()
     try:
-        async with client.post(
+        async with clients[session].post(
             url + "/v1/chat/completions", data=body, headers={**HEADERS, "x-session-id": session}
         ) as answer:
             await answer.read()
-            return answer.status == 200
+            ok = answer.status == 200
     except (aiohttp.ClientError, TimeoutError):
-        return False
+        ok = False
+    talks.answered(session)
+    return ok, start, time.monotonic()
+
+
+def _figures(latencies: list[float], errors: int, seconds: float) -> dict[str, Any]:
+    return {
+        "requests": len(latencies),
+        "req_per_s": len(latencies) / seconds,
+        "p50_s": median(latencies) if latencies else None,
+        "p99_s": percentile(latencies, 99) if latencies else None,
+        "errors": errors,
+    }
 
 
 async def _first_turns(
     clients: dict[str, aiohttp.ClientSession], url: str, sessions: list[str], talks: Conversations
 ) -> dict[str, Any]:
-    latencies: list[float] = []
-    errors = 0
-
-    async def one(session: str) -> None:
-        nonlocal errors
-        start = time.monotonic()
-        ok = await _turn(clients[session], url, session, talks.next_body(session))
-        talks.answered(session)
-        if ok:
-            latencies.append(time.monotonic() - start)
-        else:
-            errors += 1
-
-    start = time.monotonic()
-    await asyncio.wait_for(asyncio.gather(*(one(s) for s in sessions)), FIRST_TURNS_TIMEOUT_S)
-    took = time.monotonic() - start
-    return {
-        "seconds": took,
-        "requests": len(latencies),
-        "req_per_s": len(latencies) / took,
-        "p50_s": median(latencies) if latencies else None,
-        "p99_s": percentile(latencies, 99) if latencies else None,
-        "errors": errors,
-    }
+    began = time.monotonic()
+    turns = asyncio.gather(*(_turn(clients, url, talks, s) for s in sessions))
+    answered = await asyncio.wait_for(turns, FIRST_TURNS_TIMEOUT_S)
+    took = time.monotonic() - began
+    latencies = [end - start for ok, start, end in answered if ok]
+    return {"seconds": took, **_figures(latencies, len(answered) - len(latencies), took)}
 
 
 async def _steady(
@@ -137,16 +136,9 @@ async def _steady(
     seconds: float,
     meter: CpuMeter,
 ) -> dict[str, Any]:
-    async def turn(session: str) -> tuple[bool, float, float]:
-        body = talks.next_body(session)
-        start = time.monotonic()
-        ok = await _turn(clients[session], url, session, body)
-        talks.answered(session)
-        return ok, start, time.monotonic()
-
     async def warm(session: str) -> None:
         for _ in range(WARMUP_TURNS):
-            await turn(session)
+            await _turn(clients, url, talks, session)
 
     # A first turn is answered before it is tokenized whole (routed on its head, the rest lands
     # beside it), and a session's next turn waits for that landing: the window opens once every
@@ -161,7 +153,7 @@ async def _steady(
     async def loop(session: str) -> None:
         nonlocal errors
         while time.monotonic() < closes:
-            ok, start, end = await turn(session)
+            ok, start, end = await _turn(clients, url, talks, session)
             if end <= closes:
                 if ok:
                     latencies.append(end - start)
@@ -171,14 +163,9 @@ async def _steady(
     before = meter.read()
     await asyncio.gather(*(loop(s) for s in sessions))
     window = meter.since(before)  # the last turns end just after ``closes``: charged, not counted
-    done = len(latencies)
     return {
         "warmup_s": warmed,
-        "requests": done,
-        "req_per_s": done / seconds,
-        "p50_s": median(latencies) if latencies else None,
-        "p99_s": percentile(latencies, 99) if latencies else None,
-        "errors": errors,
+        **_figures(latencies, errors, seconds),
         "cpu_s": window,
         "cpu_window_s": seconds,
     }
