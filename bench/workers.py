@@ -28,7 +28,8 @@ cores, so the raw req/s cannot grow past them (``cores`` is printed; the client'
 says whether it kept up): on a machine with C cores, N workers can scale up to about C - 1.
 Writes ``bench/out/workers.json``::
 
-    python -m bench.workers [--workers 2,4] [--concurrency 256] [--seconds 20] [--proxy-root DIR]
+    python -m bench.workers [--workers 2,4] [--concurrency 256] [--seconds 20] [--session-memory-mb MB]
+        [--proxy-root DIR]
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ from bench.common import (
 )
 from bench.overhead import large_request
 
-#: Every process's ``--session-memory-mb``: room for all sessions' kept turns (~1.5 MB each), so that
-#: configurations compare what a turn costs, not how many sessions one process holds.
-SESSION_MEMORY_MB = 2048
+#: Every process's ``--session-memory-mb`` unless told: room for all sessions' kept turns (~1.5 MB
+#: each), so that configurations compare what a turn costs, not how many sessions one process holds.
+SESSION_MEMORY_MB = 2048.0
 #: Returning turns each session takes before the steady phase's window opens.
 WARMUP_TURNS = 2
 #: The longest a first-turn wave may take before the run is called failed.
@@ -268,6 +269,7 @@ def run(
     ranks: list[str],
     concurrency: int,
     seconds: float,
+    session_memory_mb: float = SESSION_MEMORY_MB,
     *,
     redis_url: str | None = None,
     shared_pool: bool = False,
@@ -276,7 +278,7 @@ def run(
     """One configuration: ``workers`` processes (their embedded Redis past one), or one process on
     ``redis_url`` (the bench's own server); ``root``: prefixgate from that source tree."""
     config = embedded_tokenizer_config()
-    extra = ["--config", str(config), "--session-memory-mb", str(SESSION_MEMORY_MB)]
+    extra = ["--config", str(config), "--session-memory-mb", str(session_memory_mb)]
     extra += ["--workers", str(workers)] if workers > 1 else []
     if redis_url is not None:
         extra += ["--redis-url", redis_url]
@@ -340,9 +342,15 @@ def main() -> None:
         help="one client connection pool for every session (any turn on any connection, so on any "
         "worker), instead of one keep-alive connection per session as agents have",
     )
+    parser.add_argument(
+        "--session-memory-mb",
+        type=float,
+        default=SESSION_MEMORY_MB,
+        help="each process's --session-memory-mb (prefixgate's own default is 512)",
+    )
     parser.add_argument("--proxy-root", help="also run every configuration from this source tree, in turn")
     args = parser.parse_args()
-    load = (args.concurrency, args.seconds)
+    load = (args.concurrency, args.seconds, args.session_memory_mb)
     stubs = [stub_rank_process() for _ in range(args.ranks)]
     for stub, _ in stubs:
         stub.__enter__()
