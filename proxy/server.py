@@ -134,6 +134,30 @@ def _glibc() -> Any:
     return libc
 
 
+def listen(
+    host: str, port: int, *, reuse_port: bool = False, kind: type[socket.socket] = socket.socket
+) -> socket.socket:
+    """The bound listening socket uvicorn serves on: bound here, so a port in use is told plainly
+    (uvicorn would log an ``[Errno 98]`` line and exit 1). ``reuse_port``: with ``SO_REUSEPORT``, so
+    that every worker of ``--workers`` binds a socket of its own to the port; ``kind``: the class
+    of socket to make."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP
+    # (they inherit the listener's); without it each response's last write waited ~40 ms for the
+    # client's delayed ACK (Nagle).
+    sock = kind(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
-import socket
 import sys
 
 from proxy.config import OPTIONS, ConfigError, Option, Settings, load_settings
@@ -75,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     from proxy.app import create_app
     from proxy.cli.workers import REUSE_PORT, claim_port, run_workers
-    from proxy.server import prepare_process, serving_options, uvicorn_config
+    from proxy.server import listen, prepare_process, serving_options, uvicorn_config
 
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
     flags = {option.field: getattr(args, option.field) for option in OPTIONS}
@@ -130,30 +129,6 @@ def run(args: argparse.Namespace) -> int:
     )
     server.run(sockets=[listener])
     return 0
-
-
-def listen(
-    host: str, port: int, *, reuse_port: bool = False, kind: type[socket.socket] = socket.socket
-) -> socket.socket:
-    """The bound listening socket uvicorn serves on: bound here, so a port in use is told plainly
-    (uvicorn would log an ``[Errno 98]`` line and exit 1). ``reuse_port``: with ``SO_REUSEPORT``, so
-    that every worker of ``--workers`` binds a socket of its own to the port; ``kind``: the class
-    of socket to make."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP
-    # (they inherit the listener's); without it each response's last write waited ~40 ms for the
-    # client's delayed ACK (Nagle).
-    sock = kind(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
 
 
 def cannot_listen(host: str, port: int, exc: OSError) -> str:

@@ -31,9 +31,8 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from uvicorn.supervisors import Multiprocess
 
-from proxy.cli.serve import listen
 from proxy.config import Settings
-from proxy.server import ServingOptions, return_freed_memory, uvicorn_config
+from proxy.server import ServingOptions, listen, return_freed_memory, uvicorn_config
 from proxy.state.embedded_redis import EmbeddedRedis
 
 log = logging.getLogger("prefixgate")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from proxy.cli.serve import listen
+from proxy.server import listen
 
 
 async def test_accepted_connections_send_without_nagle_delay() -> None:
