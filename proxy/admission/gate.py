@@ -85,7 +85,7 @@ class Admission(Ledger):
         if key is None:
             return Admitted()
         now = self.table.clock()
-        session = self.table.get(key)
+        session = self.table.get(key, breaks=False)
         head_key, head_tokens = head(ctx)
         if session is not None and session.is_active(now, self.time.idle_ttl()):
             return self._next_turn(ctx, session, now, tokens, head_key, head_tokens)
@@ -94,7 +94,7 @@ class Admission(Ledger):
         if session is None:
             session = Session(key=key, created=now, last_seen=now, client=ctx.client_label)
         else:
-            self._note_gap(session.note_request(now))  # back after ending: one of its think times too
+            session.note_request(now)  # back after ending: one of its think times too
             session.rank = None  # counted nowhere until admitted again (home, or where it goes)
         allowed = home = choice = None
         waited = 0.0
@@ -132,7 +132,7 @@ class Admission(Ledger):
         there) while its rank still held at least ``HOME_SHARE`` of its context at its last turn; a
         rank that lost it keeps it only as the router's load bound allows (moving costs nothing)."""
         before = Before.of(session)
-        self._note_gap(session.note_request(now))
+        session.note_request(now)
         if session.client is None:
             session.client = ctx.client_label
         take_turn(ctx, session, tokens, head_key, head_tokens, self.config.block_size)

@@ -32,8 +32,8 @@ from proxy.state.wait_order import Entry, WaitOrder
 from routing.rank_metrics import RankSample
 from routing.ranks import Fleet, Rank
 
-#: Think-gap counts kept for sessions no longer active, so that one coming back is not counted from
-#: zero again (the least recently seen go first).
+#: Think-gap counts and answer times kept for sessions no longer active, so that one coming back is
+#: not counted from zero again (the least recently seen go first).
 GAP_COUNTS_KEPT = 10_000
 
 
@@ -99,13 +99,9 @@ class Ledger(Observer):
         self.peaks = PeakEstimator()
         #: Active sessions at the last refresh and their context: one missing next time has ended.
         self._live: dict[str, int] = {}
-        #: Each session's think-gap count at the refresh that last saw it (``_note_returns``).
-        self._gaps_seen: dict[str, int] = {}
+        #: Each session's think-gap count and answer time at the refresh that last saw it (``_learn``).
+        self._seen: dict[str, tuple[int, float]] = {}
         self.moves = Moves(fleet, config, self.refresh, self._room, self._reserve, self.projected)
-
-    def _note_gap(self, gap: float | None) -> None:
-        if gap is not None:
-            self.time.note_gap(gap)
 
     def typical_gap(self) -> float | None:
         """A long think gap across sessions (their 95th percentile), once enough are known."""
@@ -231,7 +227,7 @@ class Ledger(Observer):
         self.table.set_idle_ttl(self.time.idle_ttl())
         self.queue.poll_interval = self.poll_interval()
         active = self.table.active(now)
-        self._note_returns(active)
+        self._learn(active)
         self._note_ended({session.key: session.context_tokens for session in active})
         states = self._count(active, now)
         self.moves.counted(states)
@@ -249,20 +245,31 @@ class Ledger(Observer):
         """The room a session of ``tokens`` needs: as large as sessions of its size grew before ending."""
         return self.peaks.expected_peak(tokens)
 
-    def _note_returns(self, active: list[Session]) -> None:
-        """Quiet spells that closed since the last refresh: the growth of each active session's
-        think-gap count in the table. Counted from the table every replica shares, like the spells
-        that did not close (``_note_ended``): a replica that counted only the returns it served
-        against every end would find N times too many spells ending with N replicas."""
-        seen = self._gaps_seen
-        returned = 0
-        for session in active:
-            before = seen.pop(session.key, 0)  # re-inserted: the dict's order is last seen
-            returned += max(session.gaps - before, 0)
-            seen[session.key] = max(session.gaps, before)
+    def _learn(self, active: list[Session]) -> None:
+        """What the table shows closed since the last refresh: each active session's new quiet spells
+        (the growth of its think-gap count; the latest gap's length joins the distribution) and its
+        newly answered request's duration. Learned from the table every replica shares, like the
+        spells that did not close (``_note_ended``), so N replicas learn what one serving everything
+        learns: a replica that counted only the returns it served against every end found N times
+        too many spells ending, and one that learned gaps and durations from its own requests alone
+        needed N times the traffic to learn its clocks."""
+        returned = sum(self._learn_from(session) for session in active)
+        seen = self._seen
         while len(seen) > len(active) + GAP_COUNTS_KEPT:  # ended sessions, least recently seen first
             del seen[next(iter(seen))]
         self.time.note_returns(returned)
+
+    def _learn_from(self, session: Session) -> int:
+        """Learn what ``session``'s record shows new since it was last seen; its new quiet spells."""
+        seen = self._seen
+        gaps, answered = seen.pop(session.key, (0, 0.0))  # re-inserted: the order is last seen
+        if session.answered_at > answered and session.served_s > 0:
+            self.time.note_duration(session.served_s)
+        seen[session.key] = (max(session.gaps, gaps), max(session.answered_at, answered))
+        if session.gaps <= gaps:
+            return 0
+        self.time.note_gap(session.gap_last)
+        return session.gaps - gaps
 
     def _note_ended(self, live: dict[str, int]) -> None:
         """Sessions active at the last refresh and not now have ended: their last context is their
@@ -270,7 +277,7 @@ class Ledger(Observer):
         for key, tokens in self._live.items():
             if key not in live:
                 self.claims.release(key)
-                ended = self.table.get(key)
+                ended = self.table.get(key, breaks=False)
                 turns, lived = (ended.turns, ended.last_seen - ended.created) if ended else (None, None)
                 if ended is not None and ended.released:
                     self.time.note_released(turns, lived)
@@ -305,7 +312,7 @@ class Ledger(Observer):
             victims = reservation.victims[rank.name]
             self.moves.release_idle(self.table, rank.name, victims, session.key, self.release_after)
             for victim in victims:
-                released = self.table.get(victim)
+                released = self.table.get(victim, breaks=False)
                 if released is not None and released.released:
                     self.claims.release(victim)
         if admitted.fresh:
@@ -344,8 +351,7 @@ class Ledger(Observer):
                 session.kept_share = max(0.0, 1.0 - lost / before.context_tokens)
             if lost and rank in self._over_budget and self.metrics is not None:
                 self.metrics.admission_later_misses.labels(rank).inc(lost)
-        if not admitted.waited_s:
-            self.time.note_duration(time.perf_counter() - outcome.ctx.started)
+        session.served_s = 0.0 if admitted.waited_s else time.perf_counter() - outcome.ctx.started
         session.answered_at = session.last_seen
         self.table.save(session)
         self._claim(session, rank)
@@ -374,6 +380,7 @@ class Ledger(Observer):
         session = self.table.delete(key)  # first: the claim's release wakes other replicas' waiters
         self.claims.release(key)
         if session is not None:
+            self.time.note_returns(self._learn_from(session))  # what no refresh saw of it yet
             self.time.note_end()
         self.queue.notify()
         return session

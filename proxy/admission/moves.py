@@ -110,7 +110,7 @@ class Moves:
         """End sessions the new session ``for_key`` took the room of (unless they came back since)."""
         now = table.clock()
         for key in keys:
-            session = table.get(key)
+            session = table.get(key, breaks=False)
             if session is None or session.released or session.rank != rank or not session.answered:
                 continue
             if now - session.answered_at <= release_after(session):

@@ -85,8 +85,8 @@ class LearnedTime:
     # -- what the traffic shows -------------------------------------------------------------------
 
     def note_gap(self, gap_s: float) -> None:
-        """A think gap this replica saw close (its length joins the distribution; that the spell
-        closed is counted by ``note_returns``, from the table every replica shares)."""
+        """A think gap closed, wherever it was served (read from the table every replica shares; that
+        the spell closed is counted by ``note_returns``)."""
         self.gaps.add(gap_s)
 
     def note_returns(self, count: int) -> None:
@@ -109,7 +109,8 @@ class LearnedTime:
             self._lifetimes.add(round(lifetime_s * 1000))
 
     def note_duration(self, seconds: float) -> None:
-        """A request that did not wait for admission took ``seconds`` from arrival to its last byte."""
+        """A request that did not wait for admission took ``seconds`` from arrival to its last byte,
+        wherever it was served (read from the shared table)."""
         if seconds >= 0:
             self._durations.append(seconds)
             self._duration_bound = None

@@ -28,7 +28,7 @@ class MemorySessionStore:
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def get(self, key: str) -> Session | None:
+    def get(self, key: str, *, breaks: bool = True) -> Session | None:
         return self._by_key.get(key)
 
     def save(self, session: Session) -> None:

@@ -104,29 +104,33 @@ class RedisSessionStore:
     def _seen(self) -> str:
         return f"{self.prefix}:seen"
 
-    def get(self, key: str) -> Session | None:
+    def get(self, key: str, *, breaks: bool = True) -> Session | None:
         def fetch() -> tuple[Any, Any, Any]:
             pipe = self.redis.pipeline(transaction=False)
             pipe.get(self._key(key))
-            pipe.lrange(self._breaks_key(key), 0, -1)
             pipe.exists(self._ended_key(key))
-            raw, breaks, ended = pipe.execute()
-            return raw, breaks, ended
+            if breaks:
+                pipe.lrange(self._breaks_key(key), 0, -1)
+            raw, ended, *records = pipe.execute()
+            return raw, ended, records[0] if records else []
 
         found = self.link.call(fetch)
         if found is None:
             return self.local.get(key)
-        raw, breaks, ended = found
+        raw, ended, records = found
         if raw is None:
             if ended:  # ended by another replica: so it is here
                 self.local.delete(key)
                 return None
             return self.local.get(key)  # lost by Redis (a restart), not ended: this replica's copy
         session = Session.loads(raw)
-        session.breaks = [orjson.loads(b) for b in breaks]
+        session.breaks = [orjson.loads(b) for b in records]
         return session
 
     def save(self, session: Session) -> None:
+        kept = self.local.get(session.key)
+        if kept is not None and not session.breaks:  # read without them: the copy Redis falls back on
+            session.breaks = kept.breaks  # keeps this replica's (``resync`` pushes them back)
         self.local.save(session)
 
         def write() -> None:

@@ -66,9 +66,13 @@ class Session:
     client: str | None = None
     #: When the rank last answered it (wall clock); below ``last_seen``: a request is in flight.
     answered_at: float = 0.0
-    #: Think gaps observed (answer to next request) and the longest of them, in seconds.
+    #: Think gaps observed (answer to next request), the longest and the latest of them, in seconds.
     gaps: int = 0
     gap_max: float = 0.0
+    gap_last: float = 0.0
+    #: Seconds its latest answered request took from arrival to last byte, 0 when it waited for
+    #: admission: what requests take, read from the table by every replica (``ledger.py``).
+    served_s: float = 0.0
     #: The leading system+tools prefix other sessions of the same agent share, as the rank caches it
     #: (key: the hash of its last full block, hex); a rank holds it once whatever its sessions.
     head_key: str | None = None
@@ -103,6 +107,7 @@ class Session:
         if self.answered and self.answered_at:
             gap = now - self.answered_at
             self.gaps += 1
+            self.gap_last = gap
             if gap > self.gap_max:
                 self.gap_max = gap
         self.last_seen = now
@@ -135,7 +140,10 @@ _FIELDS = tuple(f.name for f in fields(Session) if f.name != "breaks")
 class SessionStore(Protocol):
     """Where session records live. Calls are synchronous and short (the event loop makes them)."""
 
-    def get(self, key: str) -> Session | None: ...
+    def get(self, key: str, *, breaks: bool = True) -> Session | None:
+        """The session's record; with its break records unless ``breaks`` is False (admission never
+        reads them, and with Redis they are a list of up to ``MAX_BREAKS`` JSON records)."""
+        ...
 
     def save(self, session: Session) -> None: ...
 
@@ -170,8 +178,8 @@ class SessionTable:
         """The idle TTL in force from now (admission learns it from the traffic's think gaps)."""
         self.idle_ttl = seconds
 
-    def get(self, key: str) -> Session | None:
-        return self.store.get(key)
+    def get(self, key: str, *, breaks: bool = True) -> Session | None:
+        return self.store.get(key, breaks=breaks)
 
     def save(self, session: Session) -> None:
         self.store.save(session)

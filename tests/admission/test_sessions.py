@@ -55,6 +55,22 @@ def test_breaks_append_capped_and_only_for_known_sessions(store: SessionStore) -
     assert [b["n"] for b in got.breaks] == list(range(5, MAX_BREAKS + 5))
 
 
+def test_a_read_without_breaks_and_its_save_keep_the_breaks(store: SessionStore) -> None:
+    """Admission reads a record without its breaks and saves it back: the breaks stay, in the store
+    and in the copy a Redis store falls back on (and pushes back after a restart)."""
+    store.save(Session("k", created=1.0, last_seen=1.0))
+    store.add_break("k", {"n": 1})
+    bare = store.get("k", breaks=False)
+    assert bare is not None and bare.turns == 0
+    bare.turns = 2
+    store.save(bare)
+    got = store.get("k")
+    assert got is not None and got.turns == 2 and [b["n"] for b in got.breaks] == [1]
+    if isinstance(store, RedisSessionStore):
+        kept = store.local.get("k")
+        assert kept is not None and [b["n"] for b in kept.breaks] == [1]
+
+
 def test_redis_store_falls_back_to_its_local_records_when_redis_dies() -> None:
     server = RedisServer().start()
     store = RedisSessionStore(server.url, socket_timeout=0.2)
