@@ -14,7 +14,8 @@ schedule before any run, then measured during each):
 Per system, from the ranks' own usage: hit rate, prefill tokens, TTFT p50/p99, completion time
 p50, completed conversations, 429s and errors, and the conversations answered by more than one rank;
 from the session table, the wait order (``bench/wait_order.py``: how often a later arrival took room
-before an earlier waiter); from Redis, the commands and scripts it ran per request.
+before an earlier waiter); from the replicas' logs, the moves off a session's rank by the rule that
+made them (``bench/moves.py``); from Redis, the commands and scripts it ran per request.
 Clocks: think times x ``--think-scale`` and the sim's model time x ``--time-scale``; prefixgate's
 idle TTL and wait bound are learned from the traffic each replica sees (not configured), so they
 follow the compressed replay. Each system's requests hit its own fresh fleet::
@@ -49,6 +50,7 @@ import redis as redis_client
 
 from bench.balancer import haproxy_binary, haproxy_config
 from bench.common import Subprocess, machine, median, proxy_process, write_json
+from bench.moves import moves
 from bench.pressure import mean_working_set, pool_for
 from bench.replay import ReplayResult, TraceReplayConfig, replay_trace
 from bench.systems import FleetConfig, SimFleetProcess
@@ -116,7 +118,7 @@ def run_system(
         specs = [f"sim-{i}={url}" for i, url in enumerate(fleet.urls)]
         redis = stack.enter_context(EmbeddedRedis()) if replicas > 1 else None
         flags = ["--redis-url", redis.url] if redis is not None else []
-        flags += ["--admission-policy", args.admission_policy]
+        flags += ["--admission-policy", args.admission_policy, "--log-level", "info"]  # moves logged
         urls, processes = [], []
         for _ in range(replicas):
             proxy, url = proxy_process(specs, extra=flags)
@@ -138,6 +140,7 @@ def run_system(
             timer.cancel()
             timer.join()
         order = wait_order(urls[-1])  # a live replica (the first may have been stopped)
+        moved = moves(p.log() for p in processes)
         commands = redis_commands(redis.url) if redis is not None else {}
     summary = result.summary()
     ranks_of: dict[str, set[str]] = defaultdict(set)
@@ -159,6 +162,7 @@ def run_system(
         "error_samples": result.errors[:5],
         "completed_sessions": result.completed_sessions,
         "sessions_on_two_ranks": sum(1 for ranks in ranks_of.values() if len(ranks) > 1),
+        "moves": moved,
         "sessions": len(ranks_of),
         "working_set_x_pool": statistics.fmean(result.working_set) / pool if result.working_set else 0.0,
         "wall_s": result.wall_s,
@@ -244,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             for kind, d in sorted(order["decisions"].items())
         )
         print(f"  {r['system']}: latest admission decisions: {kinds}")
+        rules = ", ".join(f"{rule} {d['moves']} ({d['sessions']} sessions)" for rule, d in r["moves"].items())
+        print(f"  {r['system']}: moves off a session's rank, by rule (bench/moves.py): {rules or 'none'}")
     gap = rows[1]["hit_rate"] - rows[0]["hit_rate"]
     print(f"hit rate, {rows[1]['system']} minus 1 replica: {gap * 100:+.2f} points")
     path = write_json(

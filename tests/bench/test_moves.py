@@ -1,0 +1,38 @@
+"""``bench/moves.py`` reads the move lines the router logs, so its rules must match the words the
+router writes: the lines here come from real moves routed by ``Router``."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from bench.moves import moves
+from proxy.admission import Admitted
+from proxy.stages.route import Router
+from routing.policies import make_policy
+from tests.routing.conftest import chain, make_ctx, make_pool, pick
+from tests.routing.test_home import POOL, first_turn, homed_turn
+
+
+def test_moves_are_counted_by_the_rule_the_router_names(caplog: pytest.LogCaptureFixture) -> None:
+    pool = make_pool(2, pool_tokens=POOL)
+    router = Router(pool, make_policy("prefix_affinity"))
+    with caplog.at_level(logging.INFO, logger="prefixgate.route"):
+        saturated = chain("s", 20)
+        home = first_turn(router, "s", saturated)
+        router.inflight_tokens[home] = POOL  # its requests in flight fill the pool
+        router.queued_prefill[home] = 50_000
+        assert homed_turn(router, "s", saturated + chain("t2", 2, saturated[-1]), home) != home
+        router.inflight_tokens[home] = router.queued_prefill[home] = 0
+        failed = chain("d", 10)
+        home = first_turn(router, "d", failed)
+        pool.get(home).mark_down("test")  # type: ignore[union-attr]
+        ctx = make_ctx("d", failed + chain("t2", 2, failed[-1]))
+        ctx.admitted = Admitted(home=home)
+        assert pick(router, ctx).name != home
+    assert moves([caplog.text, "unrelated line\n"]) == {
+        "home saturated": {"moves": 1, "sessions": 1},
+        "rank down or failed": {"moves": 1, "sessions": 1},
+    }
+    assert moves([caplog.text, caplog.text])["home saturated"] == {"moves": 2, "sessions": 1}
