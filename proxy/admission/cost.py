@@ -301,13 +301,20 @@ def choose(
     return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
 
 
+def saturated(queue_s: float | None, waiting_requests: float, bound_s: float) -> bool:
+    """Whether a rank's prefill queue is saturated: what is queued there takes ``SATURATED_WAITS``
+    wait bounds to compute (``queue_s``: None when its speed is not measured) and it reports
+    requests waiting."""
+    return queue_s is not None and waiting_requests > 0 and queue_s >= SATURATED_WAITS * bound_s
+
+
 def overloaded(options: Sequence[Option], bound_s: float) -> float | None:
-    """Seconds until the least loaded rank's queue drains, when every rank is saturated (its queued
-    prefill takes ``SATURATED_WAITS`` wait bounds and it reports requests waiting); else None."""
+    """Seconds until the least loaded rank's queue drains, when every rank is ``saturated``; else
+    None."""
     drains: list[float] = []
     for o in options:
         queue = o.queue_s
-        if queue is None or o.waiting_requests <= 0 or queue < SATURATED_WAITS * bound_s:
+        if queue is None or not saturated(queue, o.waiting_requests, bound_s):
             return None
         drains.append(queue)
     return min(drains) if drains else None

@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from proxy.admission.accounting import RankState
-from proxy.admission.cost import Candidate, Choice, Option, choose, option, overloaded
+from proxy.admission.cost import Candidate, Choice, Option, choose, option, overloaded, saturated
 from proxy.admission.explain import decision_record, note_decision
 from proxy.admission.ledger import Admitted, Ledger, Placement
 from proxy.admission.queue import Ticket
@@ -129,8 +129,9 @@ class Admission(Ledger):
         head_tokens: int,
     ) -> Admitted:
         """An active session's next turn: admitted where it is, homed there (the router keeps it
-        there) while its rank still held at least ``HOME_SHARE`` of its context at its last turn; a
-        rank that lost it keeps it only as the router's load bound allows (moving costs nothing)."""
+        there) while its rank still held at least ``HOME_SHARE`` of its context at its last turn and
+        its prefill queue is not saturated (``cost.saturated``); a rank that lost it, or that is
+        saturated, keeps it only as the router's load bound allows."""
         before = Before.of(session)
         session.note_request(now)
         if session.client is None:
@@ -142,9 +143,18 @@ class Admission(Ledger):
         allowed = None
         if self.config.policy == "budget":
             allowed = self.moves.rehome(session, before.context_tokens, head_key, head_tokens)
-        elif session.kept_share < HOME_SHARE:
+        elif session.kept_share < HOME_SHARE or self._saturated(session.rank):
             return Admitted(session, before=before)
         return Admitted(session, allowed, session.rank if allowed is None else None, before=before)
+
+    def _saturated(self, rank: str | None) -> bool:
+        """Whether ``rank``'s prefill queue is saturated (``cost.saturated``): what is queued there
+        takes many wait bounds to compute and it reports requests waiting."""
+        if rank is None or self.placement is None:
+            return False
+        speed = self.speeds.seconds_per_token(rank)
+        queue_s = self.placement.queued(rank) * speed if speed is not None else None
+        return saturated(queue_s, self.speeds.load(rank).waiting, self.time.wait_bound())
 
     def _check_fits(self, tokens: int | None) -> None:
         """400 at once for a prompt larger than every healthy rank's context length and pool."""

@@ -45,18 +45,19 @@ def max_hit_blocks(prompt_tokens: int | None, full_blocks: int, block_size: int)
     return min(full_blocks, max(prompt_tokens - 1, 0) // block_size)
 
 
-def saturated(home: Rank, bound: int, prompt: int, inflight_tokens: int) -> bool:
-    """Whether an admitted session's ``home`` rank is truly saturated: the ``inflight_tokens`` of the
-    requests in flight there and this ``prompt`` need more KV than its pool, so it would queue this
-    request (or preempt) whatever it has cached. With an unknown pool: over the CHWBL ``bound``.
+def saturated(home: Rank, bound: int) -> bool:
+    """Whether an admitted session's ``home`` rank is too loaded to keep it: with an unknown pool,
+    over the CHWBL ``bound``; with a known pool never here, since admission keeps the rank's sessions
+    within its pool and stops homing a session on a rank whose prefill queue is saturated
+    (``proxy/admission/cost.py: saturated``).
 
     A rank that merely has more requests in flight than the others batches them; moving a session
     off it recomputes the session's whole context elsewhere, crowds the other rank's pool behind
-    admission's back and leaves a dead copy behind.
+    admission's back and leaves a dead copy behind. It was once judged saturated when its requests
+    in flight filled its pool: on replays over capacity that moved 22 of 40 sessions, halved the
+    hit rate's gain and made turns slower (``bench.replica_replay``; the closing note of stop 30).
     """
-    if not home.pool_tokens:
-        return not within_bound(home, bound)
-    return inflight_tokens + prompt > home.pool_tokens
+    return not home.pool_tokens and not within_bound(home, bound)
 
 
 def token_weights(candidates: Sequence[Rank], seconds_per_token: Mapping[str, float]) -> dict[str, float]:

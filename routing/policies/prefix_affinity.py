@@ -21,11 +21,11 @@ fleet mean (CHWBL), checked per candidate; there is no fleet-wide "imbalanced, s
 switch.
 
 - A session admission has accounted on a rank (``home_rank``: admitted and active) stays there
-  unless the rank is down, or truly saturated (``bounds.saturated``: its requests in flight fill
-  its pool) and another rank scores better (below) even though the session must recompute its
-  context there. Admission already keeps each rank's sessions within its pool; moving one for
-  load would recompute its whole context and crowd the other rank's pool. Neither the load bound
-  nor the queued prefill applies to it.
+  unless the rank is down (admission stops homing it on a rank whose prefill queue is saturated).
+  Admission already keeps each rank's sessions within its pool; moving one for load would
+  recompute its whole context and crowd the other rank's pool. Neither the load bound nor the
+  queued prefill applies to it. With an unknown pool (``bounds.saturated``), over the load bound
+  it leaves for a rank that scores better (below) even though it must recompute its context there.
 - Any other known session stays on its rank while that rank is eligible.
 - Otherwise (new session, or its rank is over the bound or gone) the best-scoring eligible rank
   wins.
@@ -78,9 +78,7 @@ class PrefixAffinity:
         first = None
         if request.home_rank is not None:
             home = next((r for r in candidates if r.name == request.home_rank), None)
-            if home is not None and not saturated(
-                home, bound, prompt, request.inflight_tokens.get(home.name, 0)
-            ):
+            if home is not None and not saturated(home, bound):
                 first = home
         elif request.session_rank is not None:
             first = next(

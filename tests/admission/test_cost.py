@@ -203,3 +203,23 @@ async def test_a_session_whose_rank_lost_its_blocks_is_not_held_there() -> None:
     lost.admitted = await adm.admit(lost)
     assert lost.admitted.home is None and lost.admitted.allowed is None  # the router's load bound decides
     assert adm.table.get("a").kept_share < 0.1  # type: ignore[union-attr]
+
+
+async def test_a_session_on_a_rank_whose_prefill_queue_is_saturated_is_not_held_there() -> None:
+    """A rank's requests in flight filling its pool never un-home a session (the router keeps it);
+    a saturated prefill queue does: 8 wait bounds of queued prefill and requests waiting there."""
+    adm, _, placement = make(ranks=2, wait=1.0)
+    teach_speed(adm, "r1", 1000)
+    await turn(adm, "a", 600, rank="r1")
+    homed = ctx_for("a", 800, **HEAD)  # type: ignore[arg-type]
+    placement.prefill["r1"] = 20_000  # 20 s of prefill queued, but the rank reports none waiting
+    homed.admitted = await adm.admit(homed)
+    assert homed.admitted.home == "r1"
+    adm.speeds.observe("r1", RankSample(4.0, {"waiting": 12.0, "prompt_tokens": 100_000.0}, {}))
+    saturated = ctx_for("a", 900, **HEAD)  # type: ignore[arg-type]
+    saturated.admitted = await adm.admit(saturated)
+    assert saturated.admitted.home is None and saturated.admitted.allowed is None  # the router decides
+    placement.prefill["r1"] = 7_000  # 7 s: under 8 wait bounds
+    drained = ctx_for("a", 1000, **HEAD)  # type: ignore[arg-type]
+    drained.admitted = await adm.admit(drained)
+    assert drained.admitted.home == "r1"

@@ -12,19 +12,15 @@ from proxy.admission import Admitted
 from proxy.stages.route import Router
 from routing.policies import make_policy
 from tests.routing.conftest import chain, make_ctx, make_pool, pick
-from tests.routing.test_home import POOL, first_turn, homed_turn
+from tests.routing.test_home import POOL, first_turn, homed_turn, overloaded_home
 
 
 def test_moves_are_counted_by_the_rule_the_router_names(caplog: pytest.LogCaptureFixture) -> None:
-    pool = make_pool(2, pool_tokens=POOL)
-    router = Router(pool, make_policy("prefix_affinity"))
     with caplog.at_level(logging.INFO, logger="prefixgate.route"):
-        saturated = chain("s", 20)
-        home = first_turn(router, "s", saturated)
-        router.inflight_tokens[home] = POOL  # its requests in flight fill the pool
-        router.queued_prefill[home] = 50_000
-        assert homed_turn(router, "s", saturated + chain("t2", 2, saturated[-1]), home) != home
-        router.inflight_tokens[home] = router.queued_prefill[home] = 0
+        router, turn, home, _ = overloaded_home("s", 20, 50_000)  # an unknown pool: over the bound
+        assert homed_turn(router, "s", turn, home) != home
+        pool = make_pool(2, pool_tokens=POOL)
+        router = Router(pool, make_policy("prefix_affinity"))
         failed = chain("d", 10)
         home = first_turn(router, "d", failed)
         pool.get(home).mark_down("test")  # type: ignore[union-attr]

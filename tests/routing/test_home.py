@@ -42,26 +42,40 @@ def test_a_busy_rank_keeps_its_admitted_sessions_past_the_load_bound() -> None:
     assert homed_turn(router, "s", history, None) != home
 
 
-def test_a_saturated_rank_lets_a_session_go_where_it_scores_better() -> None:
+def test_a_home_whose_requests_in_flight_fill_its_pool_keeps_its_session() -> None:
+    """Admission keeps a rank's sessions within its pool and un-homes them when its prefill queue is
+    saturated; the router does not move a homed session for the KV its requests in flight hold."""
     pool = make_pool(2, pool_tokens=POOL)
     router = Router(pool, make_policy("prefix_affinity"))
     history = chain("s", 20)
     home = first_turn(router, "s", history)
-    other = next(b.name for b in pool if b.name != home)
-    # other sessions' requests in flight there fill the pool and queue a lot of prefill
     router.inflight_tokens[home] = POOL
     router.queued_prefill[home] = 50_000
-    assert homed_turn(router, "s", history + chain("t2", 2, history[-1]), home) == other
+    assert homed_turn(router, "s", history + chain("t2", 2, history[-1]), home) == home
 
 
-def test_a_saturated_rank_keeps_a_session_too_costly_to_recompute_elsewhere() -> None:
-    pool = make_pool(2, pool_tokens=POOL)
+def overloaded_home(tag: str, blocks: int, queued: int) -> tuple[Router, list[bytes], str, str]:
+    """Two ranks of unknown pools: session ``tag`` (``blocks`` blocks) on its home, which has far more
+    requests in flight than CHWBL's bound and ``queued`` prefill tokens queued."""
+    pool = make_pool(2)
     router = Router(pool, make_policy("prefix_affinity"))
-    history = chain("long", 4000)  # 64k tokens held on its rank, none elsewhere
-    home = first_turn(router, "long", history)
-    router.inflight_tokens[home] = POOL
-    router.queued_prefill[home] = 30_000  # less than twice the 64k tokens to recompute elsewhere
-    assert homed_turn(router, "long", history + chain("t2", 2, history[-1]), home) == home
+    history = chain(tag, blocks)
+    home = first_turn(router, tag, history)
+    pool.get(home).in_flight = 6  # type: ignore[union-attr]
+    router.queued_prefill[home] = queued
+    other = next(b.name for b in pool if b.name != home)
+    return router, history + chain("t2", 2, history[-1]), home, other
+
+
+def test_with_an_unknown_pool_an_overloaded_home_lets_a_session_go_where_it_scores_better() -> None:
+    router, turn, home, other = overloaded_home("s", 20, 50_000)
+    assert homed_turn(router, "s", turn, home) == other
+
+
+def test_with_an_unknown_pool_an_overloaded_home_keeps_a_session_too_costly_to_recompute() -> None:
+    # 64k tokens held on its rank, none elsewhere; less than twice that queued
+    router, turn, home, _ = overloaded_home("long", 4000, 30_000)
+    assert homed_turn(router, "long", turn, home) == home
 
 
 def test_a_down_home_rank_sends_the_session_elsewhere_and_the_move_is_logged(

@@ -136,8 +136,11 @@ def test_prefix_affinity_keeps_a_home_first_even_over_the_bound() -> None:
     ]
     request = RouteRequest("s", 165, chain("p", 10), {"r1": 10}, home_rank="r0")
     assert names(policy.order(request, fleet)) == ["r0", "r1"]
-    request.inflight_tokens = {"r0": 100_000}  # saturated: r1 scores better, so it goes first
-    assert names(policy.order(request, fleet)) == ["r1", "r0"]
+    request.inflight_tokens = {"r0": 100_000}  # its requests in flight fill its pool: still home
+    request.queued_prefill = {"r0": 50_000}
+    assert names(policy.order(request, fleet)) == ["r0", "r1"]
+    unknown = [Rank(r.name, r.url, in_flight=r.in_flight) for r in fleet]  # pools not known
+    assert names(policy.order(request, unknown)) == ["r1", "r0"]  # over the bound, r1 scores better
 
 
 @pytest.mark.parametrize("policy", ["prefix_affinity", "session_hash"])
