@@ -21,7 +21,7 @@ idle TTL and wait bound are learned from the traffic each replica sees (not conf
 follow the compressed replay. Each system's requests hit its own fresh fleet::
 
     python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
-        [--admission-policy cost|budget] [--stop-replica-at S] [--restart-redis-at S]
+        [--admission-policy cost|budget] [--stop-replica-at S] [--restart-redis-at S] [--rounds 1]
 
 Faults, in the N-replica run: ``--stop-replica-at`` sends one replica SIGTERM (a rolling restart or a
 pod deletion: it drains what it serves and stops listening; HAProxy retries a refused connection on
@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--restart-redis-at", type=float, help="restart Redis (its data lost) this many seconds into it"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="runs of each system, alternated; medians printed too"
+    )
     args = parser.parse_args(argv)
     sessions = load_claude_code(
         max_prompt_tokens=args.max_prompt, limit=args.conversations, max_requests=args.requests
@@ -211,19 +214,33 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rows = []
-    for replicas in (1, args.replicas):
-        rows.append(run_system(replicas, sessions, args, kv_tokens))
-        print(f"  {rows[-1]['system']} done", flush=True)
+    for n in range(args.rounds):  # alternated, so both systems see the machine's noise alike
+        for replicas in (1, args.replicas):
+            rows.append(run_system(replicas, sessions, args, kv_tokens))
+            rows[-1]["round"] = n + 1
+            print(f"  round {n + 1}: {rows[-1]['system']} done", flush=True)
     print(
-        f"{'system':24} {'hit rate':>9} {'prefill tok':>12} {'TTFT p50':>9} {'TTFT p99':>9} {'done p50':>9} "
-        f"{'429':>4} {'err':>4} {'2 ranks':>8} {'WS/pool':>8}"
+        f"{'system':24} {'round':>5} {'hit rate':>9} {'prefill tok':>12} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'done p50':>9} {'429':>4} {'err':>4} {'waited':>7} {'2 ranks':>8} {'WS/pool':>8}"
     )
     for r in rows:
         print(
-            f"{r['system']:24} {r['hit_rate']:>9.1%} {r['prefill_tokens']:>12,} {r['ttft_p50_ms']:>7.0f}ms "
-            f"{r['ttft_p99_ms']:>7.0f}ms {r['completion_p50_ms']:>7.0f}ms {r['refused_429']:>4} "
-            f"{r['errors']:>4} {r['sessions_on_two_ranks']:>8} {r['working_set_x_pool']:>8.2f}"
+            f"{r['system']:24} {r['round']:>5} {r['hit_rate']:>9.1%} {r['prefill_tokens']:>12,} "
+            f"{r['ttft_p50_ms']:>7.0f}ms {r['ttft_p99_ms']:>7.0f}ms {r['completion_p50_ms']:>7.0f}ms "
+            f"{r['refused_429']:>4} {r['errors']:>4} {r['wait_order']['waited']:>7} "
+            f"{r['sessions_on_two_ranks']:>8} {r['working_set_x_pool']:>8.2f}"
         )
+    if args.rounds > 1:
+        for system in dict.fromkeys(r["system"] for r in rows):
+            mine = [r for r in rows if r["system"] == system]
+            print(
+                f"{system + ' (median)':30} {median([r['hit_rate'] for r in mine]):>9.1%} "
+                f"{'':>12} {median([r['ttft_p50_ms'] for r in mine]):>7.0f}ms "
+                f"{median([r['ttft_p99_ms'] for r in mine]):>7.0f}ms "
+                f"{median([r['completion_p50_ms'] for r in mine]):>7.0f}ms {'':>9} "
+                f"{median([r['wait_order']['waited'] for r in mine]):>7g} "
+                f"{median([r['sessions_on_two_ranks'] for r in mine]):>8g}"
+            )
     for r in rows:
         for fault in r["faults"]:
             print(f"  {r['system']}: {fault}")
@@ -250,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['system']}: latest admission decisions: {kinds}")
         rules = ", ".join(f"{rule} {d['moves']} ({d['sessions']} sessions)" for rule, d in r["moves"].items())
         print(f"  {r['system']}: moves off a session's rank, by rule (bench/moves.py): {rules or 'none'}")
-    gap = rows[1]["hit_rate"] - rows[0]["hit_rate"]
-    print(f"hit rate, {rows[1]['system']} minus 1 replica: {gap * 100:+.2f} points")
+    gaps = [rows[i + 1]["hit_rate"] - rows[i]["hit_rate"] for i in range(0, len(rows), 2)]
+    gap = median(gaps)
+    print(
+        f"hit rate, {rows[1]['system']} minus 1 replica: {gap * 100:+.2f} points"
+        + (f" (median of {', '.join(f'{g * 100:+.2f}' for g in gaps)})" if len(gaps) > 1 else "")
+    )
     path = write_json(
         "replica_replay.json",
         {
