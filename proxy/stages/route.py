@@ -102,6 +102,9 @@ class Router(Observer):
         #: Prefill tokens routed to each rank and not prefilled yet (a stream's first token, or the
         #: end of a whole answer).
         self.queued_prefill: dict[str, int] = {r.name: 0 for r in fleet}
+        #: The other replicas' queued prefill per rank, as of their last exchange
+        #: (``proxy/state/prefill_share.py``; empty for a lone process).
+        self.others_queued: dict[str, int] = {}
         #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
         self.inflight_tokens: dict[str, int] = {r.name: 0 for r in fleet}
         for rank in fleet:
@@ -163,7 +166,7 @@ class Router(Observer):
             found.matches,
             found.session_rank,
             self.block_size,
-            self.queued_prefill,
+            self.fleet_queued(),
             admitted.home if admitted is not None else None,
             self.inflight_tokens,
             blocks.head()[1] if blocks is not None else 0,
@@ -207,8 +210,22 @@ class Router(Observer):
         return self.index.match(block_hashes) if block_hashes else {}
 
     def queued(self, rank: str) -> int:
-        """Prefill tokens routed to ``rank`` and not prefilled yet (a read, for admission)."""
-        return self.queued_prefill.get(rank, 0)
+        """Prefill tokens routed to ``rank`` by every replica and not prefilled yet (a read, for
+        admission)."""
+        return self.queued_prefill.get(rank, 0) + self.others_queued.get(rank, 0)
+
+    def fleet_queued(self) -> Mapping[str, int]:
+        """Prefill tokens queued on each rank by every replica: this one's live, the others' as of
+        their last exchange (a read)."""
+        others = self.others_queued
+        if not others:
+            return self.queued_prefill
+        own = self.queued_prefill
+        return {rank: own.get(rank, 0) + others.get(rank, 0) for rank in own.keys() | others.keys()}
+
+    def share_queued(self, others: dict[str, int]) -> None:
+        """The other replicas' queued prefill per rank, from their last exchange."""
+        self.others_queued = others
 
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
         """Forwarding reached ``rank``: when a retry landed away from the charged rank, move the
@@ -329,7 +346,7 @@ class Router(Observer):
         elif all(r.name != old for r in candidates):
             reason = "its rank is down or failed this request"
         else:
-            queued = self.queued_prefill
+            queued = self.fleet_queued()
             home = admitted.home if admitted is not None else None
             reason = (
                 f"{'saturated' if home == old else 'over the load bound'} (in flight "
@@ -344,4 +361,4 @@ class Router(Observer):
 
     def stats(self) -> dict[str, object]:
         """The index's stats and the prefill queued per rank."""
-        return {"index": self.index.stats(), "queued_prefill": dict(self.queued_prefill)}
+        return {"index": self.index.stats(), "queued_prefill": dict(self.fleet_queued())}

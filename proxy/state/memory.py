@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.state.claims import LocalClaims, RoomClaims
+from proxy.state.prefill_share import LocalShare, PrefillShare
 from proxy.state.responses import MemoryResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_MAX_SESSIONS, MAX_BREAKS, MAX_SAVE_LAG_S, Session, SessionStore
 from proxy.state.wait_order import LocalOrder, WaitOrder
@@ -80,6 +81,9 @@ class MemoryState:
 
     def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
         return LocalOrder()
+
+    def prefill_share(self) -> PrefillShare:
+        return LocalShare()
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]

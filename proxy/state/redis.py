@@ -26,6 +26,7 @@ import orjson
 
 from proxy.state.claims import RoomClaims
 from proxy.state.memory import MemorySessionStore
+from proxy.state.prefill_share import PrefillShare, RedisShare
 from proxy.state.redis_claims import RedisClaims
 from proxy.state.redis_queue import RedisWaitOrder
 from proxy.state.responses import RedisResponseRanks, ResponseRanks
@@ -240,6 +241,9 @@ class RedisState:
 
     def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
         return RedisWaitOrder(self.link, on_state=on_state)
+
+    def prefill_share(self) -> PrefillShare:
+        return RedisShare(self.link)
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]

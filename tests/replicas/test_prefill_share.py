@@ -1,0 +1,107 @@
+"""Replicas tell each other the prefill they queued on each rank (``proxy/state/prefill_share.py``),
+so that routing and admission weigh the whole queue, not the 1/N of it one replica sent."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import orjson
+
+from proxy.server import ServerThread
+from proxy.stages.route import Router
+from proxy.state.prefill_share import DROP_AFTER, STALE_S, LocalShare, RedisShare
+from routing.policies import make_policy
+from routing.redis_link import RedisLink, fail_fast_client
+from tests.helpers.gateway import gateway_app
+from tests.helpers.ranks import RankServers
+from tests.helpers.redis_server import RedisServer
+from tests.routing.conftest import chain, make_ctx, make_pool, pick
+
+
+def shares(server: RedisServer, count: int) -> list[RedisShare]:
+    link = RedisLink(fail_fast_client(server.url, 1.0))
+    return [RedisShare(link, replica=f"replica-{n}") for n in range(count)]
+
+
+def test_each_replica_reads_the_others_queues_summed_per_rank(redis_server: RedisServer) -> None:
+    a, b, c = shares(redis_server, 3)
+    assert a.exchange({"r0": 100}) == {}  # nobody else yet
+    assert b.exchange({"r0": 50, "r1": 7}) == {"r0": 100}
+    assert c.exchange({"r1": 0}) == {"r0": 150, "r1": 7}  # its own never counted
+    assert a.exchange({"r0": 10}) == {"r0": 50, "r1": 7}
+    assert b.exchange({"r0": 50, "r1": 7}) == {"r0": 10}  # a's latest, not its first
+    b.leave()
+    assert a.exchange({"r0": 10}) == {}  # c queued nothing, b left
+
+
+def test_a_replica_silent_past_the_stale_limit_counts_for_nothing_and_is_dropped(
+    redis_server: RedisServer,
+) -> None:
+    a, b = shares(redis_server, 2)
+    client = a.link.client
+    old = orjson.dumps({"at": time.time() - 2 * STALE_S, "queued": {"r0": 500}})
+    client.hset(a.key, "stalled", old)
+    dead = orjson.dumps({"at": time.time() - 2 * DROP_AFTER * STALE_S, "queued": {"r0": 900}})
+    client.hset(a.key, "dead", dead)
+    b.exchange({"r1": 3})
+    assert a.exchange({}) == {"r1": 3}
+    assert set(client.hkeys(a.key)) == {b"stalled", b"replica-0", b"replica-1"}  # the dead dropped
+
+
+def test_with_redis_down_a_replica_routes_on_its_own_queue(redis_server: RedisServer) -> None:
+    a, b = shares(redis_server, 2)
+    b.exchange({"r0": 100})
+    redis_server.stop()
+    assert a.exchange({"r0": 1}) == {}
+    assert LocalShare().exchange({"r0": 1}) == {}
+
+
+def test_routing_and_admission_weigh_every_replicas_queue() -> None:
+    """A new session's first turn goes to the rank the other replicas queued less on, and
+    admission's read of a rank's queue is the fleet's."""
+    router = Router(make_pool(2), make_policy("prefix_affinity"))
+    router.share_queued({"r0": 200_000})
+    assert router.queued("r0") == 200_000 and router.queued("r1") == 0
+    first = pick(router, make_ctx("a", chain("a", 10)))  # "a" favours r0 when queues tie
+    assert first.name == "r1"
+    assert router.queued("r1") == router.queued_prefill["r1"] > 0  # its own charge, live
+    router.share_queued({"r1": 400_000})
+    assert pick(router, make_ctx("c", chain("c", 10))).name == "r0"  # "c" favours r1
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.02)
+
+
+def test_a_replica_sees_the_prefill_another_replica_queued(
+    rank_servers: RankServers, redis_server: RedisServer
+) -> None:
+    """Two replicas on one Redis: while a request sent through one is held before its answer, the
+    other's router and admission count its prefill on that rank, and stop once it is answered."""
+    hold = threading.Event()
+    (rank,) = rank_servers.stub(1, hold=hold)
+    apps = [gateway_app([rank], redis_url=redis_server.url, health_interval=0.5) for _ in range(2)]
+    servers = [ServerThread(app).start() for app in apps]
+    try:
+        routers = [app.state.gateway.router for app in apps]
+        body = {"model": rank.name, "messages": [{"role": "user", "content": "hi " * 400}], "max_tokens": 4}
+        sent = threading.Thread(
+            target=httpx.post, args=(servers[0].url + "/v1/chat/completions",), kwargs={"json": body}
+        )
+        sent.start()
+        wait_for(lambda: routers[0].queued_prefill[rank.name] > 0, "the request queued on its replica")
+        queued = routers[0].queued_prefill[rank.name]
+        wait_for(lambda: routers[1].queued(rank.name) == queued, "the other replica's read of it")
+        hold.set()
+        sent.join(10)
+        wait_for(lambda: routers[1].queued(rank.name) == 0, "the other replica's read of it answered")
+    finally:
+        hold.set()
+        for server in servers:
+            server.stop()
