@@ -8,25 +8,15 @@ import logging
 import pytest
 
 from bench.moves import moves
-from proxy.admission import Admitted
-from proxy.stages.route import Router
-from routing.policies import make_policy
-from tests.routing.conftest import chain, make_ctx, make_pool, pick
-from tests.routing.test_home import POOL, first_turn, homed_turn, overloaded_home
+from tests.routing.test_home import down_home_turn, homed_turn, overloaded_home
 
 
 def test_moves_are_counted_by_the_rule_the_router_names(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="prefixgate.route"):
         router, turn, home, _ = overloaded_home("s", 20, 50_000)  # an unknown pool: over the bound
         assert homed_turn(router, "s", turn, home) != home
-        pool = make_pool(2, pool_tokens=POOL)
-        router = Router(pool, make_policy("prefix_affinity"))
-        failed = chain("d", 10)
-        home = first_turn(router, "d", failed)
-        pool.get(home).mark_down("test")  # type: ignore[union-attr]
-        ctx = make_ctx("d", failed + chain("t2", 2, failed[-1]))
-        ctx.admitted = Admitted(home=home)
-        assert pick(router, ctx).name != home
+        home, moved = down_home_turn("d")
+        assert moved != home
     assert moves([caplog.text, "unrelated line\n"]) == {
         "home saturated": {"moves": 1, "sessions": 1},
         "rank down or failed": {"moves": 1, "sessions": 1},

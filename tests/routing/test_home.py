@@ -78,20 +78,26 @@ def test_with_an_unknown_pool_an_overloaded_home_keeps_a_session_too_costly_to_r
     assert homed_turn(router, "long", turn, home) == home
 
 
+def down_home_turn(session: str) -> tuple[str, str]:
+    """Session ``session`` homed on one of two ranks, which goes down: its home and where its next
+    turn went."""
+    pool = make_pool(2, pool_tokens=POOL)
+    router = Router(pool, make_policy("prefix_affinity"))
+    history = chain(session, 10)
+    home = first_turn(router, session, history)
+    pool.get(home).mark_down("test")  # type: ignore[union-attr]
+    ctx = make_ctx(session, history + chain("t2", 2, history[-1]))
+    ctx.admitted = Admitted(home=home)
+    return home, pick(router, ctx).name
+
+
 def test_a_down_home_rank_sends_the_session_elsewhere_and_the_move_is_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pool = make_pool(2, pool_tokens=POOL)
-    router = Router(pool, make_policy("prefix_affinity"))
-    history = chain("s", 10)
-    home = first_turn(router, "s", history)
-    pool.get(home).mark_down("test")  # type: ignore[union-attr]
-    ctx = make_ctx("s", history + chain("t2", 2, history[-1]))
-    ctx.admitted = Admitted(home=home)
     with caplog.at_level(logging.INFO, logger="prefixgate.route"):
-        moved = pick(router, ctx)
-    assert moved.name != home
-    assert f"session s turn -1 moved {home} -> {moved.name}: its rank is down" in caplog.text
+        home, moved = down_home_turn("s")
+    assert moved != home
+    assert f"session s turn -1 moved {home} -> {moved}: its rank is down" in caplog.text
 
 
 def test_prompt_tokens_in_flight_are_counted_until_the_answer() -> None:
