@@ -38,8 +38,8 @@ from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
 from proxy.stages.threads import Threads
 from proxy.state import StateBackend, open_state
 from proxy.state.kv_feeds import start_kv_event_feeds
+from proxy.state.load_share import SHARE_INTERVAL_S, LoadShare, LocalShare
 from proxy.state.local import SessionLocal, SessionLocals
-from proxy.state.prefill_share import SHARE_INTERVAL_S, LocalShare, PrefillShare
 from proxy.state.sessions import Session, SessionTable
 from routing.health import HealthChecker
 from routing.kv_events import KVEventSubscriber
@@ -92,7 +92,7 @@ class Gateway:
         self.pipeline: Pipeline | None = None
         self._kv_feeds: list[KVEventSubscriber] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._prefill_share: PrefillShare | None = None
+        self._load_share: LoadShare | None = None
         self._tokenizer_client: httpx.AsyncClient | None = None
         self.health: HealthChecker | None = None
         self._tokenizer_pool: ThreadPoolExecutor | None = None
@@ -203,10 +203,10 @@ class Gateway:
             ),
             asyncio.create_task(self.loop_lag.run()),
         ]
-        share = self.state.prefill_share()
-        if not isinstance(share, LocalShare):  # a lone process has no other replica's queues to read
-            self._prefill_share = share
-            self._tasks.append(asyncio.create_task(self._share_prefill(share, router)))
+        share = self.state.load_share()
+        if not isinstance(share, LocalShare):  # a lone process has no other replica's load to read
+            self._load_share = share
+            self._tasks.append(asyncio.create_task(self._share_load(share, router)))
         for rank in self.fleet:
             state = "healthy" if rank.healthy else f"DOWN ({rank.last_error})"
             log.info("rank %s at %s: %s", rank.name, rank.url, state)
@@ -244,8 +244,8 @@ class Gateway:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._prefill_share is not None:  # its queues stop counting at once, not when stale
-            await asyncio.to_thread(self._prefill_share.leave)
+        if self._load_share is not None:  # its load stops counting at once, not when stale
+            await asyncio.to_thread(self._load_share.leave)
         if self.health is not None:
             self.health.close()
         for client in (self.client, self._fresh_client):
@@ -286,11 +286,11 @@ class Gateway:
         else:
             log.warning("redis unreachable: routing from the local mirror until it returns")
 
-    async def _share_prefill(self, share: PrefillShare, router: Router) -> None:
-        """This replica's queued prefill out and the other replicas' in, every ``SHARE_INTERVAL_S``
-        (off the event loop: a round trip to Redis)."""
+    async def _share_load(self, share: LoadShare, router: Router) -> None:
+        """This replica's load on the ranks out and the other replicas' in, every
+        ``SHARE_INTERVAL_S`` (off the event loop: a round trip to Redis)."""
         while True:
-            router.share_queued(await asyncio.to_thread(share.exchange, dict(router.queued_prefill)))
+            router.share_load(await asyncio.to_thread(share.exchange, router.own_load()))
             await asyncio.sleep(SHARE_INTERVAL_S)
 
     async def _refresh_admission(self, admission: Admission) -> None:

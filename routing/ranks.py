@@ -26,13 +26,22 @@ class Rank:
     #: The longest context the rank serves (its ``/v1/models`` card's ``max_model_len``), once known.
     max_model_len: int | None = None
     healthy: bool = True
+    #: Requests this process sent to the rank and not answered yet.
     in_flight: int = 0
+    #: Requests the other replicas sent and had not answered at their last exchange
+    #: (``proxy/state/load_share.py``; 0 for a lone process).
+    others_in_flight: int = 0
     consecutive_failures: int = 0
     last_error: str | None = None
     last_checked: float | None = None
     models: list[str] = field(default_factory=list)
     #: When the rank last went down (None while it is up).
     down_since: float | None = None
+
+    @property
+    def load(self) -> int:
+        """Requests in flight on the rank from every replica: what load-bounded routing weighs."""
+        return self.in_flight + self.others_in_flight
 
     def mark_up(self) -> None:
         now = time.time()
@@ -68,6 +77,7 @@ class Rank:
             "url": self.url,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
+            "others_in_flight": self.others_in_flight,
             "pool_tokens": self.pool_tokens,
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,

@@ -28,6 +28,7 @@ from proxy.errors import no_healthy_backend
 from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
 from proxy.stages.pin import Pins
+from proxy.state.load_share import Load
 from routing.index import Lookup, PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
 from routing.policies import RouteRequest, RoutingPolicy
@@ -103,7 +104,7 @@ class Router(Observer):
         #: end of a whole answer).
         self.queued_prefill: dict[str, int] = {r.name: 0 for r in fleet}
         #: The other replicas' queued prefill per rank, as of their last exchange
-        #: (``proxy/state/prefill_share.py``; empty for a lone process).
+        #: (``proxy/state/load_share.py``; empty for a lone process).
         self.others_queued: dict[str, int] = {}
         #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
         self.inflight_tokens: dict[str, int] = {r.name: 0 for r in fleet}
@@ -223,9 +224,15 @@ class Router(Observer):
         own = self.queued_prefill
         return {rank: own.get(rank, 0) + others.get(rank, 0) for rank in own.keys() | others.keys()}
 
-    def share_queued(self, others: dict[str, int]) -> None:
-        """The other replicas' queued prefill per rank, from their last exchange."""
-        self.others_queued = others
+    def own_load(self) -> Load:
+        """What this replica has outstanding on each rank (a copy: read off the event loop)."""
+        return Load(dict(self.queued_prefill), {rank.name: rank.in_flight for rank in self.fleet})
+
+    def share_load(self, others: Load) -> None:
+        """The other replicas' load on each rank, from their last exchange."""
+        self.others_queued = dict(others.prefill)
+        for rank in self.fleet:
+            rank.others_in_flight = others.requests.get(rank.name, 0)
 
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
         """Forwarding reached ``rank``: when a retry landed away from the charged rank, move the
@@ -350,7 +357,7 @@ class Router(Observer):
             home = admitted.home if admitted is not None else None
             reason = (
                 f"{'saturated' if home == old else 'over the load bound'} (in flight "
-                f"{', '.join(f'{r.name}={r.in_flight}' for r in candidates)}; prompt tokens in flight "
+                f"{', '.join(f'{r.name}={r.load}' for r in candidates)}; prompt tokens in flight "
                 f"on {old} {self.inflight_tokens.get(old, 0)}; prefill queued on {old} "
                 f"{queued.get(old, 0)}, on {new} {queued.get(new, 0) - prefill}; "
                 f"this request's there {prefill})"

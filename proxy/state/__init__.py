@@ -1,7 +1,7 @@
 """Where the state that decides placement lives: one backend, chosen once per process.
 
 A backend serves the session table's store, the prefix index, the response id -> rank map,
-admission's claims on room and wait order, and the prefill queued on each rank by every replica
+admission's claims on room and wait order, and the load every replica puts on each rank
 (``StateBackend``). ``memory`` keeps them in this process; ``redis`` shares them between replicas.
 A new backend is one new module plus one line in ``BACKENDS``.
 """
@@ -13,8 +13,8 @@ from typing import Protocol
 
 from proxy.config import ConfigError, Settings
 from proxy.state.claims import RoomClaims
+from proxy.state.load_share import LoadShare
 from proxy.state.memory import MemoryState
-from proxy.state.prefill_share import PrefillShare
 from proxy.state.redis import RedisState
 from proxy.state.responses import ResponseRanks
 from proxy.state.sessions import SessionStore
@@ -41,8 +41,9 @@ class StateBackend(Protocol):
         unreachable, so that each replica's waiters queue in its own order, and back)."""
         ...
 
-    def prefill_share(self) -> PrefillShare:
-        """Where replicas tell each other the prefill they queued on each rank."""
+    def load_share(self) -> LoadShare:
+        """Where replicas tell each other the load they put on each rank (prefill queued, requests
+        in flight)."""
         ...
 
     def prefix_index(

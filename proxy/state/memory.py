@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.state.claims import LocalClaims, RoomClaims
-from proxy.state.prefill_share import LocalShare, PrefillShare
+from proxy.state.load_share import LoadShare, LocalShare
 from proxy.state.responses import MemoryResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_MAX_SESSIONS, MAX_BREAKS, MAX_SAVE_LAG_S, Session, SessionStore
 from proxy.state.wait_order import LocalOrder, WaitOrder
@@ -82,7 +82,7 @@ class MemoryState:
     def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
         return LocalOrder()
 
-    def prefill_share(self) -> PrefillShare:
+    def load_share(self) -> LoadShare:
         return LocalShare()
 
     def prefix_index(

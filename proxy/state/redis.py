@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 
 from proxy.state.claims import RoomClaims
+from proxy.state.load_share import LoadShare, RedisShare
 from proxy.state.memory import MemorySessionStore
-from proxy.state.prefill_share import PrefillShare, RedisShare
 from proxy.state.redis_claims import RedisClaims
 from proxy.state.redis_queue import RedisWaitOrder
 from proxy.state.responses import RedisResponseRanks, ResponseRanks
@@ -242,7 +242,7 @@ class RedisState:
     def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
         return RedisWaitOrder(self.link, on_state=on_state)
 
-    def prefill_share(self) -> PrefillShare:
+    def load_share(self) -> LoadShare:
         return RedisShare(self.link)
 
     def prefix_index(

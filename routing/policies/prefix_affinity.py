@@ -94,7 +94,7 @@ class PrefixAffinity:
         def rank_key(r: Rank) -> tuple[float, int, int]:
             hit = min(matched.get(r.name, 0), cap) * size
             score = placement_score(hit, head, prompt, queued.get(r.name, 0), weights[r.name])
-            return (score, -r.in_flight, rendezvous_order(key, r))
+            return (score, -r.load, rendezvous_order(key, r))
 
         scores = {r.name: rank_key(r) for r in candidates}
 

@@ -1,0 +1,126 @@
+"""The load on each rank, summed over replicas: the prefill queued there and the requests in flight.
+
+Routing weighs each rank's queued prefill (the uncached tokens of the requests it sent there that
+have no first token yet: ``proxy/stages/route.py``) and bounds each rank's requests in flight
+(CHWBL, ``routing/policies/bounds.py``); admission calls a rank whose queue takes many wait bounds
+saturated (``proxy/admission/cost.py``). Each replica only knows the requests it sent itself:
+behind a balancer dealing requests to N replicas, each saw about 1/N of every rank's load, spread
+a wave of first turns as if the ranks were idle, never found a rank saturated, and judged the
+load bound on counts so small that one request more put a rank over it.
+
+So every replica publishes its own load per rank and reads the others' (``exchange``), a few
+times a second (``SHARE_INTERVAL_S``), in one pipelined round trip off the event loop: what a
+request reads is then its own replica's live counts plus the others' as of their last exchange.
+A replica that has not exchanged for ``STALE_S`` (stopped, or cut off from Redis) counts for
+nothing; its entry is dropped later. With Redis down, each replica routes on its own counts again.
+
+``memory`` has no other replicas (``LocalShare``); ``redis`` keeps one hash, a field per replica
+(``RedisShare``: one key, so it lives in one Redis Cluster slot).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from routing.redis_link import RedisLink
+
+#: Seconds between a replica's exchanges: how stale the other replicas' counts may be. Not a
+#: decision's clock: a request's prefill stays queued for at least a round trip to its rank.
+SHARE_INTERVAL_S = 0.05
+#: Seconds after its last exchange from which a replica's counts count for nothing (dropped from
+#: Redis after ``DROP_AFTER`` times as long).
+STALE_S = 1.0
+DROP_AFTER = 30
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What is outstanding on each rank (rank name -> count; a rank with none may be absent)."""
+
+    #: Prefill tokens sent and not prefilled yet (no first token).
+    prefill: Mapping[str, int] = field(default_factory=dict)
+    #: Requests sent and not answered yet.
+    requests: Mapping[str, int] = field(default_factory=dict)
+
+
+class LoadShare(Protocol):
+    """Where replicas tell each other the load they put on each rank."""
+
+    def exchange(self, own: Load) -> Load:
+        """Publish this replica's load (``own``); return the other live replicas', summed per rank.
+        Blocking: called off the event loop."""
+        ...
+
+    def leave(self) -> None:
+        """This replica stops: its load stops counting at once."""
+        ...
+
+
+class LocalShare:
+    """One process: no other replica puts load anywhere."""
+
+    def exchange(self, own: Load) -> Load:
+        return Load()
+
+    def leave(self) -> None:
+        pass
+
+
+def _nonzero(counts: Mapping[str, int]) -> dict[str, int]:
+    return {rank: n for rank, n in counts.items() if n}
+
+
+def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for rank, n in counts.items():
+        into[rank] = into.get(rank, 0) + n
+
+
+class RedisShare:
+    """``LoadShare`` in one Redis hash: field = replica id, value = its last exchange's time (wall
+    clock, compared across replicas like the claims' expiries) and load."""
+
+    def __init__(self, link: RedisLink, key: str = "prefixgate:load", replica: str | None = None) -> None:
+        self.link = link
+        self.key = key
+        self.replica = replica or uuid.uuid4().hex
+
+    def exchange(self, own: Load) -> Load:
+        now = time.time()
+        mine = orjson.dumps({"at": now, "prefill": _nonzero(own.prefill), "requests": _nonzero(own.requests)})
+
+        def swap() -> Any:
+            pipe = self.link.client.pipeline(transaction=False)
+            pipe.hset(self.key, self.replica, mine)
+            pipe.hgetall(self.key)
+            return pipe.execute()[1]
+
+        found = self.link.call(swap)
+        if not found:
+            return Load()
+        prefill: dict[str, int] = {}
+        requests: dict[str, int] = {}
+        gone = []
+        for replica, raw in found.items():
+            name = replica.decode() if isinstance(replica, bytes) else replica
+            if name == self.replica:
+                continue
+            entry = orjson.loads(raw)
+            age = now - entry["at"]
+            if age > STALE_S:
+                if age > DROP_AFTER * STALE_S:
+                    gone.append(name)
+                continue
+            _add(prefill, entry["prefill"])
+            _add(requests, entry["requests"])
+        if gone:
+            self.link.call(lambda: self.link.client.hdel(self.key, *gone))
+        return Load(prefill, requests)
+
+    def leave(self) -> None:
+        self.link.call(lambda: self.link.client.hdel(self.key, self.replica))
