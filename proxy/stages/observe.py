@@ -41,7 +41,9 @@ class Observer:
         """The whole prompt's blocks of a request routed on its head are on ``ctx`` now."""
 
     def prefilled(self, ctx: RequestContext) -> None:
-        """The stream of ``ctx.rank`` opened: its first token came, so the rank's prefill is done."""
+        """The rank's prefill of ``ctx`` is done: its stream's first token came, or a request routed
+        on its head ended before its whole prompt landed here (a stream may be told both: an
+        observer acts on the first)."""
 
     def routed(self, ctx: RequestContext) -> None:
         """The rank ``ctx.rank`` answered (its stream opened, or its whole body arrived)."""

@@ -254,8 +254,10 @@ class Router(Observer):
             self.index.record(name, ctx.block_hashes)
 
     def prefilled(self, ctx: RequestContext) -> None:
-        """A streamed answer's first token: the rank's prefill is done, so its tokens leave the rank's
-        queued prefill now, not when a decode of minutes ends (the prompt's KV stays in flight)."""
+        """A streamed answer's first token, or the end of a request whose prompt is still landing:
+        the rank's prefill is done, so its tokens leave the rank's queued prefill now (once per
+        charge), not when a decode of minutes ends or our tokenizer catches up (the prompt's KV stays
+        in flight)."""
         if ctx.plan is not None:
             self._unqueue(ctx.plan)
 

@@ -182,3 +182,28 @@ def test_a_first_turn_is_forwarded_before_its_whole_prompt_is_tokenized(rank_ser
     inline, inline_blocks = two_turns(rank_servers.sim(2), held=False)
     assert held == inline and blocks == inline_blocks
     assert held[1] >= blocks * 16  # the next turn expects the whole first prompt, not just its head
+
+
+def test_a_first_turn_answered_before_its_prompt_landed_leaves_nothing_queued(
+    rank_servers: RankServers,
+) -> None:
+    """Answered whole while its whole prompt's encoding is held here: the rank's prefill is done, so
+    nothing stays queued on the rank (routing and admission weigh that queue), though the request's
+    end waits for the landing."""
+    app = gateway_app(rank_servers.sim(2), policy="prefix_affinity")
+    server = ServerThread(app).start()
+    try:
+        gateway = app.state.gateway
+        incremental = gateway.pipeline.blocks.incremental
+        tokenizer = HeldTokenizer(incremental.tokenizer)
+        incremental.tokenizer = tokenizer
+        answer = chat(server.url, [SYSTEM, {"role": "user", "content": LONG * 2}])
+        rank = answer.headers["x-prefixgate-backend"]
+        assert tokenizer.started.is_set() and not tokenizer.release.is_set()  # still landing
+        assert gateway.router.queued_prefill[rank] == 0
+        assert gateway.router.inflight_tokens[rank] > 0  # its end waits for the landing
+        tokenizer.release.set()
+        wait_until(lambda: gateway.router.inflight_tokens[rank] == 0, "the request never ended")
+    finally:
+        tokenizer.release.set()
+        server.stop()
