@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import httpx
 import orjson
@@ -19,6 +18,7 @@ from routing.redis_link import RedisLink, fail_fast_client
 from tests.helpers.gateway import gateway_app
 from tests.helpers.ranks import RankServers
 from tests.helpers.redis_server import RedisServer
+from tests.helpers.wait import wait_until
 from tests.routing.conftest import chain, make_ctx, make_pool, pick
 
 
@@ -99,13 +99,6 @@ def test_the_load_bound_counts_every_replicas_requests_in_flight() -> None:
     )
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"never saw {what}"
-        time.sleep(0.02)
-
-
 def test_a_replica_sees_the_prefill_another_replica_queued(
     rank_servers: RankServers, redis_server: RedisServer
 ) -> None:
@@ -123,14 +116,18 @@ def test_a_replica_sees_the_prefill_another_replica_queued(
             target=httpx.post, args=(servers[0].url + "/v1/chat/completions",), kwargs={"json": body}
         )
         sent.start()
-        wait_for(lambda: routers[0].queued_prefill[rank.name] > 0, "the request queued on its replica")
+        wait_until(
+            lambda: routers[0].queued_prefill[rank.name] > 0, "never saw the request queued on its replica"
+        )
         queued = routers[0].queued_prefill[rank.name]
-        wait_for(lambda: routers[1].queued(rank.name) == queued, "the other replica's read of it")
+        wait_until(lambda: routers[1].queued(rank.name) == queued, "never saw the other replica's read of it")
         seen = routers[1].fleet.get(rank.name)
         assert seen is not None and (seen.in_flight, seen.others_in_flight, seen.load) == (0, 1, 1)
         hold.set()
         sent.join(10)
-        wait_for(lambda: routers[1].queued(rank.name) == 0, "the other replica's read of it answered")
+        wait_until(
+            lambda: routers[1].queued(rank.name) == 0, "never saw the other replica's read of it answered"
+        )
     finally:
         hold.set()
         for server in servers:
