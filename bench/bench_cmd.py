@@ -36,7 +36,9 @@ clocks)``, the same with both compressed by hand like the replay (the comparison
 hand-set clocks). Requests are streamed with ``--max-tokens`` output tokens (the trace's own output
 is in the next request's ids); a 429/503 is retried like an agent would (counted in the table).
 After each scenario a verdict says, per measure, whether prefixgate is ahead of every peer, and
-whether it met issue 17's targets.
+whether it met issue 17's targets. One run of a cell is noisy (the machine, and a peer's hash
+placement): ``--rounds N`` runs every system N times in a rotated order and reports each figure's
+median (``bench/rounds.py``).
 
 Output: a table per scenario, ``results.json`` and PNG plots in ``--out``. The traces are read from
 ``../shared/traces`` (``--traces``); the command stops with a clear message when they are absent.
@@ -67,6 +69,7 @@ from bench.bench_presets import (
 )
 from bench.bench_tables import markdown_table, print_table
 from bench.replay import TraceReplayConfig
+from bench.rounds import combine_all, rotation
 from bench.sim.config import DEFAULT_KV_TOKENS
 from bench.traces import TracesMissing, reuse_breakdown, trace_block_reuse
 from bench.verdict import verdict, verdict_lines
@@ -141,6 +144,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--install-peers", action="store_true", help="run bench/peers/install.sh first")
     parser.add_argument("--seed", type=int, default=0, help="conversation order and block text seed")
     parser.add_argument(
+        "--rounds",
+        type=_positive,
+        default=1,
+        help="run every system N times, in a rotated order, and report each figure's median "
+        "(errors and 429s: the worst round's); default 1",
+    )
+    parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="output folder (default bench/out/bench)"
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -200,6 +210,13 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
     return systems, notes
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _git_head() -> str | None:
     import subprocess
 
@@ -253,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         "preset": args.preset,
         "settings": asdict(preset),
         "seed": args.seed,
+        "rounds": args.rounds,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -293,9 +311,14 @@ def run(args: argparse.Namespace) -> int:
                 kv_block_size=fleet.block_size,
                 seed=args.seed,
             )
-            run = ScenarioRun(name, systems, sessions, fleet, replay_config, n_requests, args)
-            results, scenario_failed = run.run(prefixgate_args)
-            failed = failed or scenario_failed
+            rounds: list[dict[str, dict[str, Any]]] = []
+            for index in range(args.rounds):
+                order = rotation(systems, index)
+                run = ScenarioRun(name, order, sessions, fleet, replay_config, n_requests, args)
+                found_round, scenario_failed = run.run(prefixgate_args)
+                rounds.append(found_round)
+                failed = failed or scenario_failed
+            results = rounds[0] if len(rounds) == 1 else combine_all(rounds)
             title = (
                 f"{name} ({concurrency} concurrent conversations, {fleet.ranks} ranks x {kv_tokens:,} KV "
                 f"tokens, prefill {fleet.prefill_rate:,.0f} tokens/s)"

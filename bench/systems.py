@@ -9,6 +9,7 @@ subprocess, so its CPU time is its own) or a peer router; ``ProcessCpu`` measure
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -31,6 +32,10 @@ FLEET_COUNTERS = (
     "vllm:num_preemptions",
     "vllm:prompt_tokens",
     "vllm:generation_tokens",
+    # The ranks' own time to first token (arrival at the rank to its first token), against which a
+    # client's TTFT shows what the proxy in front added.
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
 )
 
 
@@ -166,6 +171,12 @@ class RunningSystem:
     pid: int | None
 
 
+def log_name(system: str) -> str:
+    """A system's log file name: its name with anything but letters, digits, ``.``, ``_`` and ``-``
+    as ``_`` (a system's serve flags may hold paths, ``prefixgate:prefix_affinity:--config a/b.yaml``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", system) + ".log"
+
+
 @contextmanager
 def system_under_test(
     spec: SystemSpec,
@@ -181,7 +192,7 @@ def system_under_test(
     snapshot) instead of the installed one.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{spec.name.replace(' ', '_')}.log"
+    log = log_dir / log_name(spec.name)
     if spec.kind == "prefixgate":
         args = [*prefixgate_args, *spec.args]
         with _prefixgate(spec.policy, rank_urls, log, args, prefixgate_root) as running:

@@ -91,3 +91,10 @@ def test_the_verdict_reads_each_target_against_the_best_peer() -> None:
     fits = verdict("slow-fits", {**results, PREFIXGATE: result(0.945, 800.0, 70.0, pressure=0.5)})
     assert fits is not None and fits["fits"] and fits["targets"]["hit rate"]["met"]  # within 0.01 of 0.95
     assert verdict("over", {PREFIXGATE: result(0.9, 1.0, 1.0)}) is None  # no peer ran
+
+
+def test_rounds_default_to_one_and_must_be_positive() -> None:
+    assert parse().rounds == 1
+    assert parse("--rounds", "3").rounds == 3
+    with pytest.raises(SystemExit):
+        parse("--rounds", "0")

@@ -6,7 +6,7 @@ import argparse
 
 from bench.bench_cmd import configure_parser, select_systems
 from bench.bench_tables import rr_baseline
-from bench.systems import PLAIN_ROUND_ROBIN
+from bench.systems import PLAIN_ROUND_ROBIN, log_name
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -34,3 +34,9 @@ def test_the_ratio_baseline_is_the_plain_round_robin_when_it_ran() -> None:
     assert rr_baseline(both) == 30
     assert rr_baseline({"prefixgate round_robin": {"prefill_tokens": 20}}) == 20
     assert rr_baseline({}) is None
+
+
+def test_a_systems_log_is_one_file_in_the_log_folder_whatever_its_flags() -> None:
+    name = log_name("prefixgate prefix_affinity --config /tmp/a b.yaml")
+    assert "/" not in name and " " not in name and name.endswith(".log")
+    assert log_name("vllm-router consistent_hash") == "vllm-router_consistent_hash.log"
