@@ -38,8 +38,24 @@ def test_a_busy_rank_keeps_its_admitted_sessions_past_the_load_bound() -> None:
     pool.get(home).in_flight = 6  # type: ignore[union-attr]  # far over CHWBL's bound of 3
     history += chain("t2", 4, history[-1])
     assert homed_turn(router, "s", history, home) == home
-    # the same turn without admission's home: the load bound moves it (as before)
-    assert homed_turn(router, "s", history, None) != home
+
+
+def test_a_known_session_over_the_load_bound_leaves_only_for_a_rank_that_scores_better() -> None:
+    """Not homed by admission (no admission, or its rank lost most of its blocks): over CHWBL's bound
+    its rank still wins while what it holds there outweighs the prefill queued there; the bound's
+    count of requests alone does not move it (each move recomputes its context elsewhere)."""
+    pool = make_pool(2, pool_tokens=POOL)
+    router = Router(pool, make_policy("prefix_affinity"))
+    history = chain("s", 100)
+    rank = first_turn(router, "s", history)
+    other = next(b.name for b in pool if b.name != rank)
+    pool.get(rank).in_flight = 6  # type: ignore[union-attr]  # far over CHWBL's bound of 4
+    history += chain("t2", 4, history[-1])
+    assert homed_turn(router, "s", history, None) == rank
+    # far more prefill queued there than the 1,600 tokens it holds: it goes where it scores better
+    router.queued_prefill[rank] = 20_000
+    history += chain("t3", 4, history[-1])
+    assert homed_turn(router, "s", history, None) == other
 
 
 def test_a_home_whose_requests_in_flight_fill_its_pool_keeps_its_session() -> None:

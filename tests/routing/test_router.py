@@ -80,12 +80,15 @@ def test_new_session_goes_where_its_shared_prefix_is_held() -> None:
     assert route(router, "c", system + chain("uc", 5, system[-1])) == home
 
 
-def test_sticky_rank_over_the_bound_sends_the_turn_elsewhere() -> None:
+def test_sticky_rank_over_the_bound_and_queued_sends_the_turn_elsewhere() -> None:
+    """Over CHWBL's bound with more prefill queued there than the session holds: it leaves. (Over
+    the bound alone it stays: ``test_home.py``.)"""
     pool = make_pool(4)
     router = Router(pool, make_policy("prefix_affinity", balance_factor=1.25))
     hashes = chain("s", 10)
     home = route(router, "s", hashes)
     pool.get(home).in_flight = 6  # type: ignore[union-attr]
+    router.queued_prefill[home] += 1_000
     moved = route(router, "s", hashes + chain("t2", 2, hashes[-1]))
     assert moved != home
 
