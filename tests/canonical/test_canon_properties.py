@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
+from proxy.canonical.rules.volatile_date import DEFAULT_PATTERNS
+from proxy.canonical.rules.whitespace import has_trailing_whitespace
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = [
@@ -177,6 +180,8 @@ import hashlib, json, sys
 import orjson
 from pathlib import Path
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
+from proxy.canonical.rules.volatile_date import DEFAULT_PATTERNS
+from proxy.canonical.rules.whitespace import has_trailing_whitespace
 h = hashlib.sha256()
 for config in json.loads(sys.argv[1]):
     canon = Canonicalizer(CanonicalConfig.model_validate(config), strict=True)
@@ -205,3 +210,26 @@ def test_same_bytes_across_processes_and_hash_seeds() -> None:
         digests.add(out.stdout.strip())
     assert len(digests) == 1
     assert len(hashlib.sha256().hexdigest()) == len(digests.pop())
+
+
+# The ISO date-time pattern in its plain form (the year a look-behind before the first "-"): the
+# shipped one starts with the "-" so that re scans for it, and must match exactly where this does.
+_ISO_PLAIN = (
+    r"(?<=\d{4})-\d{2}-\d{2}(?P<time>[T ]\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d{1,9})?)?"
+    r"(?:[ \u202f]?[AaPp]\.?[Mm]\.?)?(?:Z|[+-]\d{2}:?\d{2})?)(?![\d:])"
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="0123456789-T :Z+.,apmAPM\u202fx", max_size=48))
+def test_the_iso_datetime_pattern_matches_where_its_plain_form_does(text: str) -> None:
+    shipped = re.compile(DEFAULT_PATTERNS["iso_datetime"][0])
+    plain = re.compile(_ISO_PLAIN)
+    found = [(m.span(), m.span("time")) for m in shipped.finditer(text)]
+    assert found == [(m.span(), m.span("time")) for m in plain.finditer(text)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=" \t\nab\r", max_size=40))
+def test_trailing_whitespace_is_found_where_the_plain_regex_finds_it(text: str) -> None:
+    assert has_trailing_whitespace(text) == (re.search(r"[ \t]+(?:\n|\Z)", text) is not None)

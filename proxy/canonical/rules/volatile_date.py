@@ -59,8 +59,10 @@ _CLOCK = (
 # are lowercase literals, one of which must occur in the lowercased text for the regex to run: a
 # substring test is ~100x cheaper than a case-insensitive alternation scanned over a 40 kB prompt.
 DEFAULT_PATTERNS: dict[str, tuple[str, tuple[str, ...]]] = {
-    # Starts with a literal "-" so that re's fast literal search does the scanning.
-    "iso_datetime": (rf"(?<=\d{{4}})-\d{{2}}-\d{{2}}(?P<time>[T ]{_CLOCK})(?![\d:])", ()),
+    # Starts with the literal "-" (the year is a look-behind after it) so that re's fast literal
+    # search does the scanning: with the look-behind first, re tried every position, 1.2-2 ms on an
+    # 80 kB system prompt against 0.04 ms.
+    "iso_datetime": (rf"-(?<=\d{{4}}-)\d{{2}}-\d{{2}}(?P<time>[T ]{_CLOCK})(?![\d:])", ()),
     "todays_date": (
         r"(?i:today's date|today is|the current date is|current date(?: and time)?|the date is)"
         rf"(?: is)?:?[ \t]*\**(?P<date>{_ANY_DATE})(?P<time>,?(?:[ T]| at ){_CLOCK})?",

@@ -7,7 +7,6 @@ empty line is a single space, and a patch may need its CRs). Indentation is neve
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from typing import Literal
 
@@ -18,7 +17,12 @@ NAME = "whitespace"
 
 FinalNewline = Literal["one", "strip", "keep"]
 
-_TRAILING_WS = re.compile(r"[ \t]+(?:\n|\Z)")
+
+def has_trailing_whitespace(text: str) -> bool:
+    """Whether a line of ``text`` ends in spaces or tabs: four substring tests, where a regex for a
+    run of them before a newline or the end tried every space of the text (1 ms on an 80 kB system
+    prompt of prose)."""
+    return " \n" in text or "\t\n" in text or text.endswith((" ", "\t"))
 
 
 def _final_newline_ok(text: str, final_newline: FinalNewline) -> bool:
@@ -32,7 +36,7 @@ def _final_newline_ok(text: str, final_newline: FinalNewline) -> bool:
 def _is_clean(text: str, final_newline: FinalNewline, nfc: bool) -> bool:
     return (
         "\r" not in text
-        and _TRAILING_WS.search(text) is None
+        and not has_trailing_whitespace(text)
         and _final_newline_ok(text, final_newline)
         and (not nfc or text.isascii() or unicodedata.is_normalized("NFC", text))
     )
