@@ -12,6 +12,7 @@ over the label sets a rank reports (one per engine, one per model). Older vLLM n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -156,9 +157,15 @@ async def run_metrics_polls(
     interval: float,
     timeout: float,
     on_sample: Callable[[str, RankSample], None],
+    sooner: asyncio.Event | None = None,
 ) -> None:
-    """Forever: scrape every healthy rank, then sleep ``interval`` (the health checks' own). Cancelled
-    at shutdown."""
+    """Forever: scrape every healthy rank, then sleep ``interval`` (the health checks' own) or until
+    ``sooner`` is set (a caller wants fresh figures now). Cancelled at shutdown."""
     while True:
         await poll_all(client, fleet, timeout, on_sample)
-        await asyncio.sleep(interval)
+        if sooner is None:
+            await asyncio.sleep(interval)
+            continue
+        with contextlib.suppress(TimeoutError):  # the interval passed: the regular poll
+            await asyncio.wait_for(sooner.wait(), interval)
+        sooner.clear()

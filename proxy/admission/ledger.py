@@ -355,6 +355,8 @@ class Ledger(Observer):
         session.answered_at = session.last_seen
         self.table.save(session)
         self._claim(session, rank)
+        if len(self.queue):
+            self.speeds.wanted()
         self.queue.notify()
 
     def _unwind(self, admitted: Admitted, session: Session) -> None:

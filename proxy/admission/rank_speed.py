@@ -7,11 +7,13 @@ tokens minus prefix-cache hits), between two scrapes far enough apart to have co
 which is what a request waiting behind it lives. Successive figures are smoothed (``SMOOTHING``).
 Without ``vllm:request_prefill_time_seconds`` the time to first token minus the time queued stands
 in. A rank that has not computed enough yet borrows the fleet's mean; with no rank measured the
-speed is unknown (``None``) and admission holds the budget (``cost.py``).
+speed is unknown (``None``) and admission holds the budget (``cost.py``): each answer while
+sessions wait then asks for a scrape at once (``wanted``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -56,6 +58,18 @@ class RankSpeeds:
         self._base: dict[str, RankSample] = {}
         self._seconds_per_token: dict[str, float] = {}
         self._load: dict[str, RankLoad] = {}
+        #: Set when a scrape is wanted before the poller's next one (``wanted``); the poller waits
+        #: on it (``routing.rank_metrics.run_metrics_polls``).
+        self.sooner = asyncio.Event()
+
+    def wanted(self) -> None:
+        """A request was answered while sessions wait for room and no rank's speed is measured yet:
+        ask for a scrape now, not at the next health interval. Until a speed is known admission
+        holds the budget, so on a wave of first turns sessions waited for the poll (0.3-0.6 s of a
+        compressed replay's first seconds) and were then admitted past the budget anyway. An answer
+        is what gives the ranks something to report; once a rank is measured nothing is asked."""
+        if not self._seconds_per_token:
+            self.sooner.set()
 
     def observe(self, rank: str, sample: RankSample) -> None:
         """A new scrape of ``rank`` (from the metrics poller)."""

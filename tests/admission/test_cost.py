@@ -148,6 +148,25 @@ async def test_without_measured_speeds_the_budget_holds_up_to_the_bound() -> Non
     assert new.admitted.session.admission["decision"] == "after_wait"  # type: ignore[union-attr]
 
 
+async def test_an_answer_while_a_session_waits_unmeasured_asks_for_a_scrape_now() -> None:
+    adm, clock, _ = make()
+    await two_thinkers(adm, clock)
+    assert not adm.speeds.sooner.is_set()  # nobody waits: the regular polls are enough
+    new = ctx_for("c", 700)
+    waiting = asyncio.ensure_future(adm.admit(new))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done() and len(adm.queue) == 1
+    await turn(adm, "a", 784)  # an answer: the ranks have something to report
+    assert adm.speeds.sooner.is_set()
+    adm.speeds.sooner.clear()
+    teach_speed(adm, "r0", 1_000_000)  # the scrape: evicting costs less than waiting
+    new.admitted = await asyncio.wait_for(waiting, 10)
+    assert new.admitted.session.admission["decision"] == "over_budget"  # type: ignore[union-attr]
+    await turn(adm, "a", 800)
+    assert not adm.speeds.sooner.is_set()  # measured: nothing more is asked
+
+
 async def test_a_returning_session_goes_home_to_the_rank_holding_its_blocks() -> None:
     adm, clock, placement = make(ranks=2)
     await turn(adm, "a", 1200, rank="r1")

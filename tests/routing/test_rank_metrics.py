@@ -3,10 +3,15 @@ histograms, its context length; and the prefill speed admission learns from succ
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 import httpx
 
 from proxy.admission.rank_speed import MIN_COMPUTED_TOKENS, RankSpeeds
-from routing.rank_metrics import max_model_len_of, parse_metrics
+from routing.rank_metrics import RankSample, max_model_len_of, parse_metrics, run_metrics_polls
+from routing.ranks import Fleet, Rank
+from tests.helpers.wait import wait_until_async
 
 VLLM = """\
 # HELP vllm:num_requests_waiting Number of requests waiting to be processed.
@@ -74,3 +79,36 @@ def test_a_simulated_rank_exposes_them_like_vllm(rank_servers) -> None:  # type:
     assert sample.histogram("prefill").sum > 0  # type: ignore[union-attr]
     cards = httpx.get(rank.url + "/v1/models", timeout=5).json()
     assert max_model_len_of(cards) == rank.config.max_model_len
+
+
+def test_a_scrape_is_wanted_only_while_no_rank_is_measured() -> None:
+    speeds = RankSpeeds()
+    speeds.wanted()
+    assert speeds.sooner.is_set()
+    speeds.sooner.clear()
+    speeds.observe("r", parse_metrics(scrape(0, 0, 0)))
+    speeds.observe("r", parse_metrics(scrape(60_000, 20_000, 2.0)))
+    speeds.wanted()
+    assert not speeds.sooner.is_set()  # measured: the regular polls are enough
+
+
+def test_the_poller_scrapes_again_as_soon_as_it_is_asked(rank_servers) -> None:  # type: ignore[no-untyped-def]
+    (sim,) = rank_servers.sim(1, time_scale=0.001)
+    fleet = Fleet([Rank("r0", sim.url)])
+    samples: list[RankSample] = []
+    sooner = asyncio.Event()
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as client:
+            poller = asyncio.create_task(
+                run_metrics_polls(client, fleet, 3600.0, 5.0, lambda _, s: samples.append(s), sooner)
+            )
+            try:
+                await wait_until_async(lambda: len(samples) == 1, "no first scrape")
+                sooner.set()  # an hour before the next regular poll
+                await wait_until_async(lambda: len(samples) == 2, "asked, but no second scrape")
+                assert not sooner.is_set()  # cleared for the next ask
+            finally:
+                poller.cancel()
+
+    asyncio.run(scenario())
