@@ -7,6 +7,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from tokenization.base import common_prefix_len
+
 if TYPE_CHECKING:
     from proxy.explain.turns import Expectation, Turn
 
@@ -35,9 +37,7 @@ _DIGEST_KEY = os.urandom(16)
 def line_change(number: int, old: str, new: str) -> dict[str, Any]:
     """The first edited line of a part: where it is and what changed. The text (its first
     ``MAX_TEXT`` characters) is for this process's own view only: ``without_text`` drops it."""
-    column = next(
-        (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new))
-    )
+    column = common_prefix_len(old, new)  # in C: a line may be a whole 80 kB prompt
     return {
         "number": number,
         "column": column,

@@ -9,6 +9,7 @@ from starlette.datastructures import Headers
 from proxy.apis import CHAT
 from proxy.context import Outcome, RequestContext
 from proxy.explain import Explainer, Turn, extends
+from proxy.explain.records import line_change
 from proxy.stages.usage import Usage
 from proxy.state.local import SessionLocals
 from tokenization.block_hash import BlockHasher
@@ -78,3 +79,12 @@ def test_extends_is_true_only_for_the_same_bytes_with_appended_messages() -> Non
     assert not extends(turn(old), turn(edited))
     longer_text = {**old, "messages": [{"role": "user", "content": "xy"}]}
     assert not extends(turn(old), turn(longer_text))
+
+
+def test_an_edited_lines_column_is_where_it_first_differs() -> None:
+    assert line_change(1, "abcdef", "abcXef")["column"] == 3
+    assert line_change(1, "abc", "abcdef")["column"] == 3  # one a prefix of the other
+    assert line_change(1, "same", "same")["column"] == 4
+    long = "word " * 20_000  # a prompt of one 100 kB line
+    change = line_change(3, long, long[:77_777] + "X" + long[77_778:])
+    assert change["column"] == 77_777 and change["old_chars"] == change["new_chars"] == 100_000
