@@ -84,15 +84,20 @@ def test_routing_and_admission_weigh_every_replicas_queue() -> None:
 
 
 def test_the_load_bound_counts_every_replicas_requests_in_flight() -> None:
-    """A known session leaves its rank once the requests every replica has in flight there put it
-    over CHWBL's bound, not this replica's alone; and an idle rank's tie goes to the less loaded."""
+    """A known session can leave its rank once the requests every replica has in flight there put it
+    over CHWBL's bound, not this replica's alone (it then goes where it scores better: here the
+    other replicas' prefill queued on its rank outweighs the 160 tokens it holds there); and an
+    idle rank's tie goes to the less loaded."""
     pool = make_pool(2)
     router = Router(pool, make_policy("prefix_affinity"))
     history = chain("s", 10)
     home = pick(router, make_ctx("s", history)).name
     other = next(r.name for r in pool if r.name != home)
-    router.share_load(Load({}, {home: 6}))  # this replica has none in flight anywhere
-    moved = pick(router, make_ctx("s", history + chain("t2", 2, history[-1])))
+    history += chain("t2", 2, history[-1])
+    router.share_load(Load({home: 1_000}))  # queued there, but within the bound: it stays
+    assert pick(router, make_ctx("s", history)).name == home
+    router.share_load(Load({home: 1_000}, {home: 6}))  # this replica has none in flight anywhere
+    moved = pick(router, make_ctx("s", history + chain("t3", 2, history[-1])))
     assert moved.name == other
     assert router.own_load() == Load(
         {home: router.queued_prefill[home], other: router.queued_prefill[other]}, {home: 0, other: 0}
