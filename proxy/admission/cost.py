@@ -39,11 +39,7 @@ first expected it stops (``overdue``): a prediction that keeps moving is not fol
 When the ranks compute fast, evicting costs little and the session goes in at once; when they are
 compute-bound, the budget holds while room is likely to come. Past the bound it is admitted on the
 least costly rank in any case: a session that can run is never refused for lack of room. Until the
-ranks' speeds are learned (the first answers, ``rank_speed.RankSpeeds.wanted``), the budget holds
-up to the bound. Before the clocks are learned (no think gaps yet) no session is judged ended
-within the bound, so no room is promised and a session finding none goes past the budget where it
-costs least: waiting for the clocks held a replay's first wave 1.1-1.8 s, only to admit it past
-the budget once they were learned.
+clocks and the ranks' speeds are learned (the first requests), the budget holds up to the bound.
 """
 
 from __future__ import annotations
@@ -253,11 +249,13 @@ def choose(
     waited_s: float,
     bound_s: float,
     at_bound: bool,
+    learned: bool = True,
     by_lifetime: bool = False,
     overdue: bool = False,
 ) -> Choice:
     """Admit now (where) or wait, for a session ``waited_s`` into a wait of at most ``bound_s``
-    (``by_lifetime``: the options' ``room_at_s`` say when room comes, from sessions' learned
+    (``learned``: the clocks that predict room, the idle TTL among them, come from the traffic;
+    ``by_lifetime``: the options' ``room_at_s`` say when room comes, from sessions' learned
     lifetimes, instead of each quiet session's chance of ending now; ``overdue``: room did not come
     by the time its first wait expected it)."""
     opts = tuple(options)
@@ -285,11 +283,9 @@ def choose(
     if overdue:
         reason = "room did not come when its wait expected it: the least costly ranks"
         return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
-    if eviction is None:
-        reason = (
-            f"no room; the ranks' speeds are not learned yet: the budget holds up to the bound "
-            f"({left:.3g} s left)"
-        )
+    if not learned or eviction is None:
+        why = "the clocks" if not learned else "the ranks' speeds"
+        reason = f"no room; {why} are not learned yet: the budget holds up to the bound ({left:.3g} s left)"
         return Choice(False, "wait", frozenset(), {}, opts, wait, chance, reason)
     if chance <= 0:
         reason = f"no room is coming within the wait bound ({left:.3g} s left): the least costly ranks"

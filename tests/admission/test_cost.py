@@ -148,22 +148,6 @@ async def test_without_measured_speeds_the_budget_holds_up_to_the_bound() -> Non
     assert new.admitted.session.admission["decision"] == "after_wait"  # type: ignore[union-attr]
 
 
-async def test_before_the_clocks_are_learned_no_room_is_promised_so_nobody_waits_for_it() -> None:
-    """The idle TTL not learned yet (no think gaps): nothing predicts a session ending within the
-    wait bound, so a new session finding no room goes past the budget at once rather than wait for
-    the clocks (1.1-1.8 s of a replay's first wave, then admitted past the budget all the same)."""
-    adm, _, _ = make(idle_ttl=None)
-    teach_speed(adm, "r0", 100)  # compute-bound: evicting is dear, but no room is coming
-    for key in ("a", "b"):
-        await turn(adm, key, 784)
-    assert not adm.time.learned()
-    new = ctx_for("c", 700)
-    new.admitted = await asyncio.wait_for(adm.admit(new), 10)
-    assert new.admitted.waited_s == 0 and new.admitted.allowed == {"r0"}
-    record = new.admitted.session.admission  # type: ignore[union-attr]
-    assert record["decision"] == "over_budget" and "no room is coming" in record["reason"]
-
-
 async def test_an_answer_while_a_session_waits_unmeasured_asks_for_a_scrape_now() -> None:
     adm, clock, _ = make()
     await two_thinkers(adm, clock)
