@@ -68,6 +68,7 @@ from bench.bench_presets import (
     time_scaled_prefixgate_flags,
 )
 from bench.bench_tables import markdown_table, print_table
+from bench.common import positive_count
 from bench.replay import TraceReplayConfig
 from bench.rounds import combine_all, rotation
 from bench.sim.config import DEFAULT_KV_TOKENS
@@ -145,7 +146,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="conversation order and block text seed")
     parser.add_argument(
         "--rounds",
-        type=_positive,
+        type=positive_count,
         default=1,
         help="run every system N times, in a rotated order, and report each figure's median "
         "(errors and 429s: the worst round's); default 1",
@@ -208,13 +209,6 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
             raise SystemExit(f"unknown or unavailable systems: {unknown}; available: {sorted(by_name)}")
         systems = list(dict.fromkeys(by_name[w] for w in wanted))
     return systems, notes
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _git_head() -> str | None:

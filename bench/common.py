@@ -238,3 +238,11 @@ def positive_seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
     return value
+
+
+def positive_count(text: str) -> int:
+    """An argparse type for a count of at least 1 (rounds, repeats)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

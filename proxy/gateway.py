@@ -199,7 +199,7 @@ class Gateway:
                     settings.health_interval,
                     settings.health_timeout,
                     admission.observe_rank,
-                    admission.speeds.sooner,
+                    speeds.sooner,
                 )
             ),
             asyncio.create_task(self.loop_lag.run()),
