@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from proxy.stages.usage import Usage
     from proxy.state.local import CachedAnswer, SessionLocal, ThreadLocal
     from routing.ranks import Rank
-    from tokenization.prompt import PromptBlocks
+    from tokenization.prompt_blocks import PromptBlocks
 
 
 @dataclass(slots=True)

@@ -107,11 +107,14 @@ class Head:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """Pending tokenization: ``work`` estimated tokens left, ``finish()`` does them. ``head``: the
-    prompt's head, when the tokenizer can give it without finishing (a session's first turn)."""
+    prompt's head, when the tokenizer can give it without finishing (a session's first turn).
+    ``kept``: leading tokens of the previous turn that ``finish()`` keeps as they are, known before
+    it runs (at most its ``Encoded.reused``): what a returning turn can be routed on meanwhile."""
 
     work: int
     finish: Callable[[], Encoded]
     head: Head | None = None
+    kept: int = 0
 
     @classmethod
     def ready(cls, encoded: Encoded) -> Plan:

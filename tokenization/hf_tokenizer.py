@@ -254,7 +254,7 @@ class HfTokenizer:
             memo_bytes = len(text) + 4 * (len(starts) + 2 * len(anchors)) + 200
             return Encoded(tokens, parts, reused, _TextMemo(text, starts, anchors, anchor_ends), memo_bytes)
 
-        return Plan((len(text) - cut_char) // CHARS_PER_TOKEN, finish)
+        return Plan((len(text) - cut_char) // CHARS_PER_TOKEN, finish, kept=cut_token)
 
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
         """A completion prompt, with the tokenizer's special tokens added (vLLM's completions default)."""

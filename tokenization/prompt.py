@@ -13,11 +13,9 @@ one session never see a half-updated state; the last one to finish wins the slot
 from __future__ import annotations
 
 import asyncio
-import bisect
 from array import array
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import xxhash
@@ -27,15 +25,15 @@ from tokenization.base import (
     ChatPrompt,
     Encoded,
     Head,
-    Part,
     Plan,
     Tokenizer,
     UnsupportedRequest,
     token_ids_plan,
 )
-from tokenization.block_hash import BlockHash, kv_event_hash
+from tokenization.block_hash import BlockHash
 from tokenization.hashers import ChainHasher
 from tokenization.lru import LRU
+from tokenization.prompt_blocks import PromptBlocks, PromptHead, PromptMemo
 
 _T = TypeVar("_T")
 
@@ -45,74 +43,6 @@ _TOKEN_ID_LIMIT = 1 << 32
 _HASH_OVERHEAD = 41
 # A shared-cache entry's key and tuple, on top of its hashes.
 _SHARED_ENTRY_BYTES = 200
-
-
-@dataclass(frozen=True, slots=True)
-class PromptBlocks:
-    """A prompt as the rank will cache it. ``tokens`` and ``block_hashes`` are shared: do not mutate."""
-
-    num_tokens: int
-    block_size: int
-    block_hashes: Sequence[BlockHash]  # full blocks only, chained from block 0
-    parts: tuple[Part, ...]  # (label, first token, end token), covering [0, num_tokens)
-    tokens: array  # typecode "I"
-    reused_tokens: int = 0  # leading tokens taken from the session's previous turn without re-encoding
-    reused_blocks: int = 0  # leading block hashes taken from the previous turn
-    shared_blocks: int = 0  # leading block hashes taken from the cross-session cache (not hashed here)
-    #: Leading tokens of the segment sessions of one agent share (system prompt + tools), as the
-    #: tokenizer marks it (``Encoded.shared_tokens``): the prompt's *head*.
-    shared_tokens: int = 0
-    #: What the next turn of this session starts from (``IncrementalTokenizer.chat_blocks``), and
-    #: about how many bytes it holds.
-    memo: PromptMemo | None = None
-    memo_bytes: int = 0
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.block_hashes)
-
-    def part_at(self, token_index: int) -> str | None:
-        """Label of the request part holding ``token_index`` (e.g. the first token of a broken block)."""
-        i = bisect.bisect_right(self.parts, token_index, key=_part_start) - 1
-        if i >= 0 and self.parts[i][1] <= token_index < self.parts[i][2]:
-            return self.parts[i][0]
-        return None
-
-    def head(self) -> tuple[str | None, int]:
-        """The head in full blocks: (its key, its tokens), or (None, 0) without one. The key is the
-        hex of the head's last block hash, which (chained) names the whole head and its salt: the one
-        identity of an agent's system + tools, the same for every session of that agent."""
-        full = min(self.shared_tokens // self.block_size, len(self.block_hashes))
-        if full == 0:
-            return None, 0
-        last = self.block_hashes[full - 1]
-        return (last.hex() if isinstance(last, bytes) else str(last)), full * self.block_size
-
-    def kv_event_hashes(self) -> list[int]:
-        """The uint64 form vLLM publishes in KV events."""
-        return [kv_event_hash(h) for h in self.block_hashes]
-
-
-@dataclass(frozen=True, slots=True)
-class PromptMemo:
-    """One turn as the next turn of its session reuses it."""
-
-    kind: str  # "chat" or "text": an Encoded is only a valid base for the same kind
-    encoded: Encoded
-    salt: str | None
-    hashes: list[BlockHash]
-
-
-@dataclass(frozen=True, slots=True)
-class PromptHead:
-    """A session's first turn as routing can see it before the whole prompt is tokenized: its head
-    (``IncrementalTokenizer.first_chat_blocks``). ``blocks`` covers the head alone (its
-    ``shared_tokens`` are all its tokens; no memo); ``estimated_tokens`` sizes the whole prompt from
-    its text; ``rest()`` tokenizes and hashes the whole prompt (reusing the head's cached blocks)."""
-
-    blocks: PromptBlocks
-    estimated_tokens: int
-    rest: Callable[[], Awaitable[PromptBlocks]]
 
 
 class SessionCache(LRU[str, PromptMemo]):
@@ -130,7 +60,9 @@ class IncrementalTokenizer:
 
     One instance per backend group (one tokenizer, one block size, one hash algorithm). CPU-heavy
     uncached work (above ``offload_tokens`` estimated tokens) runs in a worker thread so a 100k-token
-    first turn does not stall the event loop; small increments run inline. ``executor`` is the pool
+    first turn does not stall the event loop; small increments run inline, and a returning turn that
+    added more than ``ahead_tokens`` goes on while its tail is encoded in one (``returning_chat_blocks``).
+    ``executor`` is the pool
     that work runs in (``prefixgate serve``: one thread per core, for tokenizers that release the GIL
     while they encode, as tiktoken does); None: the event loop's default executor.
 
@@ -146,6 +78,7 @@ class IncrementalTokenizer:
         *,
         cache_bytes: int = 256 * 1024 * 1024,
         offload_tokens: int = 8192,
+        ahead_tokens: int = 256,
         shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
         executor: Executor | None = None,
     ) -> None:
@@ -155,6 +88,7 @@ class IncrementalTokenizer:
         self.block_size = hasher.block_size
         self.sessions = SessionCache(cache_bytes)
         self.offload_tokens = offload_tokens
+        self.ahead_tokens = ahead_tokens
         self._hash_bytes = len(hasher.none_hash) + _HASH_OVERHEAD
         self.shared = LRU[tuple[bytes, int, str | None], tuple[BlockHash, ...]](shared_cache_bytes)
         # Heads being encoded, by the head's key and salt: a wave of new sessions of one agent
@@ -204,6 +138,39 @@ class IncrementalTokenizer:
                 return PromptHead(blocks, estimated, lambda: self._complete("chat", rest, None, salt))
         return await self._complete("chat", plan, None, salt)
 
+    async def returning_chat_blocks(
+        self, body: Mapping[str, Any], previous: PromptMemo
+    ) -> PromptBlocks | PromptHead:
+        """A session's returning chat turn. When what changed since ``previous`` is over
+        ``ahead_tokens`` and the turn keeps some of its blocks (``Plan.kept``), those blocks are
+        returned at once with the rest to finish in a worker thread (``PromptHead``): the turn is
+        routed on what the ranks can hold of it (its new tail is in no rank's cache) while its tail
+        is tokenized beside it. Else its blocks, as ``chat_blocks`` gives them."""
+        prompt = ChatPrompt.from_body(body)
+        salt = _salt(body)
+        prev = previous if previous.kind == "chat" else None
+        plan = await self.tokenizer.plan_chat(prompt, prev.encoded if prev else None)
+        size = self.block_size
+        keep = min(plan.kept // size, len(prev.hashes)) if prev is not None and prev.salt == salt else 0
+        if prev is None or keep == 0 or plan.work <= self.ahead_tokens:
+            return await self._complete("chat", plan, prev, salt)
+        kept = keep * size
+        blocks = PromptBlocks(
+            num_tokens=kept,
+            block_size=size,
+            block_hashes=prev.hashes[:keep],
+            parts=(("kept", 0, kept),),
+            tokens=prev.encoded.tokens[:kept],
+            reused_tokens=kept,
+            reused_blocks=keep,
+            shared_tokens=min(prev.encoded.shared_tokens, kept),
+        )
+        return PromptHead(
+            blocks,
+            plan.kept + plan.work,
+            lambda: self._run(None, self._complete_here, "chat", plan, prev, salt),
+        )
+
     async def completion_blocks(
         self, body: Mapping[str, Any], previous: PromptMemo | None = None
     ) -> PromptBlocks:
@@ -231,11 +198,38 @@ class IncrementalTokenizer:
     async def _complete(
         self, kind: str, plan: Plan, prev: PromptMemo | None, salt: str | None
     ) -> PromptBlocks:
+        """``plan`` finished and hashed, each in a worker thread when large (``offload_tokens``)."""
         encoded = await self._run(plan.work, plan.finish)
-        keep = self._reusable_blocks(encoded, prev, salt)
-        shared, keep = self._shared_blocks(encoded, prev, keep, salt)
+        keep, shared = self._known_blocks(encoded, prev, salt)
         unhashed = len(encoded.tokens) - keep * self.block_size
         hashes = await self._run(unhashed, self._hash, encoded, prev, keep, salt, shared)
+        return self._blocks(kind, encoded, salt, keep, shared, hashes)
+
+    def _complete_here(
+        self, kind: str, plan: Plan, prev: PromptMemo | None, salt: str | None
+    ) -> PromptBlocks:
+        """``_complete`` in the calling thread: a worker's, for a ``PromptHead``'s rest (one hop)."""
+        encoded = plan.finish()
+        keep, shared = self._known_blocks(encoded, prev, salt)
+        return self._blocks(kind, encoded, salt, keep, shared, self._hash(encoded, prev, keep, salt, shared))
+
+    def _known_blocks(
+        self, encoded: Encoded, prev: PromptMemo | None, salt: str | None
+    ) -> tuple[int, tuple[BlockHash, ...] | None]:
+        """How many leading block hashes are known before hashing, and the shared ones among them."""
+        keep = self._reusable_blocks(encoded, prev, salt)
+        shared, keep = self._shared_blocks(encoded, prev, keep, salt)
+        return keep, shared
+
+    def _blocks(
+        self,
+        kind: str,
+        encoded: Encoded,
+        salt: str | None,
+        keep: int,
+        shared: tuple[BlockHash, ...] | None,
+        hashes: list[BlockHash],
+    ) -> PromptBlocks:
         return PromptBlocks(
             num_tokens=len(encoded.tokens),
             block_size=self.block_size,
@@ -284,9 +278,10 @@ class IncrementalTokenizer:
             shared_tokens=len(tokens),
         )
 
-    async def _run(self, work: int, fn: Callable[..., _T], *args: Any) -> _T:
-        """``fn(*args)``, in a worker thread when ``work`` (tokens) exceeds ``offload_tokens``."""
-        if work <= self.offload_tokens:
+    async def _run(self, work: int | None, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)``, in a worker thread when ``work`` (tokens) exceeds ``offload_tokens`` or is
+        None (work beside a request on its way)."""
+        if work is not None and work <= self.offload_tokens:
             return fn(*args)
         if self.executor is None:
             return await asyncio.to_thread(fn, *args)
@@ -348,10 +343,6 @@ class IncrementalTokenizer:
             # The shared segment was hashed here (a first turn, a changed system prompt): keep it.
             self._store_shared(encoded, hashes, salt)
         return hashes
-
-
-def _part_start(part: Part) -> int:
-    return part[1]
 
 
 def _salt(body: Mapping[str, Any]) -> str | None:

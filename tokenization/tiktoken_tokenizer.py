@@ -192,7 +192,7 @@ class TiktokenTokenizer:
                 return ids
 
             head = Head(system_key, len(texts.get(0, "")) // CHARS_PER_TOKEN, encode_head)
-        return Plan(work, finish, head)
+        return Plan(work, finish, head, kept=reused)
 
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
         """A completion prompt: encoded whole (cl100k adds no BOS); block hashes reuse the common prefix."""

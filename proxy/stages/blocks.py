@@ -15,7 +15,11 @@ there: essentially its head, the agent's system prompt and tools. When the rest 
 (``IncrementalTokenizer.first_chat_blocks``), the turn goes on with its head's blocks (encoded and
 hashed once per agent) and a size estimated from its text, and the whole prompt is tokenized and
 hashed beside it (``ctx.landing``): its memo, the index's record and what the observers learn use
-the whole prompt once it lands, and the thread's next turn awaits it.
+the whole prompt once it lands, and the thread's next turn awaits it. A returning turn that added
+more than a few hundred tokens (``returning_chat_blocks``) goes on the same way with the blocks it
+keeps of its previous turn: its new tail is in no rank's cache, so routing loses nothing by not
+waiting for it, and the request is on its way while a worker thread encodes it. (The previous
+answer's blocks, ``ctx.cached_answer``, are then known once it lands, not in the estimate.)
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from proxy.context import RequestContext
 from proxy.state.local import Answer, CachedAnswer, SessionLocals, ThreadLocal
 from tokenization.backend_tokenizer import BackendTokenizeError
 from tokenization.base import UnsupportedRequest
-from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptHead, PromptMemo
+from tokenization.prompt import IncrementalTokenizer
+from tokenization.prompt_blocks import PromptBlocks, PromptHead, PromptMemo
 
 log = logging.getLogger("prefixgate.blocks")
 
@@ -62,7 +67,11 @@ class Blocks:
                     return
                 blocks = first
             else:
-                blocks = await incremental.chat_blocks(prompt, previous)
+                later = await incremental.returning_chat_blocks(prompt, previous)
+                if isinstance(later, PromptHead):
+                    self._go_on_head(ctx, thread, later, previous)
+                    return
+                blocks = later
         except UnsupportedRequest as exc:
             log.debug("cannot render the request into blocks: %s", exc)
             return
@@ -82,19 +91,26 @@ class Blocks:
         ctx.prompt_tokens = blocks.num_tokens
         ctx.block_hashes = blocks.block_hashes
 
-    def _go_on_head(self, ctx: RequestContext, thread: ThreadLocal | None, head: PromptHead) -> None:
-        """Route and admit a first turn on its head and estimated size; the rest lands beside it."""
+    def _go_on_head(
+        self,
+        ctx: RequestContext,
+        thread: ThreadLocal | None,
+        head: PromptHead,
+        previous: PromptMemo | None = None,
+    ) -> None:
+        """Route and admit a turn on its head (a first turn's, or the blocks a returning turn keeps of
+        ``previous``) and estimated size; the rest lands beside it."""
         ctx.prompt_blocks = head.blocks
         ctx.prompt_tokens = head.estimated_tokens
         ctx.block_hashes = head.blocks.block_hashes
-        task = asyncio.create_task(self._rest(ctx, head))
+        task = asyncio.create_task(self._rest(ctx, head, previous))
         ctx.landing = task
         if thread is not None:
             thread.landing = task
         self._landing.add(task)
         task.add_done_callback(self._landing.discard)
 
-    async def _rest(self, ctx: RequestContext, head: PromptHead) -> None:
+    async def _rest(self, ctx: RequestContext, head: PromptHead, previous: PromptMemo | None) -> None:
         """The whole prompt of a turn routed on its head, on its context and its thread's memo. Never
         raises: a prompt that cannot be rendered leaves the request without blocks, as on the path."""
         prompt = ctx.prompt
@@ -103,12 +119,12 @@ class Blocks:
             blocks = await head.rest()
         except Exception as exc:  # the request is on its way: whatever failed here must not lose it
             if isinstance(exc, (UnsupportedRequest, BackendTokenizeError)):
-                log.warning("cannot render a first turn routed on its head into blocks: %s", exc)
+                log.warning("cannot render a turn routed on its head into blocks: %s", exc)
             else:
-                log.exception("tokenizing a first turn routed on its head failed")
+                log.exception("tokenizing a turn routed on its head failed")
             ctx.prompt_blocks, ctx.prompt_tokens, ctx.block_hashes = None, None, ()
         else:
-            self._land(ctx, blocks, None, prompt)
+            self._land(ctx, blocks, previous, prompt)
         finally:
             thread = ctx.conversation
             if thread is not None and thread.landing is ctx.landing:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -42,11 +43,11 @@ class HeldTokenizer:
 
     async def plan_chat(self, prompt: ChatPrompt, prev: Encoded | None) -> Plan:
         plan = await self.inner.plan_chat(prompt, prev)
-        return Plan(plan.work, self._held(plan), plan.head)
+        return replace(plan, finish=self._held(plan))
 
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None) -> Plan:
         plan = await self.inner.plan_text(text, prev, model)
-        return Plan(plan.work, self._held(plan), plan.head)
+        return replace(plan, finish=self._held(plan))
 
     def _held(self, plan: Plan) -> Any:
         def finish() -> Encoded:

@@ -1,0 +1,117 @@
+"""A returning turn that added much goes on with the blocks it keeps of its previous turn
+(``IncrementalTokenizer.returning_chat_blocks``): those are exactly the leading blocks of its whole
+prompt, and the rest, finished beside it, is exactly what tokenizing it on the path gives."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.tokenization.test_tok_incremental import OP, _apply, _body, _same
+from tokenization.base import Tokenizer
+from tokenization.hashers import make_hasher
+from tokenization.hf_tokenizer import HfTokenizer
+from tokenization.prompt import IncrementalTokenizer
+from tokenization.prompt_blocks import PromptBlocks, PromptHead, PromptMemo
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+
+SYSTEM = {"role": "system", "content": "You are a coding agent. Follow the repository's conventions. " * 40}
+TAIL = "def function_{i}(x):\n    return x * {i} + helper(x - {i})\n"
+
+
+def incremental(tokenizer: Tokenizer, ahead_tokens: int, algo: str = "sha256") -> IncrementalTokenizer:
+    return IncrementalTokenizer(tokenizer, make_hasher(algo, 4, "0"), ahead_tokens=ahead_tokens)
+
+
+def run_turns(tokenizer: Tokenizer, ops: list[tuple], algo: str) -> int:
+    """Each state of ``ops`` as a session's turns, every returning turn ahead when it keeps a block;
+    returns how many went ahead."""
+
+    async def scenario() -> int:
+        inc, scratch = incremental(tokenizer, 0, algo), incremental(tokenizer, 0, algo)
+        state: dict[str, Any] = {
+            "messages": [],
+            "tools": None,
+            "add_generation_prompt": True,
+            "cache_salt": None,
+        }
+        memo: PromptMemo | None = None
+        ahead = 0
+        for op in [("append", [{"role": "system", "content": "sys"}]), *ops]:
+            _apply(state, op)
+            body = _body(state)
+            got = await (inc.chat_blocks(body) if memo is None else inc.returning_chat_blocks(body, memo))
+            if isinstance(got, PromptHead):
+                ahead += 1
+                head = got.blocks
+                whole = await got.rest()
+                assert head.num_blocks >= 1 and head.num_tokens == head.num_blocks * head.block_size
+                assert list(head.block_hashes) == list(whole.block_hashes[: head.num_blocks])
+                assert list(head.tokens) == list(whole.tokens[: head.num_tokens])
+                assert head.memo is None and got.estimated_tokens >= head.num_tokens
+                got = whole
+            assert isinstance(got, PromptBlocks)
+            _same(got, await scratch.chat_blocks(body))
+            memo = got.memo
+        return ahead
+
+    return asyncio.run(asyncio.wait_for(scenario(), timeout=30))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(OP, max_size=8), algo=st.sampled_from(["sha256", "xxh3"]))
+def test_tiktoken_ahead_blocks_lead_the_whole_prompt(ops: list[tuple], algo: str) -> None:
+    run_turns(TiktokenTokenizer(), ops, algo)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(hf_model_dir: Path) -> HfTokenizer:
+    return HfTokenizer(hf_model_dir)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(ops=st.lists(OP, max_size=8))
+def test_hf_ahead_blocks_lead_the_whole_prompt(hf_tokenizer: HfTokenizer, ops: list[tuple]) -> None:
+    system_free = [op for op in ops if op[0] != "append" or all(m["role"] != "system" for m in op[1])]
+    run_turns(hf_tokenizer, system_free, "sha256_cbor")
+
+
+def test_an_appended_turn_goes_ahead_with_its_hf_and_tiktoken_tokenizers(hf_tokenizer: HfTokenizer) -> None:
+    """Not a vacuous property: the plain agent shape (a turn appended) does go ahead."""
+    appended = [("append", [{"role": "user", "content": "hello there " * 20}])] * 3
+    assert run_turns(TiktokenTokenizer(), appended, "sha256") == 3
+    assert run_turns(hf_tokenizer, appended, "sha256_cbor") == 3
+
+
+async def test_a_long_tail_goes_ahead_and_a_short_one_or_a_new_salt_does_not() -> None:
+    inc = IncrementalTokenizer(TiktokenTokenizer(), make_hasher("sha256", 16, "0"), ahead_tokens=256)
+    first = [SYSTEM, {"role": "user", "content": "Read the module."}]
+    base = await inc.chat_blocks({"messages": first})
+    assert base.memo is not None
+    code = "".join(TAIL.format(i=i) for i in range(60))  # ~1.5k tokens of code
+    long_turn = {
+        "messages": [*first, {"role": "assistant", "content": "Read."}, {"role": "user", "content": code}]
+    }
+    got = await inc.returning_chat_blocks(long_turn, base.memo)
+    assert isinstance(got, PromptHead)
+    whole = await got.rest()
+    # the previous prompt's full blocks up to its generation prompt, which this turn replaced
+    assert got.blocks.num_blocks == whole.reused_blocks == base.num_blocks - 1
+    assert got.blocks.head() == base.head() == whole.head()  # admission's identity of the agent's head
+    assert abs(got.estimated_tokens - whole.num_tokens) < whole.num_tokens // 4
+
+    short_turn = {
+        "messages": [*first, {"role": "assistant", "content": "Read."}, {"role": "user", "content": "Go."}]
+    }
+    assert isinstance(await inc.returning_chat_blocks(short_turn, base.memo), PromptBlocks)
+    salted = {**long_turn, "cache_salt": "tenant-2"}  # the salt is in block 0: nothing is kept
+    assert isinstance(await inc.returning_chat_blocks(salted, base.memo), PromptBlocks)
