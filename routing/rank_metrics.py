@@ -151,6 +151,10 @@ async def poll_all(
     await asyncio.gather(*(one(r) for r in fleet.healthy()))
 
 
+#: On-demand scrapes start at least this many times their own duration apart.
+ON_DEMAND_SPACING = 10
+
+
 async def run_metrics_polls(
     client: aiohttp.ClientSession,
     fleet: Fleet,
@@ -160,12 +164,18 @@ async def run_metrics_polls(
     sooner: asyncio.Event | None = None,
 ) -> None:
     """Forever: scrape every healthy rank, then sleep ``interval`` (the health checks' own) or until
-    ``sooner`` is set (a caller wants fresh figures now). Cancelled at shutdown."""
+    ``sooner`` is set (a caller wants fresh figures now), but never scraping more than
+    ``1 / ON_DEMAND_SPACING`` of the time: however often it is asked, a scrape that took 5 ms waits
+    45 ms before the next. Cancelled at shutdown."""
+    loop = asyncio.get_running_loop()
     while True:
+        started = loop.time()
         await poll_all(client, fleet, timeout, on_sample)
         if sooner is None:
             await asyncio.sleep(interval)
             continue
+        spacing = min(interval, (loop.time() - started) * (ON_DEMAND_SPACING - 1))
+        await asyncio.sleep(spacing)
         with contextlib.suppress(TimeoutError):  # the interval passed: the regular poll
-            await asyncio.wait_for(sooner.wait(), interval)
+            await asyncio.wait_for(sooner.wait(), interval - spacing)
         sooner.clear()

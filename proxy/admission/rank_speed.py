@@ -58,6 +58,8 @@ class RankSpeeds:
         self._base: dict[str, RankSample] = {}
         self._seconds_per_token: dict[str, float] = {}
         self._load: dict[str, RankLoad] = {}
+        #: Per rank: whether its last scrape carried what a speed is measured from.
+        self._measurable: dict[str, bool] = {}
         #: Set when a scrape is wanted before the poller's next one (``wanted``); the poller waits
         #: on it (``routing.rank_metrics.run_metrics_polls``).
         self.sooner = asyncio.Event()
@@ -67,8 +69,10 @@ class RankSpeeds:
         ask for a scrape now, not at the next health interval. Until a speed is known admission
         holds the budget, so on a wave of first turns sessions waited for the poll (0.3-0.6 s of a
         compressed replay's first seconds) and were then admitted past the budget anyway. An answer
-        is what gives the ranks something to report; once a rank is measured nothing is asked."""
-        if not self._seconds_per_token:
+        is what gives the ranks something to report; once a rank is measured nothing is asked, nor
+        while every rank scraped lacks the series a speed needs (no scrape could measure one)."""
+        measurable = self._measurable
+        if not self._seconds_per_token and (not measurable or any(measurable.values())):
             self.sooner.set()
 
     def observe(self, rank: str, sample: RankSample) -> None:
@@ -78,6 +82,7 @@ class RankSpeeds:
         )
         base = self._base.get(rank)
         seconds, computed = _prefill_seconds(sample), _computed_tokens(sample)
+        self._measurable[rank] = seconds is not None and computed is not None
         if base is None or seconds is None or computed is None:
             self._base[rank] = sample
             return

@@ -4,12 +4,21 @@ histograms, its context length; and the prefill speed admission learns from succ
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import aiohttp
 import httpx
+import pytest
 
 from proxy.admission.rank_speed import MIN_COMPUTED_TOKENS, RankSpeeds
-from routing.rank_metrics import RankSample, max_model_len_of, parse_metrics, run_metrics_polls
+from routing import rank_metrics
+from routing.rank_metrics import (
+    ON_DEMAND_SPACING,
+    RankSample,
+    max_model_len_of,
+    parse_metrics,
+    run_metrics_polls,
+)
 from routing.ranks import Fleet, Rank
 from tests.helpers.wait import wait_until_async
 
@@ -112,3 +121,44 @@ def test_the_poller_scrapes_again_as_soon_as_it_is_asked(rank_servers) -> None: 
                 poller.cancel()
 
     asyncio.run(scenario())
+
+
+def test_no_scrape_is_wanted_when_no_ranks_metrics_can_give_a_speed() -> None:
+    """Ranks without prefill or TTFT histograms are never measured: asking for a scrape per answer
+    would scrape them once per answer for as long as sessions wait."""
+    speeds = RankSpeeds()
+    speeds.observe("r", parse_metrics("vllm:prompt_tokens_total 100\nvllm:num_requests_waiting 2\n"))
+    speeds.wanted()
+    assert not speeds.sooner.is_set()
+    speeds.observe("s", parse_metrics(scrape(0, 0, 0)))  # one rank that can be measured: ask again
+    speeds.wanted()
+    assert speeds.sooner.is_set()
+
+
+def test_scrapes_asked_for_without_pause_are_spaced_by_their_own_duration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scrapes: list[tuple[float, float]] = []
+    sooner = asyncio.Event()
+
+    async def slow_poll(*_: object) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.sleep(0.02)
+        scrapes.append((started, loop.time()))
+        sooner.set()  # asked again at once, as every answer of a waiting wave would
+
+    monkeypatch.setattr(rank_metrics, "poll_all", slow_poll)
+
+    async def scenario() -> None:
+        poller = asyncio.create_task(
+            run_metrics_polls(None, Fleet([]), 3600.0, 5.0, lambda *_: None, sooner)  # type: ignore[arg-type]
+        )
+        try:
+            await wait_until_async(lambda: len(scrapes) >= 3, "asked, but no further scrapes")
+        finally:
+            poller.cancel()
+
+    asyncio.run(scenario())
+    for (start, end), (next_start, _) in itertools.pairwise(scrapes):
+        assert next_start - end >= (ON_DEMAND_SPACING - 1) * (end - start) - 1e-3
