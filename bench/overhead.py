@@ -13,7 +13,8 @@ tree (the "before" of a change, e.g. a worktree of main); with ``--peers`` also 
 cache_aware (``bench/peers/install.sh``).
 
     python -m bench.overhead [--samples 300] [--large-samples 60] [--seconds 5]
-        [--growing-turns 30] [--growing-conversations 2] [--baseline-root DIR] [--peers]
+        [--growing-turns 30] [--growing-conversations 2] [--growing-step 1000]
+        [--baseline-root DIR] [--peers]
         [--cases small,100k,growing,throughput]
 
 Without a ``--config`` in ``--proxy-args`` the proxies pin the embedded tokenizer: the stub rank's
@@ -108,6 +109,12 @@ def main() -> None:
         "--growing-conversations", type=int, default=2, help="growing conversations (default 2)"
     )
     parser.add_argument(
+        "--growing-step",
+        type=int,
+        default=1000,
+        help="tokens each turn of a growing conversation adds (default 1000; 10000: a large file read)",
+    )
+    parser.add_argument(
         "--seconds", type=float, default=5.0, help="duration of each throughput run (default 5)"
     )
     parser.add_argument("--concurrency", type=int, default=64)
@@ -147,7 +154,7 @@ def main() -> None:
             bodies: list[bytes] = []
             labels: list[str] = []
             for c in range(args.growing_conversations):
-                turns = growing_conversation(100_000, 1_000, args.growing_turns, seed=c)
+                turns = growing_conversation(100_000, args.growing_step, args.growing_turns, seed=c)
                 bodies += turns
                 labels += [f"conversation-{c}"] * len(turns)
             cases["growing non-stream"] = interleaved(rank_url, systems, bodies, False, labels)

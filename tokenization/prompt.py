@@ -61,7 +61,8 @@ class IncrementalTokenizer:
     One instance per backend group (one tokenizer, one block size, one hash algorithm). CPU-heavy
     uncached work (above ``offload_tokens`` estimated tokens) runs in a worker thread so a 100k-token
     first turn does not stall the event loop; small increments run inline, and a returning turn that
-    added more than ``ahead_tokens`` goes on while its tail is encoded in one (``returning_chat_blocks``).
+    added more than ``ahead_tokens`` (default: ``offload_tokens``) goes on while its tail is encoded in
+    one (``returning_chat_blocks``).
     ``executor`` is the pool
     that work runs in (``prefixgate serve``: one thread per core, for tokenizers that release the GIL
     while they encode, as tiktoken does); None: the event loop's default executor.
@@ -78,7 +79,7 @@ class IncrementalTokenizer:
         *,
         cache_bytes: int = 256 * 1024 * 1024,
         offload_tokens: int = 8192,
-        ahead_tokens: int = 256,
+        ahead_tokens: int | None = None,
         shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
         executor: Executor | None = None,
     ) -> None:
@@ -88,7 +89,10 @@ class IncrementalTokenizer:
         self.block_size = hasher.block_size
         self.sessions = SessionCache(cache_bytes)
         self.offload_tokens = offload_tokens
-        self.ahead_tokens = ahead_tokens
+        # Default: only work a worker thread would do anyway goes beside the request. Below that, the
+        # hop costs more than it saves: measured on replayed Claude Code traces at 256 tokens, TTFT
+        # p99 +15 % and proxy CPU +0.6 ms a request (three runs each, side by side).
+        self.ahead_tokens = offload_tokens if ahead_tokens is None else ahead_tokens
         self._hash_bytes = len(hasher.none_hash) + _HASH_OVERHEAD
         self.shared = LRU[tuple[bytes, int, str | None], tuple[BlockHash, ...]](shared_cache_bytes)
         # Heads being encoded, by the head's key and salt: a wave of new sessions of one agent

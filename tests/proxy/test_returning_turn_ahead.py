@@ -75,8 +75,8 @@ def three_turns(rank_servers: RankServers, ahead: bool) -> tuple[list[int], list
     try:
         gateway = app.state.gateway
         incremental = gateway.pipeline.blocks.incremental
-        if not ahead:
-            incremental.ahead_tokens = 10**9
+        # the second turn's ~2k-token tail goes ahead (a default threshold would keep it inline)
+        incremental.ahead_tokens = 256 if ahead else 10**9
         answers = [chat(server.url, FIRST)]
         tokenizer = HeldTokenizer(incremental.tokenizer)
         incremental.tokenizer = tokenizer

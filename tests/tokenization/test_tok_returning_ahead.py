@@ -115,3 +115,20 @@ async def test_a_long_tail_goes_ahead_and_a_short_one_or_a_new_salt_does_not() -
     assert isinstance(await inc.returning_chat_blocks(short_turn, base.memo), PromptBlocks)
     salted = {**long_turn, "cache_salt": "tenant-2"}  # the salt is in block 0: nothing is kept
     assert isinstance(await inc.returning_chat_blocks(salted, base.memo), PromptBlocks)
+
+
+async def test_by_default_only_worker_thread_work_goes_ahead() -> None:
+    """Below ``offload_tokens`` the tail is encoded on the path: a thread hop costs more than it saves."""
+    inc = IncrementalTokenizer(TiktokenTokenizer(), make_hasher("sha256", 16, "0"), offload_tokens=2000)
+    first = [SYSTEM, {"role": "user", "content": "Read the module."}]
+    base = await inc.chat_blocks({"messages": first})
+    assert base.memo is not None
+
+    def turn(functions: int) -> dict[str, Any]:
+        code = "".join(TAIL.format(i=i) for i in range(functions))
+        return {
+            "messages": [*first, {"role": "assistant", "content": "Read."}, {"role": "user", "content": code}]
+        }
+
+    assert isinstance(await inc.returning_chat_blocks(turn(60), base.memo), PromptBlocks)  # ~1.5k tokens
+    assert isinstance(await inc.returning_chat_blocks(turn(400), base.memo), PromptHead)  # ~10k tokens
