@@ -62,10 +62,9 @@ class IncrementalTokenizer:
     uncached work (above ``offload_tokens`` estimated tokens) runs in a worker thread so a 100k-token
     first turn does not stall the event loop; small increments run inline, and a returning turn that
     added more than ``ahead_tokens`` (default: ``offload_tokens``) goes on while its tail is encoded in
-    one (``returning_chat_blocks``).
-    ``executor`` is the pool
-    that work runs in (``prefixgate serve``: one thread per core, for tokenizers that release the GIL
-    while they encode, as tiktoken does); None: the event loop's default executor.
+    one (``returning_chat_blocks``). ``executor`` is the pool that work runs in (``prefixgate serve``:
+    one thread per core, for tokenizers that release the GIL while they encode, as tiktoken does);
+    None: the event loop's default executor.
 
     Besides the per-session cache, ``shared`` keeps the block hashes of leading segments that many
     sessions share (``Encoded.shared_tokens``, e.g. one agent's system prompt + tools), keyed by

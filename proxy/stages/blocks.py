@@ -15,8 +15,8 @@ there: essentially its head, the agent's system prompt and tools. When the rest 
 (``IncrementalTokenizer.first_chat_blocks``), the turn goes on with its head's blocks (encoded and
 hashed once per agent) and a size estimated from its text, and the whole prompt is tokenized and
 hashed beside it (``ctx.landing``): its memo, the index's record and what the observers learn use
-the whole prompt once it lands, and the thread's next turn awaits it. A returning turn that added
-more than a few hundred tokens (``returning_chat_blocks``) goes on the same way with the blocks it
+the whole prompt once it lands, and the thread's next turn awaits it. A returning turn whose new
+tail is worker-thread work (``returning_chat_blocks``) goes on the same way with the blocks it
 keeps of its previous turn: its new tail is in no rank's cache, so routing loses nothing by not
 waiting for it, and the request is on its way while a worker thread encodes it. (The previous
 answer's blocks, ``ctx.cached_answer``, are then known once it lands, not in the estimate.)
