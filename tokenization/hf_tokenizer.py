@@ -30,8 +30,7 @@ from tokenization.base import (
 )
 from tokenization.chat_conversion import BILLING_HEADER_PREFIX
 from tokenization.hf_template import load_chat_template, render_chat, select_template
-
-CHARS_PER_TOKEN = 4
+from tokenization.text_size import TextSize
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +177,8 @@ class HfTokenizer:
             self.model_dir, Path(chat_template) if chat_template is not None else None
         )
         self._added_ids = frozenset(self._tok.get_added_tokens_decoder())
+        #: Characters per token of what it encoded: sizes a prompt before it is encoded.
+        self.size = TextSize()
 
     def render(self, prompt: ChatPrompt) -> str:
         """The prompt text the template produces."""
@@ -207,7 +208,9 @@ class HfTokenizer:
     def _encode(self, text: str, add_special_tokens: bool) -> Any:
         # ``encode_batch`` releases the GIL while it encodes (``encode`` holds it throughout): a
         # long first turn in a worker thread then leaves the event loop running.
-        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        encoded = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        self.size.learn(len(text), len(encoded.ids))
+        return encoded
 
     def encode_chat(self, prompt: ChatPrompt, prev: Encoded | None = None) -> Encoded:
         """Synchronous ``plan_chat(...).finish()``."""
@@ -254,7 +257,7 @@ class HfTokenizer:
             memo_bytes = len(text) + 4 * (len(starts) + 2 * len(anchors)) + 200
             return Encoded(tokens, parts, reused, _TextMemo(text, starts, anchors, anchor_ends), memo_bytes)
 
-        return Plan((len(text) - cut_char) // CHARS_PER_TOKEN, finish, kept=cut_token)
+        return Plan(self.size.tokens(len(text) - cut_char), finish, kept=cut_token)
 
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
         """A completion prompt, with the tokenizer's special tokens added (vLLM's completions default)."""
@@ -263,7 +266,7 @@ class HfTokenizer:
         def finish() -> Encoded:
             return whole_prompt(array("I", self._encode(text, True).ids), prev)
 
-        return Plan(len(text) // CHARS_PER_TOKEN, finish)
+        return Plan(self.size.tokens(len(text)), finish)
 
 
 def message_parts(

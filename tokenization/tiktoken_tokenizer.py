@@ -30,13 +30,14 @@ from tokenization.chatml import GENERATION_PROMPT, content_text, is_system, rend
 from tokenization.encoding import chatml_encoding, encode
 from tokenization.lru import LRU
 from tokenization.segments import SegmentMemo, diff
+from tokenization.text_size import TextSize
 
-# Rough chars per token of code and prose, only to size the work for the thread/inline decision.
-CHARS_PER_TOKEN = 4
+# A memo holds the messages it was made of: their text is charged to the cache budget per token.
+TEXT_BYTES_PER_TOKEN = 4
 # An array object's own size, on top of its items, for the shared cache's budget.
 _ARRAY_BYTES = 80
 # Per segment kept between turns: its input's reference, key, end offset, and the message object
-# itself (the prompt's text is charged as about CHARS_PER_TOKEN bytes per token).
+# itself (the prompt's text is charged as about TEXT_BYTES_PER_TOKEN bytes per token).
 _SEGMENT_BYTES = 200
 
 
@@ -76,14 +77,18 @@ class TiktokenTokenizer:
         #: The system+tools segment's token ids by segment key, across sessions
         #: (see ``DEFAULT_SHARED_CACHE_BYTES``).
         self.shared = LRU[int, array](shared_cache_bytes)
+        #: Characters per token of what it encoded: sizes a prompt before it is encoded.
+        self.size = TextSize()
 
     def _encode_into(self, tokens: array, text: str) -> None:
         """Append ``text``'s ids to ``tokens``: through tiktoken's uint32 buffer when it has one, which
         skips building a Python int per token (~6 % of an appended turn's encode)."""
+        before = len(tokens)
         if self._to_buffer is None:
             tokens.fromlist(encode(text))
         else:
             tokens.frombytes(memoryview(self._to_buffer(text, self._specials)).cast("B"))
+        self.size.learn(len(text), len(tokens) - before)
 
     def encode_chat(self, prompt: ChatPrompt, prev: Encoded | None = None) -> Encoded:
         """Synchronous ``plan_chat(...).finish()``."""
@@ -131,7 +136,7 @@ class TiktokenTokenizer:
                 texts[j] = render_message(chat[j - off])
             else:
                 texts[j] = GENERATION_PROMPT
-        work = sum(map(len, texts.values())) // CHARS_PER_TOKEN
+        work = self.size.tokens(sum(map(len, texts.values())))
 
         def _label(j: int) -> str:
             return _segment_label(j, count, has_system, has_tools, generation)
@@ -175,7 +180,7 @@ class TiktokenTokenizer:
                 tuple(parts),
                 reused,
                 memo_next,
-                count * _SEGMENT_BYTES + CHARS_PER_TOKEN * len(tokens),
+                count * _SEGMENT_BYTES + TEXT_BYTES_PER_TOKEN * len(tokens),
                 shared_tokens=ends[0] if system_segment else 0,
             )
 
@@ -191,7 +196,7 @@ class TiktokenTokenizer:
                     self.shared.put(head_key, ids, _ARRAY_BYTES + 4 * len(ids))
                 return ids
 
-            head = Head(system_key, len(texts.get(0, "")) // CHARS_PER_TOKEN, encode_head)
+            head = Head(system_key, self.size.tokens(len(texts.get(0, ""))), encode_head)
         return Plan(work, finish, head, kept=reused)
 
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
@@ -203,4 +208,4 @@ class TiktokenTokenizer:
             self._encode_into(tokens, text)
             return whole_prompt(tokens, prev)
 
-        return Plan(len(text) // CHARS_PER_TOKEN, finish)
+        return Plan(self.size.tokens(len(text)), finish)

@@ -154,11 +154,11 @@ async def test_an_edited_message_re_encodes_only_itself() -> None:
     edited = [dict(m) for m in messages]
     edited[3] = {"role": "user", "content": "changed"}
     plan = await tok.plan_chat(ChatPrompt(edited), first)
-    assert plan.work == len(chatml.render_message(edited[3])) // 4
+    assert plan.work == tok.size.tokens(len(chatml.render_message(edited[3])))
     second = plan.finish()
     assert second.reused == first.parts[3][1]
     assert list(second.tokens) == encoding.encode(chatml.render(edited))
     system = [{"role": "system", "content": "another system prompt " * 20}, *messages[1:]]
     plan = await tok.plan_chat(ChatPrompt(system), first)
-    assert plan.work == len(chatml.render_system(system[0]["content"], None) or "") // 4
+    assert plan.work == tok.size.tokens(len(chatml.render_system(system[0]["content"], None) or ""))
     assert list(plan.finish().tokens) == encoding.encode(chatml.render(system))
