@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.real_vllm.build_model import train_tokenizer
+from tokenization.hf_tokenizer import HfTokenizer
 
 # Qwen-style: tools inside the system turn, tool calls as JSON in <tool_call>, loop controls, the
 # {% generation %} tag, raise_exception and tojson on a dict literal (key order must survive).
@@ -70,3 +71,9 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def build_hf_model() -> Callable[[Path], Path]:
     """``build_model_dir`` for tests that modify the model directory."""
     return build_model_dir
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(hf_model_dir: Path) -> HfTokenizer:
+    """One tokenizer of the tiny model per test module (loading it is the slow part)."""
+    return HfTokenizer(hf_model_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -101,11 +100,6 @@ def test_tiktoken_incremental_equals_scratch(ops: list[tuple], algo: str) -> Non
         )
 
     _run_sequence(make, ops, oracle)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(hf_model_dir: Path) -> HfTokenizer:
-    return HfTokenizer(hf_model_dir)
 
 
 @settings(

@@ -5,10 +5,8 @@ prompt, and the rest, finished beside it, is exactly what tokenizing it on the p
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -67,11 +65,6 @@ def run_turns(tokenizer: Tokenizer, ops: list[tuple], algo: str) -> int:
 @given(ops=st.lists(OP, max_size=8), algo=st.sampled_from(["sha256", "xxh3"]))
 def test_tiktoken_ahead_blocks_lead_the_whole_prompt(ops: list[tuple], algo: str) -> None:
     run_turns(TiktokenTokenizer(), ops, algo)
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(hf_model_dir: Path) -> HfTokenizer:
-    return HfTokenizer(hf_model_dir)
 
 
 @settings(
