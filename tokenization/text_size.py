@@ -8,8 +8,8 @@ tool results full of paths, numbers and hashes at about 2.2, and the benchmarks'
 about 5.9, whose first turns were estimated 1.5x too large. Each tokenizer learns its own ratio
 from every text it encodes, weighted by size.
 
-Invariant: ``tokens(chars)`` is a positive multiple of ``chars`` bounded by ``MIN_RATIO`` and
-``MAX_RATIO`` characters per token, however the learned text was made.
+Invariant: ``tokens(chars)`` is ``chars`` divided by a ratio between ``MIN_RATIO`` and ``MAX_RATIO``
+characters per token (rounded down), however the learned text was made.
 """
 
 from __future__ import annotations
@@ -38,15 +38,14 @@ class TextSize:
     def __init__(self) -> None:
         self._chars = PRIOR_CHARS_PER_TOKEN * PRIOR_TOKENS
         self._tokens = PRIOR_TOKENS
-        self._ratio = PRIOR_CHARS_PER_TOKEN
 
     @property
     def chars_per_token(self) -> float:
-        return self._ratio
+        return min(MAX_RATIO, max(MIN_RATIO, self._chars / self._tokens))
 
     def tokens(self, chars: int) -> int:
         """The estimated tokens of a text of ``chars`` characters."""
-        return int(chars / self._ratio)
+        return int(chars / self.chars_per_token)
 
     def learn(self, chars: int, tokens: int) -> None:
         """A text of ``chars`` characters encoded into ``tokens`` tokens."""
@@ -55,4 +54,3 @@ class TextSize:
         keep = 0.5 ** (tokens / HALF_LIFE_TOKENS)
         self._chars = self._chars * keep + chars
         self._tokens = self._tokens * keep + tokens
-        self._ratio = min(MAX_RATIO, max(MIN_RATIO, self._chars / self._tokens))

@@ -56,7 +56,7 @@ def test_the_prior_holds_until_enough_text_is_learned() -> None:
     assert abs(size.chars_per_token - 3.0) < 0.05
 
 
-def test_tiktoken_sizes_code_and_generated_text_by_what_it_encoded() -> None:
+def test_tiktoken_sizes_tool_results_and_generated_text_by_what_it_encoded() -> None:
     """After one conversation of each kind, the next prompt of that kind is sized within 5 %, where a
     fixed 4 characters per token was off by more than 15 % on both: tool results (under) and the
     benchmarks' generated text (over, at about 5.9 characters per token)."""
