@@ -8,17 +8,24 @@ a session ended on purpose (``DELETE /admin/sessions``): a record Redis lacks wi
 (Redis restarted), and this replica's copy of it still stands.
 
 The three stores share one ``RedisLink`` (``routing/redis_link.py``): one client that fails fast, one
-circuit breaker. While Redis answers, the session table reads and writes it directly (one bounded
-round trip each; replicas must see each other's records at once). The first failure opens the
-circuit for all three: they answer from their mirrors without trying Redis again, and the link's
-thread, never the event loop, probes it; before the circuit closes, each store pushes its mirror
-back. For the session table that push keeps whichever record was seen last (a restarted, empty
-Redis gets this replica's records back: sessions keep their turn counts and their rank).
+circuit breaker. While Redis answers, the session table reads it directly (one bounded round trip:
+replicas must see each other's records) and writes it behind, through the link's thread, in order:
+a save is two of a turn's round trips, and the event loop served nothing while it waited on them.
+A write behind is seen by other replicas a queue's wait later; this replica reads its own records
+from its mirror until they have landed (``get``, ``seen_since``). Each save carries the record's
+``version`` and lands only over an older one (``_SAVE``): a settlement that lands after another
+replica saved the session's next turn is dropped, not written over it (the next turn keeps its
+place; the late turn's usage counters are what is lost). The first failure opens the circuit for
+all three: they answer from their mirrors without trying Redis again, and the link's thread, never
+the event loop, probes it; before the circuit closes, each store pushes its mirror back. For the
+session table that push keeps whichever record was seen last (a restarted, empty Redis gets this
+replica's records back: sessions keep their turn counts and their rank).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +48,29 @@ log = logging.getLogger("prefixgate.sessions")
 
 #: Records pushed back per round trip when Redis returns.
 RESYNC_BATCH = 500
+
+#: Save one record unless Redis holds a newer version of it (a later save, by another replica; at
+#: the same version, more turns): the record, its ``seen`` entry, and ``seen`` pruned of records idle
+#: past retention (expired: their entries go too). The same key saved begins a new session: an ended
+#: mark goes.
+_SAVE = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local stored = cjson.decode(current)
+  local version, mine = tonumber(stored['version']) or 0, tonumber(ARGV[2])
+  if version > mine or (version == mine and (tonumber(stored['turns']) or 0) > tonumber(ARGV[3])) then
+    return 0
+  end
+end
+redis.call('DEL', KEYS[3])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[2], ARGV[5], ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[7])
+return 1
+"""
+
+#: Keys this replica wrote behind remembered at most (past it, the landed ones are forgotten).
+PENDING_KEPT = 4096
 
 #: Push one record back unless Redis holds one seen later (another replica's) or the session was
 #: ended meanwhile: the record, its ``seen`` entry and, when Redis has none, its breaks.
@@ -86,6 +116,14 @@ class RedisSessionStore:
         self.retention_s = retention_s
         self.local = MemorySessionStore()
         self._push = self.redis.register_script(_PUSH)
+        self._save = self.redis.register_script(_SAVE)
+        #: Sequence numbers of the writes behind: the last submitted (event loop), the last run (the
+        #: link's thread, in submission order), and each key's last submitted. A key whose last
+        #: write has not run is read from the mirror.
+        self._submitted = 0
+        self._written = 0
+        self._pending: dict[str, int] = {}
+        self._pending_lock = threading.Lock()
         self.link.on_resync(self.resync)
 
     @property
@@ -105,7 +143,49 @@ class RedisSessionStore:
     def _seen(self) -> str:
         return f"{self.prefix}:seen"
 
+    def _behind(self, key: str, write: Callable[[], object]) -> None:
+        """``write`` on the link's thread, after every write submitted before it; ``key`` is read
+        from the mirror until it has run."""
+        with self._pending_lock:
+            self._submitted += 1
+            sequence = self._submitted
+            self._pending[key] = sequence
+            if len(self._pending) > PENDING_KEPT:
+                written = self._written
+                self._pending = {k: n for k, n in self._pending.items() if n > written}
+
+        def task() -> None:
+            try:
+                write()
+            finally:
+                self._written = sequence
+
+        self.link.submit(task)
+
+    def _unwritten(self) -> set[str]:
+        """The keys whose last write behind has not run yet."""
+        written = self._written
+        with self._pending_lock:
+            return {k for k, n in self._pending.items() if n > written}
+
+    def _with_unwritten(self, found: list[Session], since: float | None) -> list[Session]:
+        """``found`` in Redis, with this replica's writes not landed yet in place of what Redis
+        holds of those keys (``since``: only records seen from then on)."""
+        unwritten = self._unwritten()
+        if not unwritten:
+            return found
+        out = [s for s in found if s.key not in unwritten]
+        for key in unwritten:
+            session = self.local.get(key)
+            if session is not None and (since is None or session.last_seen >= since):
+                out.append(session)
+        return out
+
     def get(self, key: str, *, breaks: bool = True) -> Session | None:
+        sequence = self._pending.get(key)
+        if sequence is not None and sequence > self._written:
+            return self.local.get(key)  # its last write has not landed: the mirror has it
+
         def fetch() -> tuple[Any, Any, Any]:
             pipe = self.redis.pipeline(transaction=False)
             pipe.get(self._key(key))
@@ -132,18 +212,20 @@ class RedisSessionStore:
         kept = self.local.get(session.key)
         if kept is not None and not session.breaks:  # read without them: the copy Redis falls back on
             session.breaks = kept.breaks  # keeps this replica's (``resync`` pushes them back)
+        session.version += 1
         self.local.save(session)
-
-        def write() -> None:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(self._ended_key(session.key))  # the same key begins a new session
-            pipe.set(self._key(session.key), session.dumps(), px=self.retention_ms)
-            pipe.zadd(self._seen, {session.key: session.last_seen})
-            # idle past retention: the record has expired, its entry in ``seen`` goes too
-            pipe.zremrangebyscore(self._seen, "-inf", session.last_seen - self.retention_s)
-            pipe.execute()
-
-        self.link.call(write)
+        key = session.key
+        keys = [self._key(key), self._seen, self._ended_key(key)]
+        args: list[bytes | str | int] = [
+            session.dumps(),  # now: the session changes on after this call returns
+            session.version,
+            session.turns,
+            self.retention_ms,
+            repr(session.last_seen),
+            key,
+            repr(session.last_seen - self.retention_s),
+        ]
+        self._behind(key, lambda: self._save(keys=keys, args=args))
 
     def delete(self, key: str) -> Session | None:
         found = self.get(key)
@@ -156,24 +238,26 @@ class RedisSessionStore:
             pipe.set(self._ended_key(key), 1, px=self.retention_ms)  # other replicas drop their copies
             pipe.execute()
 
-        self.link.call(remove)
+        self._behind(key, remove)  # after this replica's saves of it, which it would revive
         return found
 
     def add_break(self, key: str, record: dict[str, Any]) -> bool:
-        self.local.add_break(key, record)
-
-        def append() -> bool:
-            if not self.redis.exists(self._key(key)):
-                return False
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.rpush(self._breaks_key(key), orjson.dumps(record))
-            pipe.ltrim(self._breaks_key(key), -MAX_BREAKS, -1)
-            pipe.pexpire(self._breaks_key(key), self.retention_ms)
-            pipe.execute()
+        if self.local.add_break(key, record):  # saved here: appended behind, after the save
+            self._behind(key, lambda: self._append_break(key, record))
             return True
+        appended = self.link.call(lambda: self._append_break(key, record))
+        return appended if appended is not None else False
 
-        appended = self.link.call(append)
-        return appended if appended is not None else self.local.get(key) is not None
+    def _append_break(self, key: str, record: dict[str, Any]) -> bool:
+        """Append ``record`` to the breaks of a session Redis holds; False if it holds none."""
+        if not self.redis.exists(self._key(key)):
+            return False
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(self._breaks_key(key), orjson.dumps(record))
+        pipe.ltrim(self._breaks_key(key), -MAX_BREAKS, -1)
+        pipe.pexpire(self._breaks_key(key), self.retention_ms)
+        pipe.execute()
+        return True
 
     def _load(self, keys: Any) -> list[Session]:
         """The records of ``keys`` (a Redis reply: a list of bytes)."""
@@ -184,11 +268,11 @@ class RedisSessionStore:
 
     def seen_since(self, since: float) -> list[Session]:
         sessions = self.link.call(lambda: self._load(self.redis.zrangebyscore(self._seen, since, "+inf")))
-        return sessions if sessions is not None else self.local.seen_since(since)
+        return self._with_unwritten(sessions, since) if sessions is not None else self.local.seen_since(since)
 
     def all(self) -> list[Session]:
         sessions = self.link.call(lambda: self._load(self.redis.zrange(self._seen, 0, -1)))
-        return sessions if sessions is not None else self.local.all()
+        return self._with_unwritten(sessions, None) if sessions is not None else self.local.all()
 
     def resync(self) -> None:
         """Push this replica's records back, each unless Redis holds one seen later (the link's

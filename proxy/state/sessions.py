@@ -85,6 +85,9 @@ class Session:
     #: Admission's last decision for it (``proxy/admission/explain.py``): why it waited, where it went,
     #: the costs it weighed.
     admission: dict[str, Any] | None = None
+    #: Saves of this record, whichever replica made them: a shared store keeps the newest version,
+    #: so a replica's write that lands late never overwrites a later turn saved by another one.
+    version: int = 0
     breaks: list[dict[str, Any]] = field(default_factory=list)
 
     @property

@@ -1,0 +1,116 @@
+"""The Redis session table writes behind, through the link's thread: this replica reads its own
+writes before they land, and a write that lands late never overwrites a later save of another
+replica."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from proxy.state.redis import RedisSessionStore
+from proxy.state.sessions import Session
+from tests.routing.conftest import RedisServer
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def replica(server: RedisServer) -> RedisSessionStore:
+    """A store of its own (its own client, link and thread), as another prefixgate replica has."""
+    return RedisSessionStore(server.url, socket_timeout=1.0)
+
+
+def hold(store: RedisSessionStore) -> threading.Event:
+    """Stop ``store``'s link thread until the returned event is set: what is submitted meanwhile has
+    not landed."""
+    release = threading.Event()
+    store.link.submit(lambda: release.wait(10))
+    return release
+
+
+def test_saves_do_not_wait_for_redis_and_this_replica_reads_them_before_they_land(
+    server: RedisServer,
+) -> None:
+    mine, other = replica(server), replica(server)
+    release = hold(mine)
+    try:
+        mine.save(Session("k", created=1.0, last_seen=50.0, rank="r1", turns=1))
+        assert other.get("k") is None  # not in Redis yet: the save did not wait for it
+        got = mine.get("k")
+        assert got is not None and (got.rank, got.turns) == ("r1", 1)
+        assert [s.key for s in mine.seen_since(40.0)] == ["k"]
+        assert mine.seen_since(60.0) == []
+        assert [s.key for s in mine.all()] == ["k"]
+    finally:
+        release.set()
+    mine.link.flush()
+    landed = other.get("k")
+    assert landed is not None and (landed.rank, landed.turns, landed.version) == ("r1", 1, 1)
+    assert [s.key for s in other.seen_since(40.0)] == ["k"]
+
+
+def test_a_late_settlement_never_overwrites_the_next_turn_another_replica_saved(
+    server: RedisServer,
+) -> None:
+    a, b = replica(server), replica(server)
+    turn = Session("k", created=1.0, last_seen=10.0, rank="r0", turns=1)
+    a.save(turn)  # replica A admits turn 1
+    a.link.flush()
+    release = hold(a)
+    try:
+        turn.prompt_tokens_sent = 1000  # A settles turn 1: its write is held back
+        a.save(turn)
+        seen_by_b = b.get("k")  # the client's turn 2 reaches replica B first
+        assert seen_by_b is not None and seen_by_b.prompt_tokens_sent == 0
+        seen_by_b.turns, seen_by_b.last_seen, seen_by_b.rank = 2, 20.0, "r0"
+        b.save(seen_by_b)
+        b.link.flush()
+    finally:
+        release.set()
+    a.link.flush()  # A's settlement has landed now, after B's turn
+    stored = replica(server).get("k")
+    assert stored is not None
+    assert (stored.turns, stored.last_seen) == (2, 20.0)  # B's turn stands
+
+    stored.prompt_tokens_sent = 3000  # and a newer save of it lands, whichever replica makes it
+    a.save(stored)
+    a.link.flush()
+    again = b.get("k")
+    assert again is not None and (again.turns, again.prompt_tokens_sent) == (2, 3000)
+
+
+def test_a_delete_lands_after_the_saves_before_it(server: RedisServer) -> None:
+    mine, other = replica(server), replica(server)
+    release = hold(mine)
+    try:
+        mine.save(Session("k", created=1.0, last_seen=5.0))
+        assert mine.add_break("k", {"n": 1})
+        assert mine.delete("k") is not None
+        assert mine.get("k") is None
+    finally:
+        release.set()
+    mine.link.flush()
+    assert other.get("k") is None  # the save before the delete did not revive it
+    assert other.seen_since(0.0) == []
+
+
+def test_breaks_of_a_session_saved_here_land_after_its_record(server: RedisServer) -> None:
+    mine, other = replica(server), replica(server)
+    release = hold(mine)
+    try:
+        mine.save(Session("k", created=1.0, last_seen=5.0))
+        assert mine.add_break("k", {"n": 1})  # known here, so appended behind, after the record
+    finally:
+        release.set()
+    mine.link.flush()
+    got = other.get("k")
+    assert got is not None and [b["n"] for b in got.breaks] == [1]
+    assert other.add_break("ghost", {"n": 2}) is False  # unknown everywhere: asked of Redis
