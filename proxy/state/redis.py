@@ -34,6 +34,7 @@ import orjson
 from proxy.state.claims import RoomClaims
 from proxy.state.load_share import LoadShare, RedisShare
 from proxy.state.memory import MemorySessionStore
+from proxy.state.redis_changes import ActiveRecords, mark
 from proxy.state.redis_claims import RedisClaims
 from proxy.state.redis_queue import RedisWaitOrder
 from proxy.state.responses import RedisResponseRanks, ResponseRanks
@@ -53,7 +54,8 @@ RESYNC_BATCH = 500
 #: the same version, more turns): the record, its ``seen`` entry, and ``seen`` pruned of records idle
 #: past retention (expired: their entries go too). The same key saved begins a new session: an ended
 #: mark goes.
-_SAVE = """
+_SAVE = (
+    """
 local current = redis.call('GET', KEYS[1])
 if current then
   local stored = cjson.decode(current)
@@ -66,15 +68,20 @@ redis.call('DEL', KEYS[3])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[5], ARGV[6])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[7])
+"""
+    + mark(4, 5, "ARGV[6]")
+    + """
 return 1
 """
+)
 
 #: Keys this replica wrote behind remembered at most (past it, the landed ones are forgotten).
 PENDING_KEPT = 4096
 
 #: Push one record back unless Redis holds one seen later (another replica's) or the session was
 #: ended meanwhile: the record, its ``seen`` entry and, when Redis has none, its breaks.
-_PUSH = """
+_PUSH = (
+    """
 if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
 local current = redis.call('GET', KEYS[1])
 if current then
@@ -87,8 +94,20 @@ if #ARGV > 4 and redis.call('EXISTS', KEYS[2]) == 0 then
   for i = 5, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
+"""
+    + mark(5, 6, "ARGV[4]")
+    + """
 return 1
 """
+)
+
+#: End a session (``delete``): its record, breaks and ``seen`` entry go, a mark that it ended stays
+#: (other replicas drop their copies).
+_END = """
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('SET', KEYS[4], 1, 'PX', ARGV[2])
+""" + mark(5, 6, "ARGV[1]")
 
 
 class RedisSessionStore:
@@ -117,6 +136,10 @@ class RedisSessionStore:
         self.local = MemorySessionStore()
         self._push = self.redis.register_script(_PUSH)
         self._save = self.redis.register_script(_SAVE)
+        self._end = self.redis.register_script(_END)
+        self._counters = f"{self.prefix}:counters"
+        self._changes = f"{self.prefix}:changes"
+        self.active = ActiveRecords(self.redis, self._key, self._seen, self._counters, self._changes)
         #: Sequence numbers of the writes behind: the last submitted (event loop), the last run (the
         #: link's thread, in submission order), and each key's last submitted. A key whose last
         #: write has not run is read from the mirror.
@@ -215,7 +238,7 @@ class RedisSessionStore:
         session.version += 1
         self.local.save(session)
         key = session.key
-        keys = [self._key(key), self._seen, self._ended_key(key)]
+        keys = [self._key(key), self._seen, self._ended_key(key), self._counters, self._changes]
         args: list[bytes | str | int] = [
             session.dumps(),  # now: the session changes on after this call returns
             session.version,
@@ -231,14 +254,17 @@ class RedisSessionStore:
         found = self.get(key)
         self.local.delete(key)
 
-        def remove() -> None:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(self._key(key), self._breaks_key(key))
-            pipe.zrem(self._seen, key)
-            pipe.set(self._ended_key(key), 1, px=self.retention_ms)  # other replicas drop their copies
-            pipe.execute()
-
-        self._behind(key, remove)  # after this replica's saves of it, which it would revive
+        keys = [
+            self._key(key),
+            self._breaks_key(key),
+            self._seen,
+            self._ended_key(key),
+            self._counters,
+            self._changes,
+        ]
+        args: list[str | int] = [key, self.retention_ms]
+        # behind, after this replica's saves of it, which would revive it
+        self._behind(key, lambda: self._end(keys=keys, args=args))
         return found
 
     def add_break(self, key: str, record: dict[str, Any]) -> bool:
@@ -267,7 +293,7 @@ class RedisSessionStore:
         return [Session.loads(raw) for raw in raws if raw is not None]
 
     def seen_since(self, since: float) -> list[Session]:
-        sessions = self.link.call(lambda: self._load(self.redis.zrangebyscore(self._seen, since, "+inf")))
+        sessions = self.link.call(lambda: self.active.read(since, self.link.resyncs))
         return self._with_unwritten(sessions, since) if sessions is not None else self.local.seen_since(since)
 
     def all(self) -> list[Session]:
@@ -282,7 +308,14 @@ class RedisSessionStore:
             batch = ScriptBatch(self.redis)
             for session in records[start : start + RESYNC_BATCH]:
                 key = session.key
-                keys = [self._key(key), self._breaks_key(key), self._seen, self._ended_key(key)]
+                keys = [
+                    self._key(key),
+                    self._breaks_key(key),
+                    self._seen,
+                    self._ended_key(key),
+                    self._counters,
+                    self._changes,
+                ]
                 breaks = [orjson.dumps(b) for b in session.breaks[-MAX_BREAKS:]]
                 args: list[bytes | str | int] = [
                     session.dumps(),

@@ -1,0 +1,124 @@
+"""The session records active in Redis, re-read only where they changed.
+
+Admission counts the active sessions every poll (``Ledger.refresh``, every 10-250 ms), and reading
+every active record from Redis each time (a sorted-set range, then every record, parsed) made the
+poll O(sessions): with 256 sessions it was a sixth of the event loop's time (py-spy, ``bench.workers``).
+So every script that writes a record also logs it: ``{prefix}:changes`` is a sorted set of session
+keys scored by a write counter (``{prefix}:counters`` field ``seq``), one entry per key, its last
+write. ``ActiveRecords`` keeps the records it read and, at each poll, reads the keys logged since its
+cursor and those records only.
+
+Invariants, between two ``read`` calls:
+
+- every record in Redis last seen at or after ``horizon`` is in ``records``, as it was when the
+  write numbered ``cursor`` had been made (or later);
+- a key written after that has an entry in ``changes`` scored above ``cursor``, unless the log was
+  trimmed past it (``counters`` field ``trimmed``: the highest score dropped) or Redis lost it (a
+  restart or a flush: the counters were born again, field ``born``, or the link resynced): either
+  reads everything again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from proxy.state.sessions import Session
+
+#: Keys kept in the change log (one entry per key; past it the least recently written go, and a
+#: replica whose cursor is older reads every active record again).
+CHANGES_KEPT = 100_000
+#: Entries past ``CHANGES_KEPT`` before the log is trimmed (a trim per that many writes at most).
+TRIM_SLACK = 1_000
+
+
+def mark(counters: int, changes: int, member: str) -> str:
+    """The Lua that logs a write of the record of session ``member`` (a Lua expression), where
+    ``KEYS[counters]`` and ``KEYS[changes]`` are the store's counters and change log."""
+    return f"""
+local seq = redis.call('HINCRBY', KEYS[{counters}], 'seq', 1)
+if seq == 1 then
+  local now = redis.call('TIME')
+  redis.call('HSET', KEYS[{counters}], 'born', now[1] .. '.' .. now[2])
+end
+redis.call('ZADD', KEYS[{changes}], seq, {member})
+local logged = redis.call('ZCARD', KEYS[{changes}])
+if logged > {CHANGES_KEPT + TRIM_SLACK} then
+  local last = logged - {CHANGES_KEPT} - 1
+  local cut = redis.call('ZRANGE', KEYS[{changes}], last, last, 'WITHSCORES')
+  redis.call('ZREMRANGEBYRANK', KEYS[{changes}], 0, last)
+  redis.call('HSET', KEYS[{counters}], 'trimmed', cut[2])
+end
+"""
+
+
+class ActiveRecords:
+    """The records last seen since a time, read whole once and then only where they changed (see
+    the module docstring for its invariants). ``read`` raises Redis's errors; it is safe from any
+    thread (one read at a time)."""
+
+    def __init__(
+        self, client: Any, record_key: Callable[[str], str], seen: str, counters: str, changes: str
+    ) -> None:
+        self.client = client
+        self.record_key = record_key
+        self.seen = seen
+        self.counters = counters
+        self.changes = changes
+        self.records: dict[str, Session] = {}
+        self.horizon: float | None = None  # None: nothing read yet
+        self.cursor = 0
+        self.born: bytes | None = None
+        self.epoch: int | None = None
+        self.whole_reads = 0
+        self._lock = threading.Lock()
+
+    def read(self, since: float, epoch: int) -> list[Session]:
+        """The records last seen at or after ``since``; ``epoch`` changes when Redis may have lost
+        writes (the link's resync count): everything is read again."""
+        with self._lock:
+            if self.horizon is None or since < self.horizon or epoch != self.epoch or not self._update():
+                self._read_whole(since)
+                self.epoch = epoch
+            records = self.records
+            for key in [k for k, s in records.items() if s.last_seen < since]:
+                del records[key]
+            self.horizon = since
+            return list(records.values())
+
+    def _read_whole(self, since: float) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.counters, ["seq", "born"])  # first: what is written after is read next time
+        pipe.zrangebyscore(self.seen, since, "+inf")
+        (seq, self.born), keys = pipe.execute()
+        self.records = {s.key: s for s in self._load([k.decode() for k in keys])}
+        self.cursor = int(seq or 0)
+        self.whole_reads += 1
+
+    def _update(self) -> bool:
+        """Read the records written since ``cursor``; False when the log cannot say which."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.counters, ["seq", "trimmed", "born"])
+        pipe.zrangebyscore(self.changes, f"({self.cursor}", "+inf", withscores=True)
+        (seq, trimmed, born), changed = pipe.execute()
+        if born != self.born or int(seq or 0) < self.cursor or int(float(trimmed or 0)) > self.cursor:
+            return False
+        if not changed:
+            return True
+        keys = [k.decode() for k, _ in changed]
+        raws = self.client.mget([self.record_key(k) for k in keys])
+        records = self.records
+        for key, raw in zip(keys, raws, strict=True):
+            if raw is None:  # ended, or expired
+                records.pop(key, None)
+            else:
+                records[key] = Session.loads(raw)
+        self.cursor = max(self.cursor, int(changed[-1][1]))
+        return True
+
+    def _load(self, keys: list[str]) -> list[Session]:
+        if not keys:
+            return []
+        raws = self.client.mget([self.record_key(k) for k in keys])
+        return [Session.loads(raw) for raw in raws if raw is not None]
