@@ -107,6 +107,16 @@ def redis_commands(url: str) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
+def superseded_saves(url: str) -> int:
+    """Session saves Redis dropped because another replica had saved a later version of the
+    record (a settlement landing after the next turn: that turn's usage counters are lost)."""
+    client = redis_client.Redis.from_url(url)
+    try:
+        return int(client.hget("prefixgate:sessions:counters", "superseded") or 0)
+    finally:
+        client.close()
+
+
 def run_system(
     replicas: int, sessions: list[TraceSession], args: argparse.Namespace, kv_tokens: int
 ) -> dict[str, Any]:
@@ -142,6 +152,7 @@ def run_system(
         order = wait_order(urls[-1])  # a live replica (the first may have been stopped)
         moved = moves(p.log() for p in processes)
         commands = redis_commands(redis.url) if redis is not None else {}
+        superseded = superseded_saves(redis.url) if redis is not None else 0
     summary = result.summary()
     ranks_of: dict[str, set[str]] = defaultdict(set)
     for turn in result.turns:
@@ -169,6 +180,7 @@ def run_system(
         "faults": faults,
         "wait_order": order,
         "redis_commands": commands,
+        "session_saves_superseded": superseded,
         "requests_sent": sum(len(s.requests) for top in sessions for s in top.all_sessions()),
     }
 
@@ -252,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             total, scripts = sum(commands.values()) / per, commands.get("evalsha", 0) / per
             print(
                 f"  {r['system']}: Redis ran {total:.1f} commands per request answered, {scripts:.2f} "
-                f"scripts, {commands.get('publish', 0) / per:.2f} publishes"
+                f"scripts, {commands.get('publish', 0) / per:.2f} publishes; "
+                f"{r['session_saves_superseded']} session saves dropped for a later one (a turn's "
+                "usage counters lost)"
             )
         order = r["wait_order"]
         print(

@@ -51,9 +51,9 @@ log = logging.getLogger("prefixgate.sessions")
 RESYNC_BATCH = 500
 
 #: Save one record unless Redis holds a newer version of it (a later save, by another replica; at
-#: the same version, more turns): the record, its ``seen`` entry, and ``seen`` pruned of records idle
-#: past retention (expired: their entries go too). The same key saved begins a new session: an ended
-#: mark goes.
+#: the same version, more turns; counted in the counters' ``superseded``): the record, its ``seen``
+#: entry, and ``seen`` pruned of records idle past retention (expired: their entries go too). The
+#: same key saved begins a new session: an ended mark goes.
 _SAVE = (
     """
 local current = redis.call('GET', KEYS[1])
@@ -61,6 +61,7 @@ if current then
   local stored = cjson.decode(current)
   local version, mine = tonumber(stored['version']) or 0, tonumber(ARGV[2])
   if version > mine or (version == mine and (tonumber(stored['turns']) or 0) > tonumber(ARGV[3])) then
+    redis.call('HINCRBY', KEYS[4], 'superseded', 1)
     return 0
   end
 end
@@ -166,9 +167,21 @@ class RedisSessionStore:
     def _seen(self) -> str:
         return f"{self.prefix}:seen"
 
+    def _script_keys(self, key: str) -> list[str]:
+        """The keys of ``_PUSH`` and ``_END`` for session ``key``, in their order."""
+        return [
+            self._key(key),
+            self._breaks_key(key),
+            self._seen,
+            self._ended_key(key),
+            self._counters,
+            self._changes,
+        ]
+
     def _behind(self, key: str, write: Callable[[], object]) -> None:
         """``write`` on the link's thread, after every write submitted before it; ``key`` is read
-        from the mirror until it has run."""
+        from the mirror until it has run (a write the link skips while Redis is unreachable leaves
+        its key read from the mirror until a later write runs: the mirror is what Redis gets back)."""
         with self._pending_lock:
             self._submitted += 1
             sequence = self._submitted
@@ -254,14 +267,7 @@ class RedisSessionStore:
         found = self.get(key)
         self.local.delete(key)
 
-        keys = [
-            self._key(key),
-            self._breaks_key(key),
-            self._seen,
-            self._ended_key(key),
-            self._counters,
-            self._changes,
-        ]
+        keys = self._script_keys(key)
         args: list[str | int] = [key, self.retention_ms]
         # behind, after this replica's saves of it, which would revive it
         self._behind(key, lambda: self._end(keys=keys, args=args))
@@ -308,14 +314,7 @@ class RedisSessionStore:
             batch = ScriptBatch(self.redis)
             for session in records[start : start + RESYNC_BATCH]:
                 key = session.key
-                keys = [
-                    self._key(key),
-                    self._breaks_key(key),
-                    self._seen,
-                    self._ended_key(key),
-                    self._counters,
-                    self._changes,
-                ]
+                keys = self._script_keys(key)
                 breaks = [orjson.dumps(b) for b in session.breaks[-MAX_BREAKS:]]
                 args: list[bytes | str | int] = [
                     session.dumps(),

@@ -33,9 +33,10 @@ CHANGES_KEPT = 100_000
 TRIM_SLACK = 1_000
 
 
-def mark(counters: int, changes: int, member: str) -> str:
+def mark(counters: int, changes: int, member: str, kept: int = CHANGES_KEPT, slack: int = TRIM_SLACK) -> str:
     """The Lua that logs a write of the record of session ``member`` (a Lua expression), where
-    ``KEYS[counters]`` and ``KEYS[changes]`` are the store's counters and change log."""
+    ``KEYS[counters]`` and ``KEYS[changes]`` are the store's counters and change log; past
+    ``kept + slack`` entries the log keeps its newest ``kept``."""
     return f"""
 local seq = redis.call('HINCRBY', KEYS[{counters}], 'seq', 1)
 if seq == 1 then
@@ -44,8 +45,8 @@ if seq == 1 then
 end
 redis.call('ZADD', KEYS[{changes}], seq, {member})
 local logged = redis.call('ZCARD', KEYS[{changes}])
-if logged > {CHANGES_KEPT + TRIM_SLACK} then
-  local last = logged - {CHANGES_KEPT} - 1
+if logged > {kept + slack} then
+  local last = logged - {kept} - 1
   local cut = redis.call('ZRANGE', KEYS[{changes}], last, last, 'WITHSCORES')
   redis.call('ZREMRANGEBYRANK', KEYS[{changes}], 0, last)
   redis.call('HSET', KEYS[{counters}], 'trimmed', cut[2])

@@ -9,7 +9,9 @@ import httpx
 import pytest
 
 from bench.sim import SimConfig
+from proxy.state.redis import RedisSessionStore
 from tests.helpers.gateway import Gateways
+from tests.helpers.redis_server import RedisServer
 
 #: A rank's pool: two 700-token sessions fit its 0.8 budget (1,638 tokens), a third does not.
 KV_TOKENS = 2048
@@ -19,6 +21,11 @@ KV_TOKENS = 2048
 def sim_config() -> SimConfig:
     """``rank_servers.sim(n)``: simulated ranks with instant timing and ``KV_TOKENS`` pools."""
     return SimConfig(kv_tokens=KV_TOKENS, time_scale=0)
+
+
+def replica(server: RedisServer) -> RedisSessionStore:
+    """A session store of its own (its own client, link and thread), as another replica has."""
+    return RedisSessionStore(server.url, socket_timeout=1.0)
 
 
 @pytest.fixture

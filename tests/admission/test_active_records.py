@@ -4,28 +4,13 @@ poll (``proxy/state/redis_changes.py``), and always returns what a whole read wo
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from proxy.state.redis import RedisSessionStore
-from proxy.state.redis_changes import ActiveRecords
+from proxy.state.redis_changes import ActiveRecords, mark
 from proxy.state.sessions import Session
-from tests.routing.conftest import RedisServer
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def replica(server: RedisServer) -> RedisSessionStore:
-    return RedisSessionStore(server.url, socket_timeout=1.0)
+from tests.admission.conftest import replica
+from tests.helpers.redis_server import RedisServer
 
 
 def whole(store: RedisSessionStore, since: float) -> dict[str, tuple[int, float, str | None]]:
@@ -47,8 +32,8 @@ def counting_mget(store: RedisSessionStore) -> list[int]:
     return asked
 
 
-def test_a_poll_reads_only_the_records_written_since_the_last(server: RedisServer) -> None:
-    reader, writer = replica(server), replica(server)
+def test_a_poll_reads_only_the_records_written_since_the_last(redis_server: RedisServer) -> None:
+    reader, writer = replica(redis_server), replica(redis_server)
     for n in range(50):
         writer.save(Session(f"k{n}", created=1.0, last_seen=10.0 + n))
     writer.link.flush()
@@ -73,10 +58,10 @@ def test_a_poll_reads_only_the_records_written_since_the_last(server: RedisServe
     assert reader.active.whole_reads == 2
 
 
-def test_polls_agree_with_a_whole_read_whatever_the_writes(server: RedisServer) -> None:
+def test_polls_agree_with_a_whole_read_whatever_the_writes(redis_server: RedisServer) -> None:
     """Saves, turns, moves and ends from two replicas in a random order: each poll of a third
     returns what a whole read returns."""
-    reader, writers = replica(server), [replica(server), replica(server)]
+    reader, writers = replica(redis_server), [replica(redis_server), replica(redis_server)]
     rng = random.Random(7)
     clock = 100.0
     for step in range(300):
@@ -102,8 +87,8 @@ def test_polls_agree_with_a_whole_read_whatever_the_writes(server: RedisServer) 
     assert reader.active.whole_reads < 43 // 2  # most polls read only what changed
 
 
-def test_a_trimmed_log_a_restart_or_a_resync_read_everything_again(server: RedisServer) -> None:
-    reader, writer = replica(server), replica(server)
+def test_a_trimmed_log_a_restart_or_a_resync_read_everything_again(redis_server: RedisServer) -> None:
+    reader, writer = replica(redis_server), replica(redis_server)
     writer.save(Session("a", created=1.0, last_seen=5.0))
     writer.link.flush()
     assert [s.key for s in reader.seen_since(0.0)] == ["a"]
@@ -122,3 +107,16 @@ def test_a_trimmed_log_a_restart_or_a_resync_read_everything_again(server: Redis
     reader.link.resyncs += 1  # the link pushed the mirrors back: read whole
     assert [s.key for s in reader.seen_since(0.0)] == ["b"]
     assert reader.active.whole_reads == reads + 3
+
+
+def test_the_change_log_keeps_its_newest_entries_and_says_how_far_it_was_trimmed(
+    redis_server: RedisServer,
+) -> None:
+    client = replica(redis_server).redis
+    log_write = client.register_script(mark(1, 2, "ARGV[1]", kept=3, slack=2))
+    for n in range(6):  # 6 keys: past kept + slack = 5, the oldest 3 go
+        log_write(keys=["counters", "changes"], args=[f"k{n}"])
+    assert client.zrange("changes", 0, -1) == [b"k3", b"k4", b"k5"]
+    assert client.hget("counters", "trimmed") == b"3"  # k0-k2 held scores 1-3
+    log_write(keys=["counters", "changes"], args=["k3"])  # a key written again: one entry, new score
+    assert client.zrange("changes", 0, -1, withscores=True) == [(b"k4", 5.0), (b"k5", 6.0), (b"k3", 7.0)]

@@ -5,27 +5,11 @@ replica."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-
-import pytest
 
 from proxy.state.redis import RedisSessionStore
 from proxy.state.sessions import Session
-from tests.routing.conftest import RedisServer
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def replica(server: RedisServer) -> RedisSessionStore:
-    """A store of its own (its own client, link and thread), as another prefixgate replica has."""
-    return RedisSessionStore(server.url, socket_timeout=1.0)
+from tests.admission.conftest import replica
+from tests.helpers.redis_server import RedisServer
 
 
 def hold(store: RedisSessionStore) -> threading.Event:
@@ -37,9 +21,9 @@ def hold(store: RedisSessionStore) -> threading.Event:
 
 
 def test_saves_do_not_wait_for_redis_and_this_replica_reads_them_before_they_land(
-    server: RedisServer,
+    redis_server: RedisServer,
 ) -> None:
-    mine, other = replica(server), replica(server)
+    mine, other = replica(redis_server), replica(redis_server)
     release = hold(mine)
     try:
         mine.save(Session("k", created=1.0, last_seen=50.0, rank="r1", turns=1))
@@ -58,9 +42,9 @@ def test_saves_do_not_wait_for_redis_and_this_replica_reads_them_before_they_lan
 
 
 def test_a_late_settlement_never_overwrites_the_next_turn_another_replica_saved(
-    server: RedisServer,
+    redis_server: RedisServer,
 ) -> None:
-    a, b = replica(server), replica(server)
+    a, b = replica(redis_server), replica(redis_server)
     turn = Session("k", created=1.0, last_seen=10.0, rank="r0", turns=1)
     a.save(turn)  # replica A admits turn 1
     a.link.flush()
@@ -76,9 +60,10 @@ def test_a_late_settlement_never_overwrites_the_next_turn_another_replica_saved(
     finally:
         release.set()
     a.link.flush()  # A's settlement has landed now, after B's turn
-    stored = replica(server).get("k")
+    stored = replica(redis_server).get("k")
     assert stored is not None
     assert (stored.turns, stored.last_seen) == (2, 20.0)  # B's turn stands
+    assert a.redis.hget(a._counters, "superseded") == b"1"  # and the dropped settlement is counted
 
     stored.prompt_tokens_sent = 3000  # and a newer save of it lands, whichever replica makes it
     a.save(stored)
@@ -87,8 +72,8 @@ def test_a_late_settlement_never_overwrites_the_next_turn_another_replica_saved(
     assert again is not None and (again.turns, again.prompt_tokens_sent) == (2, 3000)
 
 
-def test_a_delete_lands_after_the_saves_before_it(server: RedisServer) -> None:
-    mine, other = replica(server), replica(server)
+def test_a_delete_lands_after_the_saves_before_it(redis_server: RedisServer) -> None:
+    mine, other = replica(redis_server), replica(redis_server)
     release = hold(mine)
     try:
         mine.save(Session("k", created=1.0, last_seen=5.0))
@@ -102,8 +87,8 @@ def test_a_delete_lands_after_the_saves_before_it(server: RedisServer) -> None:
     assert other.seen_since(0.0) == []
 
 
-def test_breaks_of_a_session_saved_here_land_after_its_record(server: RedisServer) -> None:
-    mine, other = replica(server), replica(server)
+def test_breaks_of_a_session_saved_here_land_after_its_record(redis_server: RedisServer) -> None:
+    mine, other = replica(redis_server), replica(redis_server)
     release = hold(mine)
     try:
         mine.save(Session("k", created=1.0, last_seen=5.0))
