@@ -127,7 +127,14 @@ def create_app(settings: Settings) -> LeanApp:
         rate = gw.dashboard.recorder.window.rate
         memory = (gw.locals.nbytes, gw.locals.budget_bytes)
         export_gauges(
-            gw.metrics, gw.fleet, gw.admission, rate, gw.sessions, per_session=admin, session_memory=memory
+            gw.metrics,
+            gw.fleet,
+            gw.admission,
+            rate,
+            gw.sessions,
+            per_session=admin,
+            session_memory=memory,
+            backlog=gw.state.backlog(),
         )
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

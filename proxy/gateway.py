@@ -122,6 +122,8 @@ class Gateway:
             self.metrics.registry.unregister(self.metrics.index_redis_up)
             self.metrics.registry.unregister(self.metrics.admission_shared_up)
             self.metrics.registry.unregister(self.metrics.admission_queue_shared_up)
+            self.metrics.registry.unregister(self.metrics.redis_writes_queued)
+            self.metrics.registry.unregister(self.metrics.redis_write_wait)
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )

@@ -73,7 +73,10 @@ class RedisLink:
         self._next_retry = 0.0
         self._on_state: list[Callable[[bool], None]] = []
         self._on_resync: list[Callable[[], None]] = []
-        self._tasks: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()  # None: stop
+        #: (when queued, what to run); None: stop
+        self._tasks: queue.SimpleQueue[tuple[float, Callable[[], object]] | None] = queue.SimpleQueue()
+        #: Seconds the latest write run waited in the queue: how late other replicas see it.
+        self.write_wait_s = 0.0
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._probe_lock = threading.Lock()
@@ -167,19 +170,23 @@ class RedisLink:
         """Run ``task`` (Redis writes) on the link's thread, in submission order; skipped while the
         circuit is open (the mirrors keep what it wrote, pushed back on reconnection)."""
         self._ensure_thread()
-        self._tasks.put(task)
+        self._tasks.put((time.monotonic(), task))
+
+    def backlog(self) -> tuple[int, float]:
+        """Writes queued for the link's thread now, and how long the latest one run had waited."""
+        return self._tasks.qsize(), self.write_wait_s
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until every task submitted so far ran (or was skipped)."""
         if self._thread is None:
             return
         marker = _Flush()
-        self._tasks.put(marker)
+        self._tasks.put((time.monotonic(), marker))
         marker.done.wait(timeout)
 
     def _wake(self) -> None:
         self._ensure_thread()
-        self._tasks.put(_WAKE)
+        self._tasks.put((time.monotonic(), _WAKE))
 
     def _ensure_thread(self) -> None:
         if self._thread is not None or self._closed:
@@ -192,11 +199,12 @@ class RedisLink:
     def _run(self) -> None:
         while True:
             try:
-                task = self._tasks.get(timeout=self.retry_interval)
+                item = self._tasks.get(timeout=self.retry_interval)
             except queue.Empty:
-                task = _WAKE
-            if task is None:
+                item = (time.monotonic(), _WAKE)
+            if item is None:
                 return
+            queued_at, task = item
             now = time.monotonic()
             if not self.up and now >= self._next_retry:
                 self._probe()
@@ -205,6 +213,7 @@ class RedisLink:
             if isinstance(task, _Flush):
                 task.done.set()
             elif task is not _WAKE and self.up:
+                self.write_wait_s = now - queued_at
                 try:
                     task()
                 except ERRORS as exc:

@@ -133,6 +133,17 @@ class Metrics:
             "admits on its own count",
             registry=r,
         )
+        self.redis_writes_queued = Gauge(
+            "prefixgate_redis_writes_queued",
+            "Writes to Redis queued for the link's thread (session records, index records, claims)",
+            registry=r,
+        )
+        self.redis_write_wait = Gauge(
+            "prefixgate_redis_write_wait_seconds",
+            "How long the latest write to Redis waited in the link's queue: how late the other "
+            "replicas saw it",
+            registry=r,
+        )
         self.admission_queue_shared_up = Gauge(
             "prefixgate_admission_queue_shared_up",
             "1 while waiters for room take their turn in the order shared in Redis; 0 while this "
@@ -317,11 +328,13 @@ def export_gauges(
     *,
     per_session: bool = True,
     session_memory: tuple[int, int] | None = None,
+    backlog: tuple[int, float] | None = None,
 ) -> None:
     """Set the gauges read at scrape time from the current state (reading it changes nothing):
     per rank its health, load and admission count, the fleet hit rate, the active sessions' hit rates
     (only with ``per_session``: the admin's scrape; session keys are the clients' business) and
-    ``session_memory``: what the sessions' kept turns hold, and their budget (bytes)."""
+    ``session_memory``: what the sessions' kept turns hold, and their budget (bytes); ``backlog``:
+    the writes queued for Redis and the latest one's wait (``StateBackend.backlog``)."""
     for rank in fleet:
         metrics.backend_up.labels(rank.name).set(1 if rank.healthy else 0)
         metrics.in_flight.labels(rank.name).set(rank.in_flight)
@@ -340,6 +353,9 @@ def export_gauges(
             if state.pool_tokens is not None:
                 metrics.rank_pool_tokens.labels(state.name).set(state.pool_tokens)
     metrics.fleet_hit_rate.set(fleet_hit_rate)
+    if backlog is not None:
+        metrics.redis_writes_queued.set(backlog[0])
+        metrics.redis_write_wait.set(backlog[1])
     if session_memory is not None:
         metrics.session_memory.set(session_memory[0])
         metrics.session_memory_budget.set(session_memory[1])

@@ -53,6 +53,11 @@ class StateBackend(Protocol):
         ``hash_algo``; ``on_state(up)`` is told when a shared index becomes unreachable and back."""
         ...
 
+    def backlog(self) -> tuple[int, float] | None:
+        """Writes queued for a shared store now and how long the latest one run had waited (how
+        late other replicas see this one's writes); None without a shared store."""
+        ...
+
     def close(self) -> None: ...
 
 

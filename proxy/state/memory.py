@@ -90,5 +90,8 @@ class MemoryState:
     ) -> PrefixIndex:
         return MemoryPrefixIndex()
 
+    def backlog(self) -> tuple[int, float] | None:
+        return None
+
     def close(self) -> None:
         pass

@@ -375,5 +375,8 @@ class RedisState:
             link=self.link,
         )
 
+    def backlog(self) -> tuple[int, float] | None:
+        return self.link.backlog()
+
     def close(self) -> None:
         self.link.close()

@@ -103,3 +103,4 @@ def test_no_redis_gauge_without_redis(rank_servers, proxy):
     server = proxy(rank_servers.stub(1))
     metrics = httpx.get(server.url + "/metrics").text
     assert "prefixgate_backend_up" in metrics and "prefixgate_index_redis_up" not in metrics
+    assert "prefixgate_redis_writes_queued" not in metrics and "prefixgate_redis_write_wait" not in metrics

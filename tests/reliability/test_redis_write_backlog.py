@@ -1,0 +1,59 @@
+"""The writes a replica queues for Redis, and how late they land, are visible: the link's backlog,
+and its two gauges on ``/metrics`` (exported only with Redis)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import redis
+
+from routing.redis_link import RedisLink, fail_fast_client
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.wait import wait_until
+from tests.reliability.conftest import chat
+
+
+def gauge(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_the_backlog_counts_queued_writes_and_the_wait_of_the_latest(redis_server: RedisServer) -> None:
+    link = RedisLink(fail_fast_client(redis_server.url, 1.0))
+    try:
+        release = threading.Event()
+        link.submit(lambda: release.wait(10))
+        link.submit(lambda: None)
+        link.submit(lambda: None)
+        wait_until(lambda: link.backlog()[0] == 2, "the held write is running, two wait")
+        time.sleep(0.05)
+        release.set()
+        link.flush()
+        queued, waited = link.backlog()
+        assert queued == 0
+        assert waited >= 0.05  # the last write waited behind the held one
+    finally:
+        link.close()
+
+
+def test_metrics_show_the_write_backlog_with_redis(rank_servers, gateway, redis_server):  # type: ignore[no-untyped-def]
+    proxy = gateway(rank_servers.sim(2), policy="prefix_affinity", redis_url=redis_server.url)
+    for turn in range(2):
+        answer = httpx.post(
+            proxy.url + "/v1/chat/completions",
+            json=chat("backlog test " * 60 + f"turn {turn}"),
+            headers={"x-session-id": "backlog-session"},
+            timeout=15,
+        )
+        assert answer.status_code == 200
+    wait_until(lambda: gauge(proxy.url, "prefixgate_redis_writes_queued") == 0.0, "the writes landed")
+    assert gauge(proxy.url, "prefixgate_redis_write_wait_seconds") > 0.0  # set by a write that ran
+    client = redis.Redis(port=redis_server.port, socket_timeout=2)
+    try:
+        assert client.zcard("prefixgate:sessions:seen") == 1  # the session's record landed behind
+    finally:
+        client.close()
