@@ -40,8 +40,7 @@ try:
                for n in range(sessions)]
     for record in records:
         writer.save(record)
-    flush = getattr(writer.link, "flush", lambda: None)
-    flush()
+    writer.link.flush()
     reader.seen_since(0.0)
     cpu = []
     for poll in range(polls):
@@ -51,7 +50,7 @@ try:
             clock += 0.001
             record.last_seen = clock
             writer.save(record)
-        flush()
+        writer.link.flush()
         started = time.process_time()
         found = reader.seen_since(0.0)
         cpu.append(time.process_time() - started)

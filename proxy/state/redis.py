@@ -187,8 +187,7 @@ class RedisSessionStore:
             sequence = self._submitted
             self._pending[key] = sequence
             if len(self._pending) > PENDING_KEPT:
-                written = self._written
-                self._pending = {k: n for k, n in self._pending.items() if n > written}
+                self._forget_landed()
 
         def task() -> None:
             try:
@@ -198,11 +197,17 @@ class RedisSessionStore:
 
         self.link.submit(task)
 
-    def _unwritten(self) -> set[str]:
-        """The keys whose last write behind has not run yet."""
+    def _forget_landed(self) -> None:
+        """Drop the keys whose last write behind has run (under ``_pending_lock``)."""
         written = self._written
+        self._pending = {k: n for k, n in self._pending.items() if n > written}
+
+    def _unwritten(self) -> set[str]:
+        """The keys whose last write behind has not run yet (the landed ones are forgotten here, so
+        each poll looks at the writes still queued, not at every key written since the last prune)."""
         with self._pending_lock:
-            return {k for k, n in self._pending.items() if n > written}
+            self._forget_landed()
+            return set(self._pending)
 
     def _with_unwritten(self, found: list[Session], since: float | None) -> list[Session]:
         """``found`` in Redis, with this replica's writes not landed yet in place of what Redis
@@ -291,19 +296,12 @@ class RedisSessionStore:
         pipe.execute()
         return True
 
-    def _load(self, keys: Any) -> list[Session]:
-        """The records of ``keys`` (a Redis reply: a list of bytes)."""
-        if not keys:
-            return []
-        raws = self.redis.mget([self._key(k.decode()) for k in keys])
-        return [Session.loads(raw) for raw in raws if raw is not None]
-
     def seen_since(self, since: float) -> list[Session]:
         sessions = self.link.call(lambda: self.active.read(since, self.link.resyncs))
         return self._with_unwritten(sessions, since) if sessions is not None else self.local.seen_since(since)
 
     def all(self) -> list[Session]:
-        sessions = self.link.call(lambda: self._load(self.redis.zrange(self._seen, 0, -1)))
+        sessions = self.link.call(lambda: self.active.load(self.redis.zrange(self._seen, 0, -1)))
         return self._with_unwritten(sessions, None) if sessions is not None else self.local.all()
 
     def resync(self) -> None:

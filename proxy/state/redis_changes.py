@@ -93,7 +93,7 @@ class ActiveRecords:
         pipe.hmget(self.counters, ["seq", "born"])  # first: what is written after is read next time
         pipe.zrangebyscore(self.seen, since, "+inf")
         (seq, self.born), keys = pipe.execute()
-        self.records = {s.key: s for s in self._load([k.decode() for k in keys])}
+        self.records = {s.key: s for s in self.load(keys)}
         self.cursor = int(seq or 0)
         self.whole_reads += 1
 
@@ -108,9 +108,8 @@ class ActiveRecords:
         if not changed:
             return True
         keys = [k.decode() for k, _ in changed]
-        raws = self.client.mget([self.record_key(k) for k in keys])
         records = self.records
-        for key, raw in zip(keys, raws, strict=True):
+        for key, raw in zip(keys, self._raws(keys), strict=True):
             if raw is None:  # ended, or expired
                 records.pop(key, None)
             else:
@@ -118,8 +117,13 @@ class ActiveRecords:
         self.cursor = max(self.cursor, int(changed[-1][1]))
         return True
 
-    def _load(self, keys: list[str]) -> list[Session]:
+    def load(self, keys: Any) -> list[Session]:
+        """The records Redis holds of ``keys`` (session keys as a Redis reply gives them: bytes)."""
+        return [Session.loads(raw) for raw in self._raws([k.decode() for k in keys]) if raw is not None]
+
+    def _raws(self, keys: list[str]) -> list[bytes | None]:
+        """The stored records of session ``keys``, None where Redis holds none (one round trip)."""
         if not keys:
             return []
-        raws = self.client.mget([self.record_key(k) for k in keys])
-        return [Session.loads(raw) for raw in raws if raw is not None]
+        raws: list[bytes | None] = self.client.mget([self.record_key(k) for k in keys])
+        return raws
