@@ -38,8 +38,17 @@ first expected it stops (``overdue``): a prediction that keeps moving is not fol
 
 When the ranks compute fast, evicting costs little and the session goes in at once; when they are
 compute-bound, the budget holds while room is likely to come. Past the bound it is admitted on the
-least costly rank in any case: a session that can run is never refused for lack of room. Until the
-clocks and the ranks' speeds are learned (the first requests), the budget holds up to the bound.
+least costly rank in any case: a session that can run is never refused for lack of room.
+
+Whatever the waiting spares the others, the session never waits longer than admitting it at once
+would delay its own first token (``Option.start_s``: the prefill queued on the least costly ranks,
+then its own, at their measured speed): past that, it has lost more to the wait than the thrash would
+have cost it, and it goes in on the least costly ranks. So it waits seconds where the ranks are
+compute-bound and their queues long, and hardly at all where they have compute to spare; room it
+expects later than that does not hold it either. Until the ranks' speeds are measured (a scrape
+after the first answers), a typical request's duration (``LearnedTime.request_seconds``) stands in
+for that delay, and before even that is known the budget holds up to the bound. Until the clocks are
+learned (the first think gaps), the budget holds for no longer than that delay.
 """
 
 from __future__ import annotations
@@ -119,6 +128,13 @@ class Option:
     def queue_s(self) -> float | None:
         spt = self.seconds_per_token
         return self.queued_prefill_tokens * spt if spt is not None else None
+
+    @property
+    def start_s(self) -> float | None:
+        """How long its first token would wait if it were admitted here now: the prefill queued here,
+        then its own."""
+        spt = self.seconds_per_token
+        return (self.queued_prefill_tokens + self.own_prefill_tokens) * spt if spt is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,12 +268,14 @@ def choose(
     learned: bool = True,
     by_lifetime: bool = False,
     overdue: bool = False,
+    unmeasured_start_s: float | None = None,
 ) -> Choice:
     """Admit now (where) or wait, for a session ``waited_s`` into a wait of at most ``bound_s``
     (``learned``: the clocks that predict room, the idle TTL among them, come from the traffic;
     ``by_lifetime``: the options' ``room_at_s`` say when room comes, from sessions' learned
     lifetimes, instead of each quiet session's chance of ending now; ``overdue``: room did not come
-    by the time its first wait expected it)."""
+    by the time its first wait expected it; ``unmeasured_start_s``: how long its first token would
+    wait if admitted now while the ranks' speeds do not say, a typical request's duration)."""
     opts = tuple(options)
     timed = bool(opts) and all(o.seconds_per_token is not None for o in opts)
     if room.allowed:
@@ -268,14 +286,21 @@ def choose(
         if cheaper:
             reason += f"; cheaper past it: {', '.join(sorted(cheaper))}"
         return Choice(True, "room", room.allowed | cheaper, room.victims, opts, 0.0, 1.0, reason)
-    left = max(bound_s - waited_s, 0.0)
-    wait, chance = room_odds(opts, left) if not by_lifetime else _room_by_lifetime(opts, left)
     if not opts:
+        left = max(bound_s - waited_s, 0.0)
         reason = "every rank is at its session limit"
-        return Choice(False, "wait", frozenset(), {}, opts, wait, chance, reason)
+        return Choice(False, "wait", frozenset(), {}, opts, left, 0.0, reason)
     best = min(opts, key=lambda o: _cost(o, timed))
     lowest = _cost(best, timed)
     allowed = frozenset(o.rank for o in opts if _cost(o, timed) <= lowest * TIE_FACTOR)
+    # Waiting longer than admitting now would delay its first token is a loss to the session itself
+    # whatever it spares the others: a wait never runs past that (see the module docstring).
+    start: float | None = unmeasured_start_s
+    if timed:
+        start = min(s for o in opts if o.rank in allowed and (s := o.start_s) is not None)
+    odds_within = room_odds if not by_lifetime else _room_by_lifetime
+    left = max(bound_s - waited_s, 0.0)
+    wait, chance = odds_within(opts, left)
     eviction = best.eviction_s if timed else None
     if at_bound:
         reason = f"waited the bound of {bound_s:.3g} s"
@@ -283,15 +308,37 @@ def choose(
     if overdue:
         reason = "room did not come when its wait expected it: the least costly ranks"
         return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
+    if start is not None and waited_s >= start:
+        why = "of prefill queued and its own" if timed else "a typical request's duration"
+        reason = (
+            f"waited {waited_s:.3g} s, as long as its first token would wait if admitted now "
+            f"({start:.3g} s, {why}): the least costly ranks"
+        )
+        return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
     if not learned or eviction is None:
         why = "the clocks" if not learned else "the ranks' speeds"
-        reason = f"no room; {why} are not learned yet: the budget holds up to the bound ({left:.3g} s left)"
+        if start is not None:
+            left = min(left, start - waited_s)
+        reason = f"no room; {why} are not learned yet: the budget holds ({left:.3g} s of waiting left)"
         return Choice(False, "wait", frozenset(), {}, opts, wait, chance, reason)
     if chance <= 0:
         reason = f"no room is coming within the wait bound ({left:.3g} s left): the least costly ranks"
         return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
     odds = f"room within the {left:.3g} s left {chance:.0%} likely, {wait:.3g} s of waiting expected"
     if wait < chance * eviction:
+        if start is not None and start - waited_s < left:
+            # waiting pays over the bound: does it within the time it may still wait?
+            left = start - waited_s
+            wait, chance = odds_within(opts, left)
+            odds = f"room within the {left:.3g} s it may still wait {chance:.0%} likely"
+            if not wait < chance * eviction:
+                reason = (
+                    f"{odds}; its first token would wait {start:.3g} s if admitted now, so waiting "
+                    f"longer costs it more than recomputing what it evicts ({eviction:.3g} s) costs "
+                    f"the others: the least costly ranks"
+                )
+                return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
+            odds += f", {wait:.3g} s of waiting expected"
         reason = f"{odds}: cheaper than recomputing what it evicts ({eviction:.3g} s)"
         return Choice(False, "wait", frozenset(), {}, opts, wait, chance, reason)
     reason = (

@@ -4,8 +4,9 @@ dashboard) and the metrics counted for it.
 A record names the decision (``room``, ``home``, ``over_budget``, ``after_wait``), how long the
 session waited and why, the wait bound and idle TTL in force, and per rank the estimated costs:
 its own prefill there, the prefill queued there, the tokens of other sessions it would push past the
-budget and the share of them expected to be recomputed, the rank's measured speed and the total in
-seconds. ``placed`` adds the rank the router picked.
+budget and the share of them expected to be recomputed, the rank's measured speed, the total in
+seconds, and how long its first token would wait if admitted there now (the longest it waits).
+``placed`` adds the rank the router picked.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def option_record(option: Option) -> dict[str, Any]:
         "expected_recompute_tokens": round(option.expected_recompute_tokens),
         "prefill_tokens_per_s": round(1.0 / spt) if spt else None,
         "cost_s": _round(option.cost_s),
+        #: How long its first token would wait if admitted there now: the longest it waits for room.
+        "start_s": _round(option.start_s),
         "room_in_s": _round(option.room_in_s),
     }
 

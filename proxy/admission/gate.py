@@ -261,7 +261,10 @@ class Admission(Ledger):
                 waited, overdue = time.monotonic() - started, promised is not None and clock > promised
                 by_lifetime = self.time.lifetimes_known()
                 learned = self.time.learned()
-                choice = choose(room, options, waited, now_bound, at_bound, learned, by_lifetime, overdue)
+                typical = self.time.request_seconds()  # how long a first token waits, unmeasured
+                choice = choose(
+                    room, options, waited, now_bound, at_bound, learned, by_lifetime, overdue, typical
+                )
                 if not choice.admit and by_lifetime and promised is None and choice.wait_s is not None:
                     promised = clock + choice.wait_s
             if choice is None or not choice.admit or (behind and choice.decision == "room"):

@@ -91,12 +91,14 @@ class RankSpeeds:
             self._base[rank] = sample
             return
         d_tokens, d_seconds = computed - base_computed, seconds - base_seconds
-        if d_tokens < 0 or d_seconds < 0:  # the rank restarted: its counters began again
-            self._base[rank] = sample
+        if d_seconds < 0 or (sample.value("prompt_tokens") or 0.0) < (base.value("prompt_tokens") or 0.0):
+            self._base[rank] = sample  # the rank restarted: its counters began again
             return
         # the prompt and hit counters and the prefill times move at different moments of a
         # request's life (hits at its scheduling, the rest at its first token): wait for a span
-        # long enough to hold whole requests
+        # long enough to hold whole requests. Computed tokens can even fall a while (hits counted
+        # before their prompts): that is no restart, and the base stays (taking it for one put the
+        # first speed of a wave of first turns a scrape later, 0.8 s of a compressed replay).
         if d_tokens < MIN_COMPUTED_TOKENS or d_seconds <= 0:
             return  # keep the older base until enough was computed to say something
         measured = d_seconds / d_tokens

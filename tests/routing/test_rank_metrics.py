@@ -76,6 +76,17 @@ def test_a_ranks_speed_is_prefill_time_per_computed_token() -> None:
     assert speeds.tokens_per_second("r") == 20_000
 
 
+def test_hits_counted_before_their_prompts_are_no_restart() -> None:
+    """vLLM counts a request's prefix-cache hits when it is scheduled and its prompt tokens at its
+    first token: computed tokens (prompt - hits) can fall between two scrapes. The base stays, so
+    the next scrape measures the whole span."""
+    speeds = RankSpeeds()
+    speeds.observe("r", parse_metrics(scrape(0, 0, 0)))
+    speeds.observe("r", parse_metrics(scrape(1_000, 2_163, 0.07)))  # hits ahead of prompts
+    speeds.observe("r", parse_metrics(scrape(60_000, 20_000, 2.0)))  # 40k computed in 2 s since 0
+    assert speeds.tokens_per_second("r") == 20_000
+
+
 def test_a_simulated_rank_exposes_them_like_vllm(rank_servers) -> None:  # type: ignore[no-untyped-def]
     (rank,) = rank_servers.sim(1, time_scale=0.001)
     body = {"model": "m", "messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 4}
