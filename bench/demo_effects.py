@@ -98,11 +98,14 @@ def effects(args: Any) -> list[Effect]:
             args.small_kv_tokens,
             (
                 Arm("admission off", {"no_admission": True}),
-                # sessions end when their agent is done: without a think time they idle out in 1 s
-                Arm("admission on", {"session_idle_ttl": 1.0}),
+                # prefixgate's defaults: its clocks learn the replay's pace from the traffic
+                Arm("admission on", {}),
             ),
             crowded,
-            notes=("admission on: a new session waits for room (its wait is in its TTFT)",),
+            notes=(
+                "admission on: a new session waits for room (its wait is in its TTFT),",
+                "never longer than its first token would wait if it went in at once",
+            ),
         ),
     ]
 
