@@ -333,9 +333,8 @@ def choose(
             odds = f"room within the {left:.3g} s it may still wait {chance:.0%} likely"
             if not wait < chance * eviction:
                 reason = (
-                    f"{odds}; its first token would wait {start:.3g} s if admitted now, so waiting "
-                    f"longer costs it more than recomputing what it evicts ({eviction:.3g} s) costs "
-                    f"the others: the least costly ranks"
+                    f"{odds} (its first token would wait {start:.3g} s if admitted now): not worth "
+                    f"what recomputing its evictions costs ({eviction:.3g} s): the least costly ranks"
                 )
                 return Choice(True, "over_budget", allowed, {}, opts, wait, chance, reason)
             odds += f", {wait:.3g} s of waiting expected"
