@@ -262,8 +262,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "admission_wait",
         float,
-        "override: seconds a new session waits at most for a rank with room (unset: learned from "
-        "the requests' durations, starting at the default)",
+        "override: seconds a new session waits at most for room (unset: learned from requests' durations, "
+        "from the default; the cost policy stops sooner, when its first token would come sooner by going in)",
         starts_at=DEFAULT_WAIT_S,
     ),
     Option("max_sessions_per_rank", int, "most active sessions on one rank (0: no limit)"),
