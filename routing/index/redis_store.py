@@ -332,10 +332,14 @@ class RedisPrefixIndex:
 
     def clear(self, rank: str) -> None:
         self.local.clear(rank)
+        key = self._lru_key(rank)
+        # Now, so that every replica stops matching the rank's old blocks at once; and again behind
+        # this replica's writes still queued, which would otherwise bring them back when they land.
+        self._submit(lambda: self._client.delete(key))
         if not self._available():
             return
         try:
-            self._client.delete(self._lru_key(rank))
+            self._client.delete(key)
         except ERRORS as exc:
             self.link.failed(exc)
 

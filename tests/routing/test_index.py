@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -94,6 +95,29 @@ def test_redis_entries_expire(redis_server: RedisServer) -> None:
     time.sleep(0.5)
     store.local.clear("a")  # look at Redis only: the local mirror does not expire
     assert store.match(blocks) == {}
+    store.close()
+
+
+def test_a_clear_lands_after_the_writes_queued_before_it(redis_server: RedisServer) -> None:
+    """A rank's blocks cleared (its AllBlocksCleared event) stay cleared in Redis: a write of them
+    still queued on the link's thread when the clear comes does not bring them back as it lands."""
+    store = RedisPrefixIndex(redis_server.url, model="m", block_size=16)
+    store.set_capacity("a", None)
+    blocks = chain("q", 4)
+    release = threading.Event()
+    store.link.submit(lambda: release.wait(10))  # the link's thread is busy: what follows queues
+    try:
+        store.record("a", blocks)
+        store.clear("a")
+    finally:
+        release.set()
+    store.flush()
+    assert store.match(blocks) == {}  # the mirror was cleared: this is what Redis holds
+    store.record("a", blocks[:2])  # recorded after the clear: kept
+    store.flush()
+    assert store.match(blocks) == {"a": 2}
+    store.local.clear("a")
+    assert store.match(blocks) == {"a": 2}
     store.close()
 
 
