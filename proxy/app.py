@@ -135,6 +135,7 @@ def create_app(settings: Settings) -> LeanApp:
             per_session=admin,
             session_memory=memory,
             backlog=gw.state.backlog(),
+            dropped_saves=gw.state.dropped_saves(),
         )
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

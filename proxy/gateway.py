@@ -124,6 +124,7 @@ class Gateway:
             self.metrics.registry.unregister(self.metrics.admission_queue_shared_up)
             self.metrics.registry.unregister(self.metrics.redis_writes_queued)
             self.metrics.registry.unregister(self.metrics.redis_write_wait)
+            self.metrics.registry.unregister(self.metrics.session_saves_dropped)
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )

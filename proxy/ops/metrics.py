@@ -144,6 +144,12 @@ class Metrics:
             "replicas saw it",
             registry=r,
         )
+        self.session_saves_dropped = Gauge(
+            "prefixgate_session_saves_dropped",
+            "Session saves of this process Redis dropped since it started, for a later version another "
+            "replica saved meanwhile (that turn's usage counters lost)",
+            registry=r,
+        )
         self.admission_queue_shared_up = Gauge(
             "prefixgate_admission_queue_shared_up",
             "1 while waiters for room take their turn in the order shared in Redis; 0 while this "
@@ -329,12 +335,14 @@ def export_gauges(
     per_session: bool = True,
     session_memory: tuple[int, int] | None = None,
     backlog: tuple[int, float] | None = None,
+    dropped_saves: int | None = None,
 ) -> None:
     """Set the gauges read at scrape time from the current state (reading it changes nothing):
     per rank its health, load and admission count, the fleet hit rate, the active sessions' hit rates
     (only with ``per_session``: the admin's scrape; session keys are the clients' business) and
     ``session_memory``: what the sessions' kept turns hold, and their budget (bytes); ``backlog``:
-    the writes queued for Redis and the latest one's wait (``StateBackend.backlog``)."""
+    the writes queued for Redis and the latest one's wait (``StateBackend.backlog``);
+    ``dropped_saves``: ``StateBackend.dropped_saves``."""
     for rank in fleet:
         metrics.backend_up.labels(rank.name).set(1 if rank.healthy else 0)
         metrics.in_flight.labels(rank.name).set(rank.in_flight)
@@ -356,6 +364,8 @@ def export_gauges(
     if backlog is not None:
         metrics.redis_writes_queued.set(backlog[0])
         metrics.redis_write_wait.set(backlog[1])
+    if dropped_saves is not None:
+        metrics.session_saves_dropped.set(dropped_saves)
     if session_memory is not None:
         metrics.session_memory.set(session_memory[0])
         metrics.session_memory_budget.set(session_memory[1])

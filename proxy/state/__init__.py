@@ -58,6 +58,11 @@ class StateBackend(Protocol):
         late other replicas see this one's writes); None without a shared store."""
         ...
 
+    def dropped_saves(self) -> int | None:
+        """This process's session saves the shared store dropped for a later version of the record
+        (saved meanwhile by another replica: that turn's usage counters are lost); None without one."""
+        ...
+
     def close(self) -> None: ...
 
 

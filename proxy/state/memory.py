@@ -93,5 +93,8 @@ class MemoryState:
     def backlog(self) -> tuple[int, float] | None:
         return None
 
+    def dropped_saves(self) -> int | None:
+        return None
+
     def close(self) -> None:
         pass

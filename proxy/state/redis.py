@@ -147,6 +147,9 @@ class RedisSessionStore:
         self._submitted = 0
         self._written = 0
         self._pending: dict[str, int] = {}
+        #: Saves of this replica Redis dropped for a later version of the record (that turn's usage
+        #: counters lost): counted where they land, on the link's thread.
+        self.dropped_saves = 0
         self._pending_lock = threading.Lock()
         self.link.on_resync(self.resync)
 
@@ -266,7 +269,12 @@ class RedisSessionStore:
             key,
             repr(session.last_seen - self.retention_s),
         ]
-        self._behind(key, lambda: self._save(keys=keys, args=args))
+        self._behind(key, lambda: self._count_dropped(self._save(keys=keys, args=args)))
+
+    def _count_dropped(self, landed: object) -> None:
+        """On the link's thread: the save script answers 0 when it dropped the save for a later one."""
+        if landed == 0:
+            self.dropped_saves += 1
 
     def delete(self, key: str) -> Session | None:
         found = self.get(key)
@@ -343,9 +351,12 @@ class RedisState:
         #: One client and one circuit breaker for every store on this Redis.
         self.link = RedisLink(fail_fast_client(url, timeout))
         self.client = self.link.client
+        self._session_stores: list[RedisSessionStore] = []
 
     def sessions(self) -> SessionStore:
-        return RedisSessionStore(self.url, socket_timeout=self.timeout, link=self.link)
+        store = RedisSessionStore(self.url, socket_timeout=self.timeout, link=self.link)
+        self._session_stores.append(store)
+        return store
 
     def response_ranks(self) -> ResponseRanks:
         return RedisResponseRanks(self.client, link=self.link)
@@ -375,6 +386,9 @@ class RedisState:
 
     def backlog(self) -> tuple[int, float] | None:
         return self.link.backlog()
+
+    def dropped_saves(self) -> int | None:
+        return sum(store.dropped_saves for store in self._session_stores)
 
     def close(self) -> None:
         self.link.close()

@@ -104,3 +104,4 @@ def test_no_redis_gauge_without_redis(rank_servers, proxy):
     metrics = httpx.get(server.url + "/metrics").text
     assert "prefixgate_backend_up" in metrics and "prefixgate_index_redis_up" not in metrics
     assert "prefixgate_redis_writes_queued" not in metrics and "prefixgate_redis_write_wait" not in metrics
+    assert "prefixgate_session_saves_dropped" not in metrics

@@ -1,5 +1,6 @@
 """The writes a replica queues for Redis, and how late they land, are visible: the link's backlog,
-and its two gauges on ``/metrics`` (exported only with Redis)."""
+and its two gauges on ``/metrics`` (exported only with Redis); so are the session saves Redis dropped
+for a later version."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import time
 import httpx
 import redis
 
+from proxy.state.redis import RedisState
+from proxy.state.sessions import Session
 from routing.redis_link import RedisLink, fail_fast_client
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.wait import wait_until
@@ -57,3 +60,34 @@ def test_metrics_show_the_write_backlog_with_redis(rank_servers, gateway, redis_
         assert client.zcard("prefixgate:sessions:seen") == 1  # the session's record landed behind
     finally:
         client.close()
+
+
+def test_a_save_dropped_for_a_later_version_is_counted_by_the_replica_that_made_it(
+    redis_server: RedisServer,
+) -> None:
+    mine, other = RedisState(redis_server.url, 1.0, 60.0), RedisState(redis_server.url, 1.0, 60.0)
+    try:
+        store, theirs = mine.sessions(), other.sessions()
+        store.save(Session("k", created=1.0, last_seen=2.0, rank="r1", turns=1))
+        mine.link.flush()
+        later = theirs.get("k")
+        assert later is not None
+        later.turns, later.version = 2, 5  # the next turns, saved by the other replica meanwhile
+        theirs.save(later)
+        other.link.flush()
+        stale = Session("k", created=1.0, last_seen=3.0, rank="r1", turns=1, version=1)
+        store.save(stale)  # a settlement of turn 1 landing late: version 2, under the stored 6
+        mine.link.flush()
+        assert mine.dropped_saves() == 1 and other.dropped_saves() == 0
+        kept = theirs.get("k")
+        assert kept is not None and kept.turns == 2  # the later save stands
+    finally:
+        mine.close()
+        other.close()
+
+
+def test_metrics_show_dropped_saves_with_redis(rank_servers, gateway, redis_server):  # type: ignore[no-untyped-def]
+    proxy = gateway(rank_servers.sim(1), policy="prefix_affinity", redis_url=redis_server.url)
+    answer = httpx.post(proxy.url + "/v1/chat/completions", json=chat("dropped saves " * 60), timeout=15)
+    assert answer.status_code == 200
+    assert gauge(proxy.url, "prefixgate_session_saves_dropped") == 0.0  # exported, and none dropped
