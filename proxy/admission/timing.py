@@ -73,7 +73,9 @@ class LearnedTime:
         #: Every session's think gaps: also the stand-in for a session that has shown few of its own.
         self.gaps = ThinkGaps()
         self._durations: deque[float] = deque(maxlen=DURATION_WINDOW)
-        self._duration_bound: float | None = None
+        #: ``_durations`` sorted, until the next one comes: the wait bound and the typical request
+        #: are read on every admission attempt, a duration is noted once per request.
+        self._ordered: list[float] | None = None
         #: True for a quiet spell that was a session's last, False for one it came back from.
         self._spells: deque[bool] = deque(maxlen=SPELL_WINDOW)
         self._ended = 0
@@ -113,7 +115,7 @@ class LearnedTime:
         wherever it was served (read from the shared table)."""
         if seconds >= 0:
             self._durations.append(seconds)
-            self._duration_bound = None
+            self._ordered = None
 
     def _spell(self, ended: bool) -> None:
         spells = self._spells
@@ -175,18 +177,20 @@ class LearnedTime:
             return self.config.wait
         if len(self._durations) < MIN_DURATIONS:
             return DEFAULT_WAIT_S
-        if self._duration_bound is None:
-            ordered = sorted(self._durations)
-            long_request = ordered[min(len(ordered) - 1, int(WAIT_QUANTILE * len(ordered)))]
-            self._duration_bound = WAIT_REQUESTS * long_request
-        return self._duration_bound
+        ordered = self._sorted_durations()
+        return WAIT_REQUESTS * ordered[min(len(ordered) - 1, int(WAIT_QUANTILE * len(ordered)))]
 
     def request_seconds(self) -> float | None:
         """A typical request's duration (the median of recent ones), once enough are known."""
         if len(self._durations) < MIN_DURATIONS:
             return None
-        ordered = sorted(self._durations)
+        ordered = self._sorted_durations()
         return ordered[len(ordered) // 2]
+
+    def _sorted_durations(self) -> list[float]:
+        if self._ordered is None:
+            self._ordered = sorted(self._durations)
+        return self._ordered
 
     def ended_share(self) -> float | None:
         """The share of recent quiet spells that were a session's last (None before ``MIN_SAMPLES``)."""
