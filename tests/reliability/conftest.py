@@ -61,6 +61,18 @@ def chat(content: str = "hello", stream: bool = False, max_tokens: int = 8, **ex
     }
 
 
+def post_turns(url: str, text: str, session: str, turns: int = 2) -> None:
+    """``turns`` chat turns of one session (``text`` and the turn's number), each answered 200."""
+    for turn in range(turns):
+        answer = httpx.post(
+            url + "/v1/chat/completions",
+            json=chat(text + f"turn {turn}"),
+            headers={"x-session-id": session},
+            timeout=15,
+        )
+        assert answer.status_code == 200, answer.text
+
+
 def sse_events(text: str) -> list[Any]:
     """The decoded ``data:`` payloads of an SSE body (``[DONE]`` kept as the string)."""
     events: list[Any] = []

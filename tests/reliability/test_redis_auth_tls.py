@@ -18,7 +18,7 @@ import redis
 from proxy.state.responses import REDIS_PREFIX
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.wait import wait_until
-from tests.reliability.conftest import chat
+from tests.reliability.conftest import chat, post_turns
 
 PASSWORD = "s3cret:/@pw"  # URL-special characters, percent-encoded in the URL
 QUOTED = "s3cret%3A%2F%40pw"
@@ -66,14 +66,7 @@ def test_password_in_the_url_reaches_index_sessions_and_response_map(rank_server
     ranks = rank_servers.sim(2)
     url = f"redis://:{QUOTED}@127.0.0.1:{redis_server.port}/0"
     proxy = gateway(ranks, policy="prefix_affinity", redis_url=url)
-    for turn in range(2):
-        answer = httpx.post(
-            proxy.url + "/v1/chat/completions",
-            json=chat("password test " * 60 + f"turn {turn}"),
-            headers={"x-session-id": "pw-session"},
-            timeout=15,
-        )
-        assert answer.status_code == 200, answer.text
+    post_turns(proxy.url, "password test " * 60, "pw-session")
     stored = httpx.post(
         proxy.url + "/v1/responses",
         json={"model": "prefixgate-sim", "input": "remember me " * 30, "max_output_tokens": 4, "store": True},

@@ -15,7 +15,7 @@ from proxy.state.sessions import Session
 from routing.redis_link import RedisLink, fail_fast_client
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.wait import wait_until
-from tests.reliability.conftest import chat
+from tests.reliability.conftest import chat, post_turns
 
 
 def gauge(url: str, name: str) -> float:
@@ -45,14 +45,7 @@ def test_the_backlog_counts_queued_writes_and_the_wait_of_the_latest(redis_serve
 
 def test_metrics_show_the_write_backlog_with_redis(rank_servers, gateway, redis_server):  # type: ignore[no-untyped-def]
     proxy = gateway(rank_servers.sim(2), policy="prefix_affinity", redis_url=redis_server.url)
-    for turn in range(2):
-        answer = httpx.post(
-            proxy.url + "/v1/chat/completions",
-            json=chat("backlog test " * 60 + f"turn {turn}"),
-            headers={"x-session-id": "backlog-session"},
-            timeout=15,
-        )
-        assert answer.status_code == 200
+    post_turns(proxy.url, "backlog test " * 60, "backlog-session")
     wait_until(lambda: gauge(proxy.url, "prefixgate_redis_writes_queued") == 0.0, "the writes landed")
     assert gauge(proxy.url, "prefixgate_redis_write_wait_seconds") > 0.0  # set by a write that ran
     client = redis.Redis(port=redis_server.port, socket_timeout=2)
