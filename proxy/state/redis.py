@@ -212,10 +212,12 @@ class RedisSessionStore:
             self._forget_landed()
             return set(self._pending)
 
-    def _with_unwritten(self, found: list[Session], since: float | None) -> list[Session]:
+    def _with_unwritten(
+        self, found: list[Session], unwritten: set[str], since: float | None
+    ) -> list[Session]:
         """``found`` in Redis, with this replica's writes not landed yet in place of what Redis
-        holds of those keys (``since``: only records seen from then on)."""
-        unwritten = self._unwritten()
+        holds of those keys (``unwritten``, taken before Redis was read: a write landing during the
+        read is then in the mirror, not missed by both; ``since``: only records seen from then on)."""
         if not unwritten:
             return found
         out = [s for s in found if s.key not in unwritten]
@@ -305,12 +307,16 @@ class RedisSessionStore:
         return True
 
     def seen_since(self, since: float) -> list[Session]:
+        unwritten = self._unwritten()
         sessions = self.link.call(lambda: self.active.read(since, self.link.resyncs))
-        return self._with_unwritten(sessions, since) if sessions is not None else self.local.seen_since(since)
+        if sessions is None:
+            return self.local.seen_since(since)
+        return self._with_unwritten(sessions, unwritten, since)
 
     def all(self) -> list[Session]:
+        unwritten = self._unwritten()
         sessions = self.link.call(lambda: self.active.load(self.redis.zrange(self._seen, 0, -1)))
-        return self._with_unwritten(sessions, None) if sessions is not None else self.local.all()
+        return self._with_unwritten(sessions, unwritten, None) if sessions is not None else self.local.all()
 
     def resync(self) -> None:
         """Push this replica's records back, each unless Redis holds one seen later (the link's

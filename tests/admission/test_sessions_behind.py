@@ -5,6 +5,7 @@ replica."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from proxy.state.redis import RedisSessionStore
 from proxy.state.sessions import Session
@@ -99,3 +100,31 @@ def test_breaks_of_a_session_saved_here_land_after_its_record(redis_server: Redi
     got = other.get("k")
     assert got is not None and [b["n"] for b in got.breaks] == [1]
     assert other.add_break("ghost", {"n": 2}) is False  # unknown everywhere: asked of Redis
+
+
+def test_a_write_landing_while_redis_is_read_is_not_missed(redis_server: RedisServer) -> None:
+    """The listing reads Redis, then puts this replica's unlanded writes in: a write landing between
+    the two was in neither when the unlanded ones were taken after the read (a CI run lost a record
+    from ``all()`` so)."""
+    store = replica(redis_server)
+    for name, read in (("all", "load"), ("seen_since", "read")):
+        release = hold(store)
+        key = f"k-{name}"
+        store.save(Session(key, created=1.0, last_seen=50.0))
+        reader: Callable[..., list[Session]] = getattr(store.active, read)
+
+        def read_then_land(
+            *args: object, reader: Callable[..., list[Session]] = reader, release: threading.Event = release
+        ) -> list[Session]:
+            found = reader(*args)
+            release.set()  # the held save lands now, after Redis was read
+            store.link.flush()
+            return found
+
+        setattr(store.active, read, read_then_land)
+        try:
+            listed = store.all() if name == "all" else store.seen_since(40.0)
+        finally:
+            release.set()
+            delattr(store.active, read)
+        assert key in {s.key for s in listed}, name
