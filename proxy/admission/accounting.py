@@ -92,14 +92,14 @@ def count(
     live = [r for r in reservations if r.live(time.monotonic())]
     # sessions a pending reservation will release: their room is spoken for already
     claimed = {(name, victim) for r in live for name, victims in r.victims.items() for victim in victims}
-    reclaimable: list[tuple[float, Session, RankState]] = []
-    by_recency: list[tuple[float, Session, RankState]] = []
+    reclaimable: list[tuple[float, Session, RankState, int]] = []
+    by_recency: list[tuple[float, Session, RankState, int]] = []
     for session in active:
         state = states.get(session.rank) if session.rank is not None else None
         if state is None or (state.name, session.key) in claimed:
             continue
         tokens = session.context_tokens
-        projected = expected_peak(tokens)
+        peak = projected = expected_peak(tokens)  # once per session: the lists below reuse it
         head = session.head_key
         if head is not None:
             held = state.heads.get(head, 0)
@@ -117,15 +117,15 @@ def count(
         if state.next_idle_at is None or idle_at < state.next_idle_at:
             state.next_idle_at = idle_at
         answered = session.answered
-        by_recency.append((session.answered_at if answered else now, session, state))
+        by_recency.append((session.answered_at if answered else now, session, state, peak))
         if answered and now - session.answered_at > release_after(session):
-            reclaimable.append((session.answered_at, session, state))
-    by_recency.sort(key=lambda item: item[0])
-    reclaimable.sort(key=lambda item: item[0])  # longest idle first
-    for _, session, state in by_recency:
-        state.lru.append((session, _freed(session, state, expected_peak)))
-    for _, session, state in reclaimable:
-        state.reclaimable.append((session, _freed(session, state, expected_peak)))
+            reclaimable.append((session.answered_at, session, state, peak))
+    by_recency.sort(key=_first)
+    reclaimable.sort(key=_first)  # longest idle first
+    for _, session, state, peak in by_recency:
+        state.lru.append((session, _freed(session, state, peak)))
+    for _, session, state, peak in reclaimable:
+        state.reclaimable.append((session, _freed(session, state, peak)))
     for reservation in live:
         for name in reservation.allowed:
             rank_state = states.get(name)
@@ -135,11 +135,15 @@ def count(
     return states
 
 
-def _freed(session: Session, state: RankState, expected_peak: Callable[[int], int]) -> int:
-    """The projected tokens ``session`` leaving ``state``'s rank frees: a head other sessions also
-    hold stays cached, so releasing frees the rest only."""
+def _first(item: tuple[float, Session, RankState, int]) -> float:
+    return item[0]
+
+
+def _freed(session: Session, state: RankState, peak: int) -> int:
+    """The projected tokens ``session`` (expected to peak at ``peak``) leaving ``state``'s rank
+    frees: a head other sessions also hold stays cached, so releasing frees the rest only."""
     shared = session.head_key is not None and state.heads[session.head_key] > 1
-    return max(expected_peak(session.context_tokens) - (session.head_tokens if shared else 0), 0)
+    return max(peak - (session.head_tokens if shared else 0), 0)
 
 
 def log_over_pool(states: dict[str, RankState], over: set[str]) -> None:

@@ -338,12 +338,13 @@ class Admission(Ledger):
         now = self.table.clock()
         request_s = self.time.request_seconds() or 0.0
         block, cap = self.config.block_size, self.config.max_sessions_per_rank
+        release_after = self.time.release_rule()
 
         def last_activity(session: Session) -> float:
             return session.answered_at if session.answered else now + request_s
 
         def ends_at(session: Session) -> float:
-            return last_activity(session) + self.release_after(session)
+            return last_activity(session) + release_after(session)
 
         def expected_end(session: Session) -> float:
             """When ``session`` will have ended: its expected remaining life at its age, then quiet
@@ -353,7 +354,7 @@ class Admission(Ledger):
             if self.time.outlived(age):
                 return math.inf
             left = self.time.remaining_life(age) or 0.0
-            return max(now + left, last_activity(session)) + self.release_after(session)
+            return max(now + left, last_activity(session)) + release_after(session)
 
         # the same for every rank: read once per decision, not once per rank
         chance, rounds = self.time.return_probability, self.time.turns_per_session()

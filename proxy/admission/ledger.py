@@ -111,11 +111,7 @@ class Ledger(Observer):
         """Quiet seconds after its last answer from which ``session`` has most likely ended: for the
         ``cost`` policy, once the traffic says enough, when its chance of coming back falls below
         ``timing.P_ENDED``; else ``AdmissionConfig.release_after``'s think-gap rule."""
-        if self.config.policy == "cost":
-            ended = self.time.ended_after(session)
-            if ended is not None:
-                return ended
-        return self.config.release_after(session, self.typical_gap(), self.time.idle_ttl())
+        return self.time.release_rule()(session)
 
     def poll_interval(self) -> float:
         return self.config.poll_interval(self.time.idle_ttl())
@@ -215,7 +211,7 @@ class Ledger(Observer):
             self.config,
             now,
             self.peaks.expected_peak,
-            self.release_after,
+            self.time.release_rule(),
             self.time.idle_ttl(),
         )
 
