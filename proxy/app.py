@@ -126,6 +126,8 @@ def create_app(settings: Settings) -> LeanApp:
         admin = bool((request.scope.get("state") or {}).get("is_admin"))  # per-session series: admin only
         rate = gw.dashboard.recorder.window.rate
         memory = (gw.locals.nbytes, gw.locals.budget_bytes)
+        # the event lease exists only for event-fed ranks: without KV events there is nothing to hold
+        writer = gw.router.index.event_writer_of() if gw.router and gw.settings.kv_events else None
         export_gauges(
             gw.metrics,
             gw.fleet,
@@ -136,6 +138,7 @@ def create_app(settings: Settings) -> LeanApp:
             session_memory=memory,
             backlog=gw.state.backlog(),
             dropped_saves=gw.state.dropped_saves(),
+            event_writer_of=writer,
         )
         return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -150,6 +150,13 @@ class Metrics:
             "replica saved meanwhile (that turn's usage counters lost)",
             registry=r,
         )
+        self.kv_event_writer = Gauge(
+            "prefixgate_kv_event_writer",
+            "1 while this replica holds the rank's KV-event lease and writes its mirror to the shared "
+            "index (across replicas, each event-fed rank should have exactly one)",
+            ["backend"],
+            registry=r,
+        )
         self.admission_queue_shared_up = Gauge(
             "prefixgate_admission_queue_shared_up",
             "1 while waiters for room take their turn in the order shared in Redis; 0 while this "
@@ -336,13 +343,15 @@ def export_gauges(
     session_memory: tuple[int, int] | None = None,
     backlog: tuple[int, float] | None = None,
     dropped_saves: int | None = None,
+    event_writer_of: frozenset[str] | None = None,
 ) -> None:
     """Set the gauges read at scrape time from the current state (reading it changes nothing):
     per rank its health, load and admission count, the fleet hit rate, the active sessions' hit rates
     (only with ``per_session``: the admin's scrape; session keys are the clients' business) and
     ``session_memory``: what the sessions' kept turns hold, and their budget (bytes); ``backlog``:
     the writes queued for Redis and the latest one's wait (``StateBackend.backlog``);
-    ``dropped_saves``: ``StateBackend.dropped_saves``."""
+    ``dropped_saves``: ``StateBackend.dropped_saves``; ``event_writer_of``:
+    ``PrefixIndex.event_writer_of`` (None: no shared index)."""
     for rank in fleet:
         metrics.backend_up.labels(rank.name).set(1 if rank.healthy else 0)
         metrics.in_flight.labels(rank.name).set(rank.in_flight)
@@ -366,6 +375,9 @@ def export_gauges(
         metrics.redis_write_wait.set(backlog[1])
     if dropped_saves is not None:
         metrics.session_saves_dropped.set(dropped_saves)
+    if event_writer_of is not None:
+        for rank in fleet:
+            metrics.kv_event_writer.labels(rank.name).set(1 if rank.name in event_writer_of else 0)
     if session_memory is not None:
         metrics.session_memory.set(session_memory[0])
         metrics.session_memory_budget.set(session_memory[1])

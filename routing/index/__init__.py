@@ -70,6 +70,11 @@ class PrefixIndex(Protocol):
         """Forget the session's rank (the session ended)."""
         ...
 
+    def event_writer_of(self) -> frozenset[str] | None:
+        """The event-fed ranks whose mirror this replica writes to the shared index now (it holds
+        their lease); None: the index is not shared, every replica keeps its own."""
+        ...
+
     def stats(self) -> dict[str, object]:
         """Sizes and counters, for ``/metrics``-style inspection and tests."""
         ...

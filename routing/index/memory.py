@@ -145,6 +145,9 @@ class MemoryPrefixIndex:
                 return list(block_hashes)
             return [h for h in block_hashes if h not in mirror]
 
+    def event_writer_of(self) -> frozenset[str] | None:
+        return None
+
     def stats(self) -> dict[str, object]:
         with self._lock:
             mirrors = list(self._mirrors.values())

@@ -368,6 +368,9 @@ class RedisPrefixIndex:
         key = self._session_key(session_key)
         self._submit(lambda: self._client.delete(key))
 
+    def event_writer_of(self) -> frozenset[str] | None:
+        return frozenset(self._event_writer)  # a copy: the link's thread changes the set
+
     def stats(self) -> dict[str, object]:
         local = self.local.stats()
         return {
