@@ -22,12 +22,15 @@ follow the compressed replay. Each system's requests hit its own fresh fleet::
 
     python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
         [--admission-policy cost|budget] [--stop-replica-at S] [--restart-redis-at S] [--rounds 1]
+        [--lockstep]
 
 Faults, in the N-replica run: ``--stop-replica-at`` sends one replica SIGTERM (a rolling restart or a
 pod deletion: it drains what it serves and stops listening; HAProxy retries a refused connection on
 another replica), ``--restart-redis-at`` restarts Redis, every key lost. The replay client retries
 a connection refused before any answer and 429/502/503/504, as the openai SDK does; the table
-counts requests answered against requests sent.
+counts requests answered against requests sent. ``--lockstep`` sends one request at a time in an
+order fixed by the trace (``bench/lockstep.py``), so that runs repeat and 1 against N replicas
+differ only by what the replicas do.
 
 Writes ``bench/out/replica_replay.json``.
 """
@@ -50,6 +53,7 @@ import redis as redis_client
 
 from bench.balancer import haproxy_binary, haproxy_config
 from bench.common import Subprocess, machine, median, proxy_process, write_json
+from bench.lockstep import replay_lockstep
 from bench.moves import moves
 from bench.pressure import mean_working_set, pool_for
 from bench.replay import ReplayResult, TraceReplayConfig, replay_trace
@@ -66,7 +70,8 @@ REDIS_DOWN_S = 1.0
 
 def _replay(url: str, sessions: list[TraceSession], args: argparse.Namespace, model: str) -> ReplayResult:
     config = TraceReplayConfig(model, concurrency=args.concurrency, time_scale=args.think_scale)
-    return asyncio.run(replay_trace(url, sessions, config))
+    replay = replay_lockstep if args.lockstep else replay_trace
+    return asyncio.run(replay(url, sessions, config))
 
 
 def _faults(
@@ -182,6 +187,7 @@ def run_system(
         "redis_commands": commands,
         "session_saves_superseded": superseded,
         "requests_sent": sum(len(s.requests) for top in sessions for s in top.all_sessions()),
+        "turns": [turn.as_json() for turn in result.turns],  # in the order sent
     }
 
 
@@ -211,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="runs of each system, alternated; medians printed too"
+    )
+    parser.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="one request at a time, in an order the trace alone fixes (bench/lockstep.py): runs repeat",
     )
     args = parser.parse_args(argv)
     sessions = load_claude_code(
