@@ -38,7 +38,7 @@ from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
 from proxy.stages.threads import Threads
 from proxy.state import StateBackend, open_state
 from proxy.state.kv_feeds import start_kv_event_feeds
-from proxy.state.load_share import SHARE_INTERVAL_S, LoadShare, LocalShare
+from proxy.state.load_share import LoadShare, LocalShare, share_interval
 from proxy.state.local import SessionLocal, SessionLocals
 from proxy.state.sessions import Session, SessionTable
 from routing.health import HealthChecker
@@ -291,11 +291,13 @@ class Gateway:
             log.warning("redis unreachable: routing from the local mirror until it returns")
 
     async def _share_load(self, share: LoadShare, router: Router) -> None:
-        """This replica's load on the ranks out and the other replicas' in, every
-        ``SHARE_INTERVAL_S`` (off the event loop: a round trip to Redis)."""
+        """This replica's load on the ranks out and the other replicas' in, every ``share_interval``
+        (off the event loop: a round trip to Redis)."""
         while True:
-            router.share_load(await asyncio.to_thread(share.exchange, router.own_load()))
-            await asyncio.sleep(SHARE_INTERVAL_S)
+            own = router.own_load()
+            others = await asyncio.to_thread(share.exchange, own)
+            router.share_load(others)
+            await asyncio.sleep(share_interval(own, others))
 
     async def _refresh_admission(self, admission: Admission) -> None:
         """Apply what time changes to admission's accounting (sessions idling out, reservations

@@ -8,11 +8,12 @@ behind a balancer dealing requests to N replicas, each saw about 1/N of every ra
 a wave of first turns as if the ranks were idle, never found a rank saturated, and judged the
 load bound on counts so small that one request more put a rank over it.
 
-So every replica publishes its own load per rank and reads the others' (``exchange``), a few
-times a second (``SHARE_INTERVAL_S``), in one pipelined round trip off the event loop: what a
-request reads is then its own replica's live counts plus the others' as of their last exchange.
-A replica that has not exchanged for ``STALE_S`` (stopped, or cut off from Redis) counts for
-nothing; its entry is dropped later. With Redis down, each replica routes on its own counts again.
+So every replica publishes its own load per rank and reads the others' (``exchange``), 100 times a
+second while any replica has load on a rank and 20 while none has (``share_interval``), in one
+pipelined round trip off the event loop: what a request reads is then its own replica's live counts
+plus the others' as of their last exchange. A replica that has not exchanged for ``STALE_S``
+(stopped, or cut off from Redis) counts for nothing; its entry is dropped later. With Redis down,
+each replica routes on its own counts again.
 
 ``memory`` has no other replicas (``LocalShare``); ``redis`` keeps one hash, a field per replica
 (``RedisShare``: one key, so it lives in one Redis Cluster slot).
@@ -30,8 +31,14 @@ import orjson
 
 from routing.redis_link import RedisLink
 
-#: Seconds between a replica's exchanges: how stale the other replicas' counts may be. Not a
-#: decision's clock: a request's prefill stays queued for at least a round trip to its rank.
+#: Seconds between a replica's exchanges while any replica has load on a rank (``BUSY_INTERVAL_S``)
+#: or none does (``SHARE_INTERVAL_S``): how stale the other replicas' counts may be. A prefill
+#: another replica sent leaves its queue at the first token; read 50 ms late, it still weighed on
+#: the next new session's rank, which another replica then placed away from the blocks its agent's
+#: head was on (a replay sending one request at a time, ``bench/lockstep.py``: 10 of 40 first turns
+#: placed as one process placed them, 22 at 5 ms). Not a decision's clock: a request's prefill stays
+#: queued for at least a round trip to its rank.
+BUSY_INTERVAL_S = 0.01
 SHARE_INTERVAL_S = 0.05
 #: Seconds after its last exchange from which a replica's counts count for nothing (dropped from
 #: Redis after ``DROP_AFTER`` times as long).
@@ -47,6 +54,13 @@ class Load:
     prefill: Mapping[str, int] = field(default_factory=dict)
     #: Requests sent and not answered yet.
     requests: Mapping[str, int] = field(default_factory=dict)
+
+
+def share_interval(own: Load, others: Load) -> float:
+    """Seconds until the next exchange: sooner while any replica has load on a rank."""
+    busy = any(own.prefill.values()) or any(others.prefill.values())
+    busy = busy or any(own.requests.values()) or any(others.requests.values())
+    return BUSY_INTERVAL_S if busy else SHARE_INTERVAL_S
 
 
 class LoadShare(Protocol):

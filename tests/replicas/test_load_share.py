@@ -12,7 +12,16 @@ import orjson
 
 from proxy.server import ServerThread
 from proxy.stages.route import Router
-from proxy.state.load_share import DROP_AFTER, STALE_S, Load, LocalShare, RedisShare
+from proxy.state.load_share import (
+    BUSY_INTERVAL_S,
+    DROP_AFTER,
+    SHARE_INTERVAL_S,
+    STALE_S,
+    Load,
+    LocalShare,
+    RedisShare,
+    share_interval,
+)
 from routing.policies import make_policy
 from routing.redis_link import RedisLink, fail_fast_client
 from tests.helpers.gateway import gateway_app
@@ -137,3 +146,11 @@ def test_a_replica_sees_the_prefill_another_replica_queued(
         hold.set()
         for server in servers:
             server.stop()
+
+
+def test_replicas_exchange_sooner_while_any_rank_has_load() -> None:
+    idle = share_interval(Load(), Load({"r0": 0}, {"r0": 0}))
+    assert idle == SHARE_INTERVAL_S
+    assert share_interval(Load({"r0": 500}), Load()) == BUSY_INTERVAL_S  # its own prefill queued
+    assert share_interval(Load(), Load({}, {"r1": 1})) == BUSY_INTERVAL_S  # another's request in flight
+    assert BUSY_INTERVAL_S < SHARE_INTERVAL_S
