@@ -152,6 +152,9 @@ class Choice:
     wait_s: float | None
     room_chance: float
     reason: str
+    #: Ranks ``allowed`` past their budgets beside ranks with room, where admitting costs less: room
+    #: is taken there without a budget check (the shared claims too, so replicas decide as one).
+    past_budget: frozenset[str] = frozenset()
 
     @property
     def room_in_s(self) -> float | None:
@@ -285,7 +288,8 @@ def choose(
         reason = "room within the budget"
         if cheaper:
             reason += f"; cheaper past it: {', '.join(sorted(cheaper))}"
-        return Choice(True, "room", room.allowed | cheaper, room.victims, opts, 0.0, 1.0, reason)
+        allowed, past = room.allowed | cheaper, frozenset(cheaper)
+        return Choice(True, "room", allowed, room.victims, opts, 0.0, 1.0, reason, past)
     if not opts:
         left = max(bound_s - waited_s, 0.0)
         reason = "every rank is at its session limit"

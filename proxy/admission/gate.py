@@ -281,6 +281,7 @@ class Admission(Ledger):
                 queued=not at_bound,  # at the bound its wait is over: it takes what room there is
                 place=place,
                 entry=entry,
+                past_budget=choice.past_budget,
             )
             granted = reserved.granted
             if not granted:

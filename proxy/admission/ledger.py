@@ -159,15 +159,17 @@ class Ledger(Observer):
         queued: bool = False,
         place: str | None = None,
         entry: Entry | None = None,
+        past_budget: frozenset[str] = frozenset(),
     ) -> Reserved:
         """Reserve ``tokens`` for session ``key`` on the ranks of ``room`` that the claims still
         grant (another replica may have taken the room, or a rank's last session place, since this
         count); ``force``: past their budgets, never past ``max_sessions_per_rank``; ``queued``: a
         new session's room, which waits its turn behind every replica's waiters (``place``: its
         own, while it waits; ``claims.Ask``); ``entry``: granted none, it takes its place in the
-        shared wait order in the same step (``Reserved.place``). The ranks granted, empty when none
-        is."""
-        budgets = {name: self._budget(name) for name in room.allowed}
+        shared wait order in the same step (``Reserved.place``); ``past_budget``: ranks chosen past
+        their budgets (``Choice.past_budget``), asked without one. The ranks granted, empty when
+        none is."""
+        budgets = {name: None if name in past_budget else self._budget(name) for name in room.allowed}
         body = tokens - head_tokens if head_key is not None else tokens
         ttl, cap = self.time.idle_ttl(), self.config.max_sessions_per_rank
         ask = Ask(
