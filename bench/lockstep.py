@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import aiohttp
 
-from bench.replay import ReplayResult, TraceReplayConfig, TurnResult, post_with_retries, turn_result
+from bench.replay import ReplayResult, TraceReplayConfig, TraceSend, TurnResult, send_trace_request
 from bench.traces import BlockText, ChatBuilder, TraceSession, UnitCacheBound
 
 #: One request of the order: (virtual seconds, generation rank, its session, its index).
@@ -93,22 +93,8 @@ async def replay_lockstep(
             builder = builders.get(id(session))
             if builder is None:
                 builder = builders[id(session)] = ChatBuilder(session, text, config.block_tokens)
-            body = builder.body(index, config.model, config.max_tokens)
-            prompt, bound_hits = bound.add(builder.units())
-            active[session.key] = prompt
-            result.working_set.append(sum(active.values()))
-            sent = time.perf_counter() - start
-            try:
-                out, rejections = await post_with_retries(
-                    http, url, body, session.key, config.attempts, config.max_retry_wait_s
-                )
-                result.rejections += rejections
-                turn = turn_result(session.key, index, out, sent, bound_hits)
-                result.turns.append(turn)
-                if on_turn is not None:
-                    on_turn(turn)
-            except Exception as exc:  # recorded; the trace fixes the next request regardless
-                result.errors.append(f"{session.key} request {index}: {exc}")
+            send = TraceSend(http, url, builder, session.key, index)
+            if not await send_trace_request(send, config, bound, active, result, start, on_turn):
                 failed.add(id(session))
             if index == last[id(session)]:
                 active.pop(session.key, None)

@@ -321,24 +321,8 @@ async def replay_trace(
                     ok = ok and all(done)
                 if index and request.think_time_s and config.time_scale:
                     await asyncio.sleep(min(request.think_time_s, config.max_think_s) * config.time_scale)
-                body = builder.body(index, config.model, config.max_tokens)
-                prompt, bound_hits = bound.add(builder.units())
-                active[session.key] = prompt
-                result.working_set.append(sum(active.values()))
-                sent = time.perf_counter() - start
-                try:
-                    out, rejections = await post_with_retries(
-                        http, url, body, session.key, config.attempts, config.max_retry_wait_s
-                    )
-                    result.rejections += rejections
-                except Exception as exc:  # recorded; the trace fixes the next request regardless
-                    result.errors.append(f"{session.key} request {index}: {exc}")
-                    ok = False
-                    continue
-                turn = turn_result(session.key, index, out, sent, bound_hits)
-                result.turns.append(turn)
-                if on_turn is not None:
-                    on_turn(turn)
+                send = TraceSend(http, url, builder, session.key, index)
+                ok = await send_trace_request(send, config, bound, active, result, start, on_turn) and ok
             trailing = session.children.get(len(session.requests), ())
             done = await asyncio.gather(*(run(http, child) for child in trailing))
             ok = ok and all(done)
@@ -360,6 +344,50 @@ async def replay_trace(
         await asyncio.gather(*(slot(http, s) for s in sessions))
     result.wall_s = time.perf_counter() - start
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSend:
+    """Request ``index`` of the trace session ``key`` (built by its ``builder``), to ``url``."""
+
+    http: aiohttp.ClientSession
+    url: str
+    builder: ChatBuilder
+    key: str
+    index: int
+
+
+async def send_trace_request(
+    send: TraceSend,
+    config: TraceReplayConfig,
+    bound: UnitCacheBound,
+    active: dict[str, int],
+    result: ReplayResult,
+    start: float,
+    on_turn: Callable[[TurnResult], None] | None,
+) -> bool:
+    """Build and send one request of a trace session (429/503 retried), recording its turn, the
+    bound's hits and the working set, or its error (False; the trace fixes the next request
+    regardless). ``active``: each active session's latest prompt tokens."""
+    builder, key, index = send.builder, send.key, send.index
+    body = builder.body(index, config.model, config.max_tokens)
+    prompt, bound_hits = bound.add(builder.units())
+    active[key] = prompt
+    result.working_set.append(sum(active.values()))
+    sent = time.perf_counter() - start
+    try:
+        out, rejections = await post_with_retries(
+            send.http, send.url, body, key, config.attempts, config.max_retry_wait_s
+        )
+    except Exception as exc:  # recorded
+        result.errors.append(f"{key} request {index}: {exc}")
+        return False
+    result.rejections += rejections
+    turn = turn_result(key, index, out, sent, bound_hits)
+    result.turns.append(turn)
+    if on_turn is not None:
+        on_turn(turn)
+    return True
 
 
 def bound_hit_rate(result: ReplayResult) -> float:

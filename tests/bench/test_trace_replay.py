@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from bench.lockstep import replay_lockstep
 from bench.plots import windowed_hit_rate
 from bench.replay import TraceReplayConfig, bound_hit_rate, replay_trace
 from bench.traces import TraceRequest, TraceSession
@@ -21,13 +22,14 @@ def _session(key: str, local: str, turns: int, think_s: float = 0.0) -> TraceSes
     return TraceSession(key=key, requests=requests, head_blocks=3)
 
 
-def test_one_unlimited_rank_reports_exactly_the_infinite_cache_bound(rank_servers):
+@pytest.mark.parametrize("replay", [replay_trace, replay_lockstep])
+def test_one_unlimited_rank_reports_exactly_the_infinite_cache_bound(rank_servers, replay):
     parent = _session("a", "a", 4, think_s=1.0)
     parent.children[2] = [_session("a/sub", "sub", 2)]  # a sub-agent, before the parent's 3rd request
     sessions = [parent, _session("b", "b", 3)]
     config = TraceReplayConfig(model="prefixgate-sim", concurrency=2, time_scale=0.001, max_tokens=2)
     (rank,) = rank_servers.sim(1, kv_tokens=1_000_000)
-    result = asyncio.run(asyncio.wait_for(replay_trace(rank.url, sessions, config), 60))
+    result = asyncio.run(asyncio.wait_for(replay(rank.url, sessions, config), 60))
     assert result.errors == []
     assert len(result.turns) == 4 + 2 + 3
     assert result.completed_sessions == 3
