@@ -17,13 +17,10 @@ Writes ``bench/out/admission_count.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, median, write_json
+from bench.common import machine, median, run_in_tree, write_json
 
 #: The measurement, run in a child process with the tree's own modules first on the path.
 CHILD = """
@@ -72,14 +69,7 @@ MEASURES = ("refresh", "count", "options")
 
 
 def run_tree(root: Path, sessions: int, ranks: int, calls: int) -> dict[str, list[float]]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), str(sessions), str(ranks), str(calls)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=root,
-    )
-    data: dict[str, list[float]] = json.loads(out.stdout.strip().splitlines()[-1])
+    data: dict[str, list[float]] = run_in_tree(CHILD, root, sessions, ranks, calls)
     return data
 
 

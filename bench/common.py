@@ -246,3 +246,17 @@ def positive_count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def run_in_tree(code: str, root: Path, *args: object) -> Any:
+    """Run ``code`` (a script that puts ``root``, its first argument, first on ``sys.path``) in a
+    child Python from ``root`` with ``args``; the JSON it printed last (a measurement of that
+    tree, beside another tree's in alternating rounds)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(root), *map(str, args)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -14,13 +14,10 @@ Writes ``bench/out/session_poll.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, median, write_json
+from bench.common import machine, median, run_in_tree, write_json
 
 #: The measurement, run in a child process with the tree's own modules first on the path.
 CHILD = """
@@ -62,14 +59,7 @@ finally:
 
 
 def run_tree(root: Path, sessions: int, changed: int, polls: int) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), str(sessions), str(changed), str(polls)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=root,
-    )
-    data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    data: dict[str, Any] = run_in_tree(CHILD, root, sessions, changed, polls)
     return data
 
 
