@@ -36,8 +36,8 @@ from routing.redis_link import RedisLink
 #: another replica sent leaves its queue at the first token; read 50 ms late, it still weighed on
 #: the next new session's rank, which another replica then placed away from the blocks its agent's
 #: head was on (a replay sending one request at a time, ``bench/lockstep.py``: 10 of 40 first turns
-#: placed as one process placed them, 22 at 5 ms). Not a decision's clock: a request's prefill stays
-#: queued for at least a round trip to its rank.
+#: placed as one process placed them, 21-22 at 10 ms). Not a decision's clock: a request's prefill
+#: stays queued for at least a round trip to its rank.
 BUSY_INTERVAL_S = 0.01
 SHARE_INTERVAL_S = 0.05
 #: Seconds after its last exchange from which a replica's counts count for nothing (dropped from
