@@ -19,6 +19,9 @@ defaults
     timeout client 300s
     timeout server 300s
     option http-server-close
+    # forward each streamed chunk at once: by default HAProxy sends with MSG_MORE, which lets the
+    # kernel hold a stream's small chunks (its first token) until more data comes or ~200 ms pass
+    option http-no-delay
     # a replica that stopped listening (shut down, restarting) refuses the connection: try again on
     # another replica rather than fail the request
     retries 3
