@@ -7,9 +7,11 @@ replay's mean working set ``--pressure`` x the fleet's pool (``bench.pressure``:
 schedule before any run, then measured during each):
 
 - ``1 replica``: one ``prefixgate serve`` (memory state);
-- ``N replicas``: ``--replicas`` ``prefixgate serve --redis-url`` processes on one Redis (a private
-  ``redis-server``, ``proxy/state/embedded_redis.py``) behind HAProxy dealing requests in turn, so a
-  session's consecutive requests reach different replicas.
+- ``N replicas``: ``--replicas`` ``prefixgate serve --redis-url`` processes on one Redis behind
+  HAProxy dealing requests in turn, so a session's consecutive requests reach different replicas.
+  ``--redis`` is the topology: ``server`` (a private ``redis-server``,
+  ``proxy/state/embedded_redis.py``), ``cluster`` (three masters joined into a Redis Cluster) or
+  ``sentinel`` (a master watched by Sentinel), each on loopback (``bench/redis_servers.py``).
 
 Per system, from the ranks' own usage: hit rate, prefill tokens, TTFT p50/p99, completion time
 p50, completed conversations, 429s and errors, and the conversations answered by more than one rank;
@@ -22,15 +24,15 @@ follow the compressed replay. Each system's requests hit its own fresh fleet::
 
     python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
         [--admission-policy cost|budget] [--stop-replica-at S] [--restart-redis-at S] [--rounds 1]
-        [--lockstep]
+        [--lockstep] [--redis server|cluster|sentinel]
 
 Faults, in the N-replica run: ``--stop-replica-at`` sends one replica SIGTERM (a rolling restart or a
 pod deletion: it drains what it serves and stops listening; HAProxy retries a refused connection on
-another replica), ``--restart-redis-at`` restarts Redis, every key lost. The replay client retries
-a connection refused before any answer and 429/502/503/504, as the openai SDK does; the table
-counts requests answered against requests sent. ``--lockstep`` sends one request at a time in an
-order fixed by the trace (``bench/lockstep.py``), so that runs repeat and 1 against N replicas
-differ only by what the replicas do.
+another replica), ``--restart-redis-at`` restarts Redis, every key lost (``--redis server`` only).
+The replay client retries a connection refused before any answer and 429/502/503/504, as the
+openai SDK does; the table counts requests answered against requests sent. ``--lockstep`` sends one
+request at a time in an order fixed by the trace (``bench/lockstep.py``), so that runs repeat and 1
+against N replicas differ only by what the replicas do.
 
 Writes ``bench/out/replica_replay.json``.
 """
@@ -56,16 +58,21 @@ from bench.common import Subprocess, machine, median, proxy_process, write_json
 from bench.lockstep import replay_lockstep
 from bench.moves import moves
 from bench.pressure import mean_working_set, pool_for
+from bench.redis_servers import RedisClusterServers, RedisSentinelServers
 from bench.replay import ReplayResult, TraceReplayConfig, replay_trace
 from bench.systems import FleetConfig, SimFleetProcess
 from bench.traces import TraceSession, load_claude_code
 from bench.wait_order import wait_order
 from proxy.server import free_port
 from proxy.state.embedded_redis import EmbeddedRedis
+from routing.redis_link import fail_fast_client
+from routing.redis_topology import slot_prefix
 
 RANKS = 4
 #: How long a restarted Redis stays down.
 REDIS_DOWN_S = 1.0
+#: ``--redis``: the topology the replicas share, started fresh for each N-replica run.
+TOPOLOGIES = ("server", "cluster", "sentinel")
 
 
 def _replay(url: str, sessions: list[TraceSession], args: argparse.Namespace, model: str) -> ReplayResult:
@@ -100,26 +107,49 @@ def _faults(
     return timers, done
 
 
-def redis_commands(url: str) -> dict[str, int]:
-    """Commands Redis ran in the replay, per command (``INFO commandstats``: those run inside
-    scripts included; ``evalsha``: the scripts run, one round trip each unless pipelined). A
-    restarted Redis counts from its restart."""
-    client = redis_client.Redis.from_url(url)
-    try:
-        stats = client.info("commandstats")
-    finally:
-        client.close()
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+def redis_commands(node_urls: list[str]) -> dict[str, int]:
+    """Commands Redis ran in the replay, per command, summed over the topology's masters (``INFO
+    commandstats``: those run inside scripts included; ``evalsha``: the scripts run, one round trip
+    each unless pipelined). A restarted Redis counts from its restart."""
+    calls: dict[str, int] = defaultdict(int)
+    for url in node_urls:
+        client = redis_client.Redis.from_url(url)
+        try:
+            stats = client.info("commandstats")
+        finally:
+            client.close()
+        for name, v in stats.items():
+            calls[name.removeprefix("cmdstat_")] += int(v["calls"])
+    return dict(calls)
 
 
 def superseded_saves(url: str) -> int:
     """Session saves Redis dropped because another replica had saved a later version of the
     record (a settlement landing after the next turn: that turn's usage counters are lost)."""
-    client = redis_client.Redis.from_url(url)
+    client = fail_fast_client(url, 5.0)  # whatever the topology: the key's hash slot picks the node
     try:
-        return int(client.hget("prefixgate:sessions:counters", "superseded") or 0)
+        key = slot_prefix("prefixgate:sessions", client) + ":counters"
+        return int(client.hget(key, "superseded") or 0)
     finally:
         client.close()
+
+
+def start_redis(topology: str) -> EmbeddedRedis | RedisClusterServers | RedisSentinelServers:
+    """A fresh Redis of ``topology`` (``TOPOLOGIES``), not yet started."""
+    if topology == "cluster":
+        return RedisClusterServers()
+    if topology == "sentinel":
+        return RedisSentinelServers()
+    return EmbeddedRedis()
+
+
+def node_urls(redis: EmbeddedRedis | RedisClusterServers | RedisSentinelServers) -> list[str]:
+    """The plain URLs of the topology's masters, whose counters ``redis_commands`` sums."""
+    return [redis.url] if isinstance(redis, EmbeddedRedis) else redis.node_urls
+
+
+def _on(topology: str) -> str:
+    return "" if topology == "server" else f" ({topology})"
 
 
 def run_system(
@@ -131,7 +161,9 @@ def run_system(
     with contextlib.ExitStack() as stack:
         fleet = stack.enter_context(SimFleetProcess(fleet_config))
         specs = [f"sim-{i}={url}" for i, url in enumerate(fleet.urls)]
-        redis = stack.enter_context(EmbeddedRedis()) if replicas > 1 else None
+        redis = start_redis(args.redis) if replicas > 1 else None
+        if redis is not None:
+            stack.enter_context(redis)  # started: its __enter__ starts it
         flags = ["--redis-url", redis.url] if redis is not None else []
         flags += ["--admission-policy", args.admission_policy, "--log-level", "info"]  # moves logged
         urls, processes = [], []
@@ -145,7 +177,7 @@ def run_system(
             config.write_text(haproxy_config(port, urls))
             url = f"http://127.0.0.1:{port}"
             stack.enter_context(Subprocess([haproxy_binary(), "-db", "-f", str(config)], url + "/health"))
-            timers, faults = _faults(args, processes[0], redis)
+            timers, faults = _faults(args, processes[0], redis if isinstance(redis, EmbeddedRedis) else None)
         else:
             url, timers, faults = urls[0], [], []
         for timer in timers:
@@ -156,7 +188,7 @@ def run_system(
             timer.join()
         order = wait_order(urls[-1])  # a live replica (the first may have been stopped)
         moved = moves(p.log() for p in processes)
-        commands = redis_commands(redis.url) if redis is not None else {}
+        commands = redis_commands(node_urls(redis)) if redis is not None else {}
         superseded = superseded_saves(redis.url) if redis is not None else 0
     summary = result.summary()
     ranks_of: dict[str, set[str]] = defaultdict(set)
@@ -164,7 +196,7 @@ def run_system(
         ranks_of[turn.session].add(turn.rank)
     pool = RANKS * kv_tokens
     return {
-        "system": "1 replica" if replicas == 1 else f"{replicas} replicas + HAProxy",
+        "system": "1 replica" if replicas == 1 else f"{replicas} replicas + HAProxy" + _on(args.redis),
         "replicas": replicas,
         "hit_rate": summary["hit_rate"],
         "prefill_tokens": summary["prefill_tokens"],
@@ -191,7 +223,8 @@ def run_system(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options (``argv``, else ``sys.argv``); exits with usage on a bad one."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=2, help="replicas behind HAProxy beside one")
     parser.add_argument("--conversations", type=int, default=24)
@@ -223,7 +256,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="one request at a time, in an order the trace alone fixes (bench/lockstep.py): runs repeat",
     )
+    parser.add_argument(
+        "--redis",
+        choices=TOPOLOGIES,
+        default="server",
+        help="the Redis topology the replicas share (on loopback): one server, a three-master "
+        "Cluster, or a master watched by Sentinel",
+    )
     args = parser.parse_args(argv)
+    if args.restart_redis_at is not None and args.redis != "server":
+        parser.error("--restart-redis-at restarts one server: use it with --redis server")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     sessions = load_claude_code(
         max_prompt_tokens=args.max_prompt, limit=args.conversations, max_requests=args.requests
     )
