@@ -17,9 +17,9 @@ from its mirror until they have landed (``get``, ``seen_since``). Each save carr
 replica saved the session's next turn is dropped, not written over it (the next turn keeps its
 place; the late turn's usage counters are what is lost). The first failure opens the circuit for
 all three: they answer from their mirrors without trying Redis again, and the link's thread, never
-the event loop, probes it; before the circuit closes, each store pushes its mirror back. For the
-session table that push keeps whichever record was seen last (a restarted, empty Redis gets this
-replica's records back: sessions keep their turn counts and their rank).
+the event loop, probes it; before the circuit closes, each store pushes its mirror back. The session
+table's mirror holds every record its polls read, other replicas' too, and its push keeps whichever
+record was seen last: a restarted, empty Redis gets every record back, a dead replica's included.
 """
 
 from __future__ import annotations
@@ -31,17 +31,9 @@ from typing import Any
 
 import orjson
 
-from proxy.state.claims import RoomClaims
-from proxy.state.load_share import LoadShare, RedisShare
 from proxy.state.memory import MemorySessionStore
-from proxy.state.redis_changes import ActiveRecords, mark
-from proxy.state.redis_claims import RedisClaims
-from proxy.state.redis_queue import RedisWaitOrder
-from proxy.state.responses import RedisResponseRanks, ResponseRanks
-from proxy.state.sessions import DEFAULT_RETENTION_S, MAX_BREAKS, Session, SessionStore
-from proxy.state.wait_order import WaitOrder
-from routing.index import PrefixIndex
-from routing.index.redis_store import RedisPrefixIndex
+from proxy.state.redis_changes import ActiveRecords, mark, mirror_into
+from proxy.state.sessions import DEFAULT_RETENTION_S, MAX_BREAKS, Session
 from routing.redis_link import RedisLink, fail_fast_client
 from routing.redis_topology import ScriptBatch, slot_prefix
 
@@ -140,7 +132,8 @@ class RedisSessionStore:
         self._end = self.redis.register_script(_END)
         self._counters = f"{self.prefix}:counters"
         self._changes = f"{self.prefix}:changes"
-        self.active = ActiveRecords(self.redis, self._key, self._seen, self._counters, self._changes)
+        keep = mirror_into(self.local, self._unlanded)  # other replicas' records too, as polls read them
+        self.active = ActiveRecords(self.redis, self._key, self._seen, self._counters, self._changes, keep)
         #: Sequence numbers of the writes behind: the last submitted (event loop), the last run (the
         #: link's thread, in submission order), and each key's last submitted. A key whose last
         #: write has not run is read from the mirror.
@@ -227,10 +220,14 @@ class RedisSessionStore:
                 out.append(session)
         return out
 
-    def get(self, key: str, *, breaks: bool = True) -> Session | None:
+    def _unlanded(self, key: str) -> bool:
+        """Whether this replica's last write of ``key`` has not run yet (the mirror has it)."""
         sequence = self._pending.get(key)
-        if sequence is not None and sequence > self._written:
-            return self.local.get(key)  # its last write has not landed: the mirror has it
+        return sequence is not None and sequence > self._written
+
+    def get(self, key: str, *, breaks: bool = True) -> Session | None:
+        if self._unlanded(key):
+            return self.local.get(key)
 
         def fetch() -> tuple[Any, Any, Any]:
             pipe = self.redis.pipeline(transaction=False)
@@ -343,58 +340,3 @@ class RedisSessionStore:
     def close(self) -> None:
         if self._owns_link:
             self.link.close()
-
-
-class RedisState:
-    """The ``redis`` backend: state shared by every replica through the server at ``url``."""
-
-    name = "redis"
-
-    def __init__(self, url: str, timeout: float, index_ttl: float) -> None:
-        self.url = url
-        self.timeout = timeout
-        self.index_ttl = index_ttl
-        #: One client and one circuit breaker for every store on this Redis.
-        self.link = RedisLink(fail_fast_client(url, timeout))
-        self.client = self.link.client
-        self._session_stores: list[RedisSessionStore] = []
-
-    def sessions(self) -> SessionStore:
-        store = RedisSessionStore(self.url, socket_timeout=self.timeout, link=self.link)
-        self._session_stores.append(store)
-        return store
-
-    def response_ranks(self) -> ResponseRanks:
-        return RedisResponseRanks(self.client, link=self.link)
-
-    def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
-        return RedisClaims(self.link, on_state=on_state)
-
-    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
-        return RedisWaitOrder(self.link, on_state=on_state)
-
-    def load_share(self) -> LoadShare:
-        return RedisShare(self.link)
-
-    def prefix_index(
-        self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]
-    ) -> PrefixIndex:
-        return RedisPrefixIndex(
-            self.url,
-            model=model,
-            block_size=block_size,
-            hash_algo=hash_algo,
-            ttl_s=self.index_ttl,
-            socket_timeout=self.timeout,
-            on_state=on_state,
-            link=self.link,
-        )
-
-    def backlog(self) -> tuple[int, float] | None:
-        return self.link.backlog()
-
-    def dropped_saves(self) -> int | None:
-        return sum(store.dropped_saves for store in self._session_stores)
-
-    def close(self) -> None:
-        self.link.close()

@@ -16,6 +16,11 @@ Invariants, between two ``read`` calls:
   trimmed past it (``counters`` field ``trimmed``: the highest score dropped) or Redis lost it (a
   restart or a flush: the counters were born again, field ``born``, or the link resynced): either
   reads everything again.
+
+Each record read is also handed to ``on_read`` (None for one ended or expired): the session table
+keeps other replicas' records in its mirror (``mirror_into``), so a replica that never served a
+session still knows its rank while Redis is down, and pushes it back into a Redis that restarted
+empty even when the replica that served it is gone.
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from proxy.state.memory import MemorySessionStore
 from proxy.state.sessions import Session
+
+#: Told of each record a read found (the key, the record, or None: it ended or expired).
+OnRead = Callable[[str, Session | None], None]
 
 #: Keys kept in the change log (one entry per key; past it the least recently written go, and a
 #: replica whose cursor is older reads every active record again).
@@ -60,9 +69,16 @@ class ActiveRecords:
     thread (one read at a time)."""
 
     def __init__(
-        self, client: Any, record_key: Callable[[str], str], seen: str, counters: str, changes: str
+        self,
+        client: Any,
+        record_key: Callable[[str], str],
+        seen: str,
+        counters: str,
+        changes: str,
+        on_read: OnRead | None = None,
     ) -> None:
         self.client = client
+        self.on_read = on_read
         self.record_key = record_key
         self.seen = seen
         self.counters = counters
@@ -94,6 +110,9 @@ class ActiveRecords:
         pipe.zrangebyscore(self.seen, since, "+inf")
         (seq, self.born), keys = pipe.execute()
         self.records = {s.key: s for s in self.load(keys)}
+        if self.on_read is not None:
+            for session in sorted(self.records.values(), key=lambda s: s.last_seen):
+                self.on_read(session.key, session)
         self.cursor = int(seq or 0)
         self.whole_reads += 1
 
@@ -110,10 +129,13 @@ class ActiveRecords:
         keys = [k.decode() for k, _ in changed]
         records = self.records
         for key, raw in zip(keys, self._raws(keys), strict=True):
-            if raw is None:  # ended, or expired
+            session = None if raw is None else Session.loads(raw)  # None: ended, or expired
+            if session is None:
                 records.pop(key, None)
             else:
-                records[key] = Session.loads(raw)
+                records[key] = session
+            if self.on_read is not None:
+                self.on_read(key, session)
         self.cursor = max(self.cursor, int(changed[-1][1]))
         return True
 
@@ -127,3 +149,19 @@ class ActiveRecords:
             return []
         raws: list[bytes | None] = self.client.mget([self.record_key(k) for k in keys])
         return raws
+
+
+def mirror_into(local: MemorySessionStore, unlanded: Callable[[str], bool]) -> OnRead:
+    """An ``on_read`` that keeps what a read found in ``local``: a record of a later version than
+    the copy there, and a record's end (unless this replica's own save of the key has not landed
+    yet, ``unlanded``: it will begin the session again)."""
+
+    def keep(key: str, session: Session | None) -> None:
+        kept = local.get(key)
+        if session is None:
+            if kept is not None and not unlanded(key):
+                local.delete(key)
+        elif kept is None or kept.version < session.version:
+            local.save(session)
+
+    return keep

@@ -120,3 +120,49 @@ def test_the_change_log_keeps_its_newest_entries_and_says_how_far_it_was_trimmed
     assert client.hget("counters", "trimmed") == b"3"  # k0-k2 held scores 1-3
     log_write(keys=["counters", "changes"], args=["k3"])  # a key written again: one entry, new score
     assert client.zrange("changes", 0, -1, withscores=True) == [(b"k4", 5.0), (b"k5", 6.0), (b"k3", 7.0)]
+
+
+def test_a_replica_that_only_polled_a_session_keeps_its_rank_when_redis_and_its_writer_are_gone(
+    redis_server: RedisServer,
+) -> None:
+    """Another replica's records, as a poll read them, stay in this replica's mirror: a Redis that
+    restarted empty after the replica that served a session died gets it back from the survivors,
+    and the session keeps its rank; a record ended since leaves the mirror."""
+    writer, survivor = replica(redis_server), replica(redis_server)
+    writer.save(Session("a", created=1.0, last_seen=5.0, rank="r1"))
+    writer.save(Session("b", created=1.0, last_seen=5.0, rank="r2"))
+    writer.link.flush()
+    assert {s.key for s in survivor.seen_since(0.0)} == {"a", "b"}
+    writer.delete("b")
+    writer.link.flush()
+    assert {s.key for s in survivor.seen_since(0.0)} == {"a"}
+    assert survivor.local.get("b") is None  # ended: not pushed back to life
+
+    writer.close()  # the replica that served them dies
+    survivor.redis.flushall()  # and Redis restarts empty
+    found = survivor.get("a")
+    assert found is not None and found.rank == "r1"  # lost by Redis, not ended: the mirror's copy
+    survivor.resync()
+    restored = replica(redis_server).get("a")
+    assert restored is not None and (restored.rank, restored.last_seen) == ("r1", 5.0)
+    assert replica(redis_server).get("b") is None
+
+
+def test_a_poll_never_replaces_a_newer_copy_in_the_mirror(redis_server: RedisServer) -> None:
+    """The mirror keeps the later version of its own copy and what a poll read."""
+    mine, other = replica(redis_server), replica(redis_server)
+    other.save(Session("a", created=1.0, last_seen=5.0, rank="r1"))
+    other.link.flush()
+    record = mine.get("a")
+    assert record is not None
+    record.turns, record.rank = 2, "r3"
+    mine.save(record)  # version 2, here
+    mine.link.flush()
+    other.seen_since(0.0)
+    kept = other.local.get("a")
+    assert kept is not None and (kept.version, kept.rank) == (2, "r3")  # the poll's newer copy
+
+    stale = Session("a", created=1.0, last_seen=5.0, rank="r1")  # an older version read late
+    other.active.on_read("a", stale)  # type: ignore[misc]
+    kept = other.local.get("a")
+    assert kept is not None and kept.rank == "r3"

@@ -10,7 +10,7 @@ import time
 import httpx
 import redis
 
-from proxy.state.redis import RedisState
+from proxy.state.redis_backend import RedisState
 from proxy.state.sessions import Session
 from routing.redis_link import RedisLink, fail_fast_client
 from tests.helpers.redis_server import RedisServer

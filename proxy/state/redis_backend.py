@@ -1,0 +1,77 @@
+"""The ``redis`` state backend: every store that decides placement on one Redis, behind one link.
+
+The session table is ``proxy/state/redis.py`` (whose docstring tells how the stores fail over to
+their mirrors and push them back); the claims, the wait order, the load share, the response map and
+the prefix index are their own modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from proxy.state.claims import RoomClaims
+from proxy.state.load_share import LoadShare, RedisShare
+from proxy.state.redis import RedisSessionStore
+from proxy.state.redis_claims import RedisClaims
+from proxy.state.redis_queue import RedisWaitOrder
+from proxy.state.responses import RedisResponseRanks, ResponseRanks
+from proxy.state.sessions import SessionStore
+from proxy.state.wait_order import WaitOrder
+from routing.index import PrefixIndex
+from routing.index.redis_store import RedisPrefixIndex
+from routing.redis_link import RedisLink, fail_fast_client
+
+
+class RedisState:
+    """The ``redis`` backend: state shared by every replica through the server at ``url``."""
+
+    name = "redis"
+
+    def __init__(self, url: str, timeout: float, index_ttl: float) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.index_ttl = index_ttl
+        #: One client and one circuit breaker for every store on this Redis.
+        self.link = RedisLink(fail_fast_client(url, timeout))
+        self.client = self.link.client
+        self._session_stores: list[RedisSessionStore] = []
+
+    def sessions(self) -> SessionStore:
+        store = RedisSessionStore(self.url, socket_timeout=self.timeout, link=self.link)
+        self._session_stores.append(store)
+        return store
+
+    def response_ranks(self) -> ResponseRanks:
+        return RedisResponseRanks(self.client, link=self.link)
+
+    def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
+        return RedisClaims(self.link, on_state=on_state)
+
+    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
+        return RedisWaitOrder(self.link, on_state=on_state)
+
+    def load_share(self) -> LoadShare:
+        return RedisShare(self.link)
+
+    def prefix_index(
+        self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]
+    ) -> PrefixIndex:
+        return RedisPrefixIndex(
+            self.url,
+            model=model,
+            block_size=block_size,
+            hash_algo=hash_algo,
+            ttl_s=self.index_ttl,
+            socket_timeout=self.timeout,
+            on_state=on_state,
+            link=self.link,
+        )
+
+    def backlog(self) -> tuple[int, float] | None:
+        return self.link.backlog()
+
+    def dropped_saves(self) -> int | None:
+        return sum(store.dropped_saves for store in self._session_stores)
+
+    def close(self) -> None:
+        self.link.close()
