@@ -12,6 +12,8 @@ schedule before any run, then measured during each):
   ``--redis`` is the topology: ``server`` (a private ``redis-server``,
   ``proxy/state/embedded_redis.py``), ``cluster`` (three masters joined into a Redis Cluster) or
   ``sentinel`` (a master watched by Sentinel), each on loopback (``bench/redis_servers.py``).
+With ``--kv-events`` the ranks publish KV events and every prefixgate subscribes to them (its index
+exact, as in a deployment with ``--kv-events``); without, the index predicts what each rank holds.
 
 Per system, from the ranks' own usage: hit rate, prefill tokens, TTFT p50/p99, completion time
 p50, completed conversations, 429s and errors, and the conversations answered by more than one rank;
@@ -24,7 +26,7 @@ follow the compressed replay. Each system's requests hit its own fresh fleet::
 
     python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
         [--admission-policy cost|budget] [--stop-replica-at S] [--restart-redis-at S] [--rounds 1]
-        [--lockstep] [--redis server|cluster|sentinel]
+        [--lockstep] [--redis server|cluster|sentinel] [--kv-events]
 
 Faults, in the N-replica run: ``--stop-replica-at`` sends one replica SIGTERM (a rolling restart or a
 pod deletion: it drains what it serves and stops listening; HAProxy retries a refused connection on
@@ -157,7 +159,9 @@ def run_system(
 ) -> dict[str, Any]:
     """One system on a fresh fleet: ``replicas`` = 1 (memory state), else that many on Redis behind
     HAProxy. Its row of figures."""
-    fleet_config = FleetConfig(ranks=RANKS, kv_tokens=kv_tokens, time_scale=args.time_scale)
+    fleet_config = FleetConfig(
+        ranks=RANKS, kv_tokens=kv_tokens, time_scale=args.time_scale, kv_events=args.kv_events
+    )
     with contextlib.ExitStack() as stack:
         fleet = stack.enter_context(SimFleetProcess(fleet_config))
         specs = [f"sim-{i}={url}" for i, url in enumerate(fleet.urls)]
@@ -166,6 +170,7 @@ def run_system(
             stack.enter_context(redis)  # started: its __enter__ starts it
         flags = ["--redis-url", redis.url] if redis is not None else []
         flags += ["--admission-policy", args.admission_policy, "--log-level", "info"]  # moves logged
+        flags += ["--kv-events", "auto"] if args.kv_events else []
         urls, processes = [], []
         for _ in range(replicas):
             proxy, url = proxy_process(specs, extra=flags)
@@ -262,6 +267,12 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         default="server",
         help="the Redis topology the replicas share (on loopback): one server, a three-master "
         "Cluster, or a master watched by Sentinel",
+    )
+    parser.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="the ranks publish KV events and every prefixgate subscribes (--kv-events auto): the "
+        "prefix index is then exact, not predicted",
     )
     args = parser.parse_args(argv)
     if args.restart_redis_at is not None and args.redis != "server":

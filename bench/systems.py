@@ -48,6 +48,8 @@ class FleetConfig:
     model: str = DEFAULT_MODEL
     #: Prefill tokens per second of each rank (before ``time_scale``): its compute speed.
     prefill_rate: float = DEFAULT_PREFILL_RATE
+    #: Each rank publishes KV events (ZMQ, a free port each, named by its ``/kv_event_sources``).
+    kv_events: bool = False
 
 
 class SimFleetProcess:
@@ -70,6 +72,8 @@ class SimFleetProcess:
         args += ["--kv-tokens", str(c.kv_tokens), "--time-scale", str(c.time_scale)]
         args += ["--block-size", str(c.block_size), "--model", c.model]
         args += ["--prefill-rate", str(c.prefill_rate)]
+        if c.kv_events:
+            args += ["--kv-events"]
         if self.log is not None:
             self.log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
