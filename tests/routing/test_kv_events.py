@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -13,7 +14,7 @@ from bench.sim import SimRankServer
 from bench.sim.prompts import PromptProcessor
 from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
-from routing.kv_events import KVEventSubscriber, RankMirror, decode_batch
+from routing.kv_events import KVEvent, KVEventSubscriber, RankMirror, decode_batch
 from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
 from tests.helpers.ranks import RankServers
@@ -131,3 +132,41 @@ def test_sim_events_make_predictions_exact(sim_rank: SimRankServer) -> None:
     finally:
         sub.stop()
         client.close()
+
+
+class CountingIndex(MemoryPrefixIndex):
+    """A memory index that counts the removals it is asked for (a shared index writes one each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.removals: list[int] = []
+
+    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+        self.removals.append(len(block_hashes))
+        super().remove(rank, block_hashes, counted=counted)
+
+
+def test_a_run_of_block_removed_events_is_one_removal_and_the_same_mirror() -> None:
+    """vLLM sends one BlockRemoved per evicted block: a run of them in a batch reaches the index as
+    one removal (one Redis write for a shared index, not one per block), and the mirror ends as
+    applying the events one by one leaves it; a store between two runs splits them."""
+    hasher = BlockHasher(16, "sha256", seed="0")
+    chains = {name: [base + n for n in range(16 * 4)] for name, base in (("a", 1000), ("b", 5000))}
+    ids = {name: [kv_event_hash(h) for h in hasher.hash_blocks(tokens)] for name, tokens in chains.items()}
+    events = [
+        KVEvent("BlockStored", ids["a"], None, chains["a"], 16),
+        *(KVEvent("BlockRemoved", [u64]) for u64 in reversed(ids["a"][2:])),  # a's tail, one by one
+        KVEvent("BlockStored", ids["b"], None, chains["b"], 16),
+        *(KVEvent("BlockRemoved", [u64]) for u64 in reversed(ids["b"][1:])),
+        KVEvent("BlockRemoved", [ids["a"][1]]),
+    ]
+    batched, one_by_one = CountingIndex(), CountingIndex()
+    RankMirror("r0", batched, hasher).apply(events)
+    single = RankMirror("r0", one_by_one, hasher)
+    for event in events:
+        single.apply([event])
+    assert batched.removals == [2, 4]  # a's two tail blocks; then b's three and a's second
+    assert one_by_one.removals == [1] * 6
+    for name in "ab":
+        blocks = hasher.hash_blocks(chains[name])
+        assert batched.lookup(blocks, None).matches == one_by_one.lookup(blocks, None).matches == {"r0": 1}
