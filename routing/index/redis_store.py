@@ -24,7 +24,8 @@ the LRU order stays within a quarter of the pool's turnover of the truth.
 An event-fed rank (``--kv-events``: every replica subscribes to every rank and keeps its own exact
 mirror) is written to Redis by ONE replica, the holder of the rank's lease (``events:{rank}``,
 ``EVENTS_LEASE_S``, renewed by its writes, ``redis_scripts.LEASE``): the other replicas apply the
-same events to their local mirrors only, so each event costs Redis one write, not one per replica.
+same events to their local mirrors only, so each event costs Redis one write, not one per replica
+(and a run of evictions, one event per block from vLLM, one write: ``RankMirror.apply``).
 The shared copy is what a replica that started after the rank (its subscription cannot map chains
 begun before it) or whose subscription failed learns from. A replica taking a lapsed lease over
 pushes its mirror of the rank first (it wrote nothing meanwhile). The writer also pushes its mirror
