@@ -90,28 +90,26 @@ class RankMirror:
 
     def apply(self, events: Sequence[KVEvent]) -> None:
         # vLLM sends one BlockRemoved per evicted block: a run of them is applied as one removal,
-        # so a shared index gets one write for the run, not one per block (in order: a store
-        # between two runs splits them)
+        # so a shared index gets one write for the run, not one per block (in order: any other
+        # event ends the run; an empty run writes nothing)
         removed: list[int] = []
         for event in events:
             kind = event.type
             if kind == "BlockRemoved":
                 removed.extend(event.block_hashes)
-            elif kind in ("BlockStored", "AllBlocksCleared"):
-                if removed:
-                    self._removed(removed)
-                    removed = []
-                if kind == "BlockStored":
-                    self._stored(event)
-                else:
-                    self.reset()
+            elif kind == "BlockStored":
+                self._removed(removed)
+                removed = []
+                self._stored(event)
+            elif kind == "AllBlocksCleared":
+                removed = []  # cleared with everything else
+                self.reset()
             else:
                 continue
             self.applied += 1
             if self.on_event is not None:
                 self.on_event(kind)
-        if removed:
-            self._removed(removed)
+        self._removed(removed)
 
     def reset(self) -> None:
         self._own.clear()
