@@ -64,11 +64,15 @@ class RequestContext:
     prompt_tokens: int | None = None
     block_hashes: Sequence[bytes] = ()
     prompt_blocks: PromptBlocks | None = None
-    #: A first turn routed on its head (``proxy.stages.blocks``): the whole prompt's tokenizing and
-    #: hashing, off the request's path. Until it is done, ``prompt_blocks`` and ``block_hashes`` are
-    #: the head's and ``prompt_tokens`` an estimate from the prompt's text; then the whole prompt's
-    #: (or, when it could not be rendered, none). The observers learn from the request once it is done.
+    #: A turn routed on its head or on the blocks it keeps of its previous turn
+    #: (``proxy.stages.blocks``): the whole prompt's tokenizing and hashing, off the request's path.
+    #: Until it is done, ``prompt_blocks`` and ``block_hashes`` are the head's (or the kept blocks)
+    #: and ``prompt_tokens`` an estimate from the prompt's text; then the whole prompt's (or, when it
+    #: could not be rendered, none). The observers learn from the request once it is done.
     landing: asyncio.Task[None] | None = None
+    #: ``landing`` is a returning turn's short tail, encoded on the event loop while the request waits
+    #: for its rank: it lands before the answer starts (``Blocks.settle``).
+    landing_on_loop: bool = False
     #: The thread's previous answer carried back in this prompt, and the blocks its rank then holds
     #: (``proxy.stages.blocks``); the router counts them when ``credited``.
     cached_answer: CachedAnswer | None = None

@@ -167,7 +167,7 @@ class Gateway:
             Identify(self.locals),
             threads,
             Canonicalize.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
-            Blocks(incremental, self.locals),
+            Blocks(incremental, self.locals, lambda: not router.exact),
             admission,
             router,
             Forwarder(

@@ -13,6 +13,7 @@ stored-answer retrieval (the rank that stored it) and the ranks' own ``/tokenize
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from urllib.parse import quote
@@ -106,6 +107,12 @@ class Pipeline:
         except ClientDisconnected:
             self._unanswered(ctx, CLIENT_CLOSED, "the client went away")
             return self._client_gone(endpoint.path, ctx)
+        try:
+            await self.blocks.settle(ctx)  # a short tail, encoded while the rank worked: landed now
+        except asyncio.CancelledError:  # the answer is dropped: release what it holds
+            opened.close()
+            self._finished(Outcome(ctx, opened.rank.name, CLIENT_CLOSED, error="cancelled"))
+            raise
         try:
             return self._answer(ctx, opened, endpoint.path, started, translation)
         except Exception as exc:  # an open stream holds its rank's count and connection: release both
@@ -247,6 +254,8 @@ class Pipeline:
             self._finished(Outcome(ctx, None, status, error=error))
 
     def _routed(self, ctx: RequestContext) -> None:
+        """Tell the observers the request is routed: one whose prompt is landing, once it landed
+        (at once when it has: the answer's headers carry what landing changed)."""
         landing = ctx.landing
         if landing is None:
             self.observers.routed(ctx)
@@ -256,7 +265,10 @@ class Pipeline:
             self.observers.landed(ctx)
             self.observers.routed(ctx)
 
-        landing.add_done_callback(tell)
+        if landing.done():
+            tell(landing)
+        else:
+            landing.add_done_callback(tell)
 
     def _finished(self, outcome: Outcome) -> None:
         """Tell the observers how the request ended: a request routed on its head once its blocks
@@ -266,7 +278,7 @@ class Pipeline:
         the last one's whole prompt was tokenized here (3.8M phantom tokens per rank on 128
         first turns of 57k tokens), and routing and admission weighed ranks by it."""
         landing = outcome.ctx.landing
-        if landing is None:
+        if landing is None or landing.done():
             self.observers.finished(outcome)
         else:
             self.observers.prefilled(outcome.ctx)

@@ -45,6 +45,11 @@ _HASH_OVERHEAD = 41
 _SHARED_ENTRY_BYTES = 200
 
 
+#: A returning turn's tail of fewer tokens (estimated) is encoded on the request's path: encoding it
+#: costs less than the task that would carry it beside the request.
+LOOP_TOKENS = 128
+
+
 class SessionCache(LRU[str, PromptMemo]):
     """LRU over sessions with a byte budget (approximate: tokens, hashes and tokenizer memos).
 
@@ -60,11 +65,12 @@ class IncrementalTokenizer:
 
     One instance per backend group (one tokenizer, one block size, one hash algorithm). CPU-heavy
     uncached work (above ``offload_tokens`` estimated tokens) runs in a worker thread so a 100k-token
-    first turn does not stall the event loop; small increments run inline, and a returning turn that
-    added more than ``ahead_tokens`` (default: ``offload_tokens``) goes on while its tail is encoded in
-    one (``returning_chat_blocks``). ``executor`` is the pool that work runs in (``prefixgate serve``:
-    one thread per core, for tokenizers that release the GIL while they encode, as tiktoken does);
-    None: the event loop's default executor.
+    first turn does not stall the event loop; small increments run inline. A returning turn goes on
+    with the blocks it keeps while its tail is encoded: in a worker thread when it added more than
+    ``ahead_tokens`` (default: ``offload_tokens``), else, from ``loop_tokens``, on the event loop while
+    the request waits for its rank (``returning_chat_blocks``). ``executor`` is the pool that work
+    runs in (``prefixgate serve``: one thread per core, for tokenizers that release the GIL while they
+    encode, as tiktoken does); None: the event loop's default executor.
 
     Besides the per-session cache, ``shared`` keeps the block hashes of leading segments that many
     sessions share (``Encoded.shared_tokens``, e.g. one agent's system prompt + tools), keyed by
@@ -79,6 +85,7 @@ class IncrementalTokenizer:
         cache_bytes: int = 256 * 1024 * 1024,
         offload_tokens: int = 8192,
         ahead_tokens: int | None = None,
+        loop_tokens: int = LOOP_TOKENS,
         shared_cache_bytes: int = DEFAULT_SHARED_CACHE_BYTES,
         executor: Executor | None = None,
     ) -> None:
@@ -88,10 +95,11 @@ class IncrementalTokenizer:
         self.block_size = hasher.block_size
         self.sessions = SessionCache(cache_bytes)
         self.offload_tokens = offload_tokens
-        # Default: only work a worker thread would do anyway goes beside the request. Below that, the
-        # hop costs more than it saves: measured on replayed Claude Code traces at 256 tokens, TTFT
-        # p99 +15 % and proxy CPU +0.6 ms a request (three runs each, side by side).
+        # Default: only work a worker thread would do anyway goes to one. Below that, the hop costs
+        # more than it saves: measured on replayed Claude Code traces at 256 tokens, TTFT p99 +15 %
+        # and proxy CPU +0.6 ms a request (three runs each, side by side).
         self.ahead_tokens = offload_tokens if ahead_tokens is None else ahead_tokens
+        self.loop_tokens = loop_tokens
         self._hash_bytes = len(hasher.none_hash) + _HASH_OVERHEAD
         self.shared = LRU[tuple[bytes, int, str | None], tuple[BlockHash, ...]](shared_cache_bytes)
         # Heads being encoded, by the head's key and salt: a wave of new sessions of one agent
@@ -142,20 +150,24 @@ class IncrementalTokenizer:
         return await self._complete("chat", plan, None, salt)
 
     async def returning_chat_blocks(
-        self, body: Mapping[str, Any], previous: PromptMemo
+        self, body: Mapping[str, Any], previous: PromptMemo, *, on_loop: bool = True
     ) -> PromptBlocks | PromptHead:
-        """A session's returning chat turn. When what changed since ``previous`` is over
-        ``ahead_tokens`` and the turn keeps some of its blocks (``Plan.kept``), those blocks are
-        returned at once with the rest to finish in a worker thread (``PromptHead``): the turn is
-        routed on what the ranks can hold of it (its new tail is in no rank's cache) while its tail
-        is tokenized beside it. Else its blocks, as ``chat_blocks`` gives them."""
+        """A session's returning chat turn. When it keeps some blocks of ``previous`` (``Plan.kept``)
+        and adds a tail, those blocks are returned at once with the rest to finish (``PromptHead``):
+        the turn is routed on what the ranks can hold of it (its new tail is in no rank's cache) and
+        its tail is tokenized while the request is on its way: in a worker thread when over
+        ``ahead_tokens``, else on the event loop (``PromptHead.on_loop``; with ``on_loop`` False,
+        such a tail is encoded here). Else (nothing kept, or a tail under ``loop_tokens``) its
+        blocks, as ``chat_blocks`` gives them."""
         prompt = ChatPrompt.from_body(body)
         salt = _salt(body)
         prev = previous if previous.kind == "chat" else None
         plan = await self.tokenizer.plan_chat(prompt, prev.encoded if prev else None)
         size = self.block_size
         keep = min(plan.kept // size, len(prev.hashes)) if prev is not None and prev.salt == salt else 0
-        if prev is None or keep == 0 or plan.work <= self.ahead_tokens:
+        if prev is None or keep == 0 or plan.work < self.loop_tokens:
+            return await self._complete("chat", plan, prev, salt)
+        if plan.work <= self.ahead_tokens and not on_loop:
             return await self._complete("chat", plan, prev, salt)
         kept = keep * size
         blocks = PromptBlocks(
@@ -168,6 +180,10 @@ class IncrementalTokenizer:
             reused_blocks=keep,
             shared_tokens=min(prev.encoded.shared_tokens, kept),
         )
+        if plan.work <= self.ahead_tokens:
+            return PromptHead(
+                blocks, plan.kept + plan.work, lambda: self._complete("chat", plan, prev, salt), on_loop=True
+            )
         return PromptHead(
             blocks,
             plan.kept + plan.work,

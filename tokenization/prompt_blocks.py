@@ -75,11 +75,14 @@ class PromptHead:
     its head (``IncrementalTokenizer.first_chat_blocks``: ``blocks`` covers the head alone, its
     ``shared_tokens`` are all its tokens), a returning turn by the blocks it keeps of the previous
     turn (``returning_chat_blocks``). ``blocks`` has no memo; ``estimated_tokens`` sizes the whole
-    prompt from its text; ``rest()`` tokenizes and hashes the whole prompt (reusing those blocks)."""
+    prompt from its text; ``rest()`` tokenizes and hashes the whole prompt (reusing those blocks).
+    ``on_loop``: ``rest()`` is a short tail's work, done on the calling event loop (no worker-thread
+    hop) while the request waits for its rank, so it lands before the rank can answer."""
 
     blocks: PromptBlocks
     estimated_tokens: int
     rest: Callable[[], Awaitable[PromptBlocks]]
+    on_loop: bool = False
 
 
 def _part_start(part: Part) -> int:

@@ -18,14 +18,18 @@ hashed beside it (``ctx.landing``): its memo, the index's record and what the ob
 the whole prompt once it lands, and the thread's next turn awaits it. A returning turn whose new
 tail is worker-thread work (``returning_chat_blocks``) goes on the same way with the blocks it
 keeps of its previous turn: its new tail is in no rank's cache, so routing loses nothing by not
-waiting for it, and the request is on its way while a worker thread encodes it. (The previous
-answer's blocks, ``ctx.cached_answer``, are then known once it lands, not in the estimate.)
+waiting for it, and the request is on its way while a worker thread encodes it. A shorter tail goes
+the same way but is encoded on the event loop (no thread hop), at the request's first wait: while
+its rank works, not before the request is sent. The previous answer's blocks
+(``ctx.cached_answer``) are known once the prompt lands, and the router's estimate of the whole
+prompt then (``Router.landed``); a short tail lands before the answer starts (``settle``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from proxy.context import RequestContext
@@ -42,9 +46,17 @@ class Blocks:
     """Fills ``ctx.prompt`` and, with a tokenizer (None: the routing policy needs no blocks),
     ``ctx.prompt_blocks``, ``ctx.prompt_tokens`` and ``ctx.block_hashes``."""
 
-    def __init__(self, incremental: IncrementalTokenizer | None, locals_: SessionLocals) -> None:
+    def __init__(
+        self,
+        incremental: IncrementalTokenizer | None,
+        locals_: SessionLocals,
+        tails_on_loop: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.incremental = incremental
         self.locals = locals_
+        #: Whether a returning turn's short tail may be encoded on the loop after it was routed: not
+        #: while any rank is fed by KV events (``Router.landed`` could not estimate its whole prompt).
+        self.tails_on_loop = tails_on_loop
         # The first turns' landings in flight: the event loop keeps only weak references to tasks.
         self._landing: set[asyncio.Task[None]] = set()
 
@@ -67,7 +79,9 @@ class Blocks:
                     return
                 blocks = first
             else:
-                later = await incremental.returning_chat_blocks(prompt, previous)
+                later = await incremental.returning_chat_blocks(
+                    prompt, previous, on_loop=self.tails_on_loop()
+                )
                 if isinstance(later, PromptHead):
                     self._go_on_head(ctx, thread, later, previous)
                     return
@@ -104,11 +118,19 @@ class Blocks:
         ctx.prompt_tokens = head.estimated_tokens
         ctx.block_hashes = head.blocks.block_hashes
         task = asyncio.create_task(self._rest(ctx, head, previous))
-        ctx.landing = task
+        ctx.landing, ctx.landing_on_loop = task, head.on_loop
         if thread is not None:
             thread.landing = task
         self._landing.add(task)
         task.add_done_callback(self._landing.discard)
+
+    @staticmethod
+    async def settle(ctx: RequestContext) -> None:
+        """A short tail encoded on the event loop (``ctx.landing_on_loop``) has landed before the
+        answer starts: its headers carry the whole prompt's estimate. It ran at the request's first
+        wait, so this waits only when the rank answered before the loop got to it."""
+        if ctx.landing_on_loop and ctx.landing is not None and not ctx.landing.done():
+            await asyncio.shield(ctx.landing)
 
     async def _rest(self, ctx: RequestContext, head: PromptHead, previous: PromptMemo | None) -> None:
         """The whole prompt of a turn routed on its head, on its context and its thread's memo. Never
@@ -116,6 +138,11 @@ class Blocks:
         prompt = ctx.prompt
         assert prompt is not None
         try:
+            if head.on_loop:
+                # This task was queued before the request was sent; the task that writes the
+                # request's body (aiohttp's) is queued when the request first waits. One turn of the
+                # loop lets it go first, so the tail is encoded while the rank reads and computes.
+                await asyncio.sleep(0)
             blocks = await head.rest()
         except Exception as exc:  # the request is on its way: whatever failed here must not lose it
             if isinstance(exc, (UnsupportedRequest, BackendTokenizeError)):

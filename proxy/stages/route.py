@@ -67,6 +67,8 @@ class RoutePlan:
     charged: str | None = None
     prefill: int = 0
     tokens: int = 0
+    #: The prompt's full blocks when it was charged (a turn routed on its head: the head's).
+    blocks: int = 0
     #: The charged rank's stream opened (its first token came): its prefill left the queue already.
     prefilled: bool = False
     #: The response id that pins the request to its rank (Responses continuations), if any.
@@ -247,11 +249,35 @@ class Router(Observer):
         self._charge(ctx, plan, rank, found, "its rank failed this request")
 
     def landed(self, ctx: RequestContext) -> None:
-        """A first turn routed on its head: the charged rank holds its whole prompt once answering."""
+        """A turn routed on its head (or on the blocks it kept) landed: its charge becomes the whole
+        prompt's, as routing it whole would have made it (its previous answer's blocks in the
+        expected hit, the whole prompt's prefill and tokens), and the charged rank holds the whole
+        prompt once answering."""
         plan = ctx.plan
         name = plan.charged if plan is not None else None
-        if name is not None and name not in self.exact and ctx.block_hashes:
-            self.index.record(name, ctx.block_hashes)
+        hashes = ctx.block_hashes
+        if plan is None or name is None or not hashes:
+            return
+        answered = ctx.cached_answer
+        if answered is not None and answered.credited and answered.rank not in self.exact:
+            self.index.record(answered.rank, hashes[: answered.blocks])
+        size = self.block_size
+        estimate = ctx.estimated_cached_tokens or 0
+        if name not in self.exact and estimate >= plan.blocks * size:
+            # Every block it was routed on is a hit: what of the rest? (Not on a rank fed by KV
+            # events: it is computing this prompt meanwhile, and its events would count the
+            # request's own blocks as hits. Nothing here recorded them yet.)
+            held = self.index.match(hashes).get(name, 0)
+            estimate = min(held, max_hit_blocks(ctx.prompt_tokens, len(hashes), size)) * size
+            ctx.estimated_cached_tokens = estimate
+        prompt = prompt_size(ctx.prompt_tokens, len(hashes), size)
+        prefill = max(prompt - estimate, 0)
+        if not plan.prefilled:
+            self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) + prefill - plan.prefill, 0)
+        self.inflight_tokens[name] = max(self.inflight_tokens.get(name, 0) + prompt - plan.tokens, 0)
+        plan.prefill, plan.tokens = prefill, prompt
+        if name not in self.exact:
+            self.index.record(name, hashes)
 
     def prefilled(self, ctx: RequestContext) -> None:
         """A streamed answer's first token, or the end of a request whose prompt is still landing:
@@ -313,6 +339,7 @@ class Router(Observer):
         ctx.estimated_cached_tokens = estimate if hashes else None
         prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         plan.charged, plan.prefill, plan.tokens = name, max(prompt - estimate, 0), prompt
+        plan.blocks = len(hashes)
         plan.prefilled = False
         self.queued_prefill[name] = self.queued_prefill.get(name, 0) + plan.prefill
         self.inflight_tokens[name] = self.inflight_tokens.get(name, 0) + prompt

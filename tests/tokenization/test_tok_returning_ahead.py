@@ -23,7 +23,8 @@ TAIL = "def function_{i}(x):\n    return x * {i} + helper(x - {i})\n"
 
 
 def incremental(tokenizer: Tokenizer, ahead_tokens: int, algo: str = "sha256") -> IncrementalTokenizer:
-    return IncrementalTokenizer(tokenizer, make_hasher(algo, 4, "0"), ahead_tokens=ahead_tokens)
+    hasher = make_hasher(algo, 4, "0")
+    return IncrementalTokenizer(tokenizer, hasher, ahead_tokens=ahead_tokens, loop_tokens=0)
 
 
 def run_turns(tokenizer: Tokenizer, ops: list[tuple], algo: str) -> int:
@@ -95,7 +96,7 @@ async def test_a_long_tail_goes_ahead_and_a_short_one_or_a_new_salt_does_not() -
         "messages": [*first, {"role": "assistant", "content": "Read."}, {"role": "user", "content": code}]
     }
     got = await inc.returning_chat_blocks(long_turn, base.memo)
-    assert isinstance(got, PromptHead)
+    assert isinstance(got, PromptHead) and not got.on_loop  # over ahead_tokens: a worker thread's
     whole = await got.rest()
     # the previous prompt's full blocks up to its generation prompt, which this turn replaced
     assert got.blocks.num_blocks == whole.reused_blocks == base.num_blocks - 1
@@ -105,13 +106,27 @@ async def test_a_long_tail_goes_ahead_and_a_short_one_or_a_new_salt_does_not() -
     short_turn = {
         "messages": [*first, {"role": "assistant", "content": "Read."}, {"role": "user", "content": "Go."}]
     }
-    assert isinstance(await inc.returning_chat_blocks(short_turn, base.memo), PromptBlocks)
+    assert isinstance(await inc.returning_chat_blocks(short_turn, base.memo), PromptBlocks)  # on the path
+    medium = {"role": "user", "content": code[:800]}  # ~200 tokens: from loop_tokens to ahead_tokens
+    medium_turn = {"messages": [*first, {"role": "assistant", "content": "Read."}, medium]}
+    on_loop = await inc.returning_chat_blocks(medium_turn, base.memo)
+    assert isinstance(on_loop, PromptHead) and on_loop.on_loop  # the event loop's, while the rank works
+    assert on_loop.blocks.num_blocks == base.num_blocks - 1
+    _same(await on_loop.rest(), await scratch_blocks(medium_turn))
     salted = {**long_turn, "cache_salt": "tenant-2"}  # the salt is in block 0: nothing is kept
     assert isinstance(await inc.returning_chat_blocks(salted, base.memo), PromptBlocks)
+    again = await inc.returning_chat_blocks({"messages": first}, base.memo)  # nothing new to encode
+    assert isinstance(again, PromptBlocks) and list(again.block_hashes) == list(base.block_hashes)
 
 
-async def test_by_default_only_worker_thread_work_goes_ahead() -> None:
-    """Below ``offload_tokens`` the tail is encoded on the path: a thread hop costs more than it saves."""
+async def scratch_blocks(body: dict[str, Any]) -> PromptBlocks:
+    """``body``'s blocks tokenized from scratch."""
+    return await IncrementalTokenizer(TiktokenTokenizer(), make_hasher("sha256", 16, "0")).chat_blocks(body)
+
+
+async def test_by_default_only_worker_thread_work_goes_to_a_worker_thread() -> None:
+    """Below ``offload_tokens`` the tail is encoded on the event loop: a thread hop costs more than it
+    saves."""
     inc = IncrementalTokenizer(TiktokenTokenizer(), make_hasher("sha256", 16, "0"), offload_tokens=2000)
     first = [SYSTEM, {"role": "user", "content": "Read the module."}]
     base = await inc.chat_blocks({"messages": first})
@@ -123,5 +138,7 @@ async def test_by_default_only_worker_thread_work_goes_ahead() -> None:
             "messages": [*first, {"role": "assistant", "content": "Read."}, {"role": "user", "content": code}]
         }
 
-    assert isinstance(await inc.returning_chat_blocks(turn(60), base.memo), PromptBlocks)  # ~1.5k tokens
-    assert isinstance(await inc.returning_chat_blocks(turn(400), base.memo), PromptHead)  # ~10k tokens
+    short = await inc.returning_chat_blocks(turn(60), base.memo)
+    long = await inc.returning_chat_blocks(turn(400), base.memo)
+    assert isinstance(short, PromptHead) and short.on_loop  # ~1.5k tokens
+    assert isinstance(long, PromptHead) and not long.on_loop  # ~10k tokens
