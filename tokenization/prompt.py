@@ -175,7 +175,7 @@ class IncrementalTokenizer:
             block_size=size,
             block_hashes=prev.hashes[:keep],
             parts=(("kept", 0, kept),),
-            tokens=prev.encoded.tokens[:kept],
+            tokens=prev.encoded.tokens,  # its first ``kept``: shared, not copied (100k+ ids a turn)
             reused_tokens=kept,
             reused_blocks=keep,
             shared_tokens=min(prev.encoded.shared_tokens, kept),

@@ -21,7 +21,9 @@ class PromptBlocks:
     block_size: int
     block_hashes: Sequence[BlockHash]  # full blocks only, chained from block 0
     parts: tuple[Part, ...]  # (label, first token, end token), covering [0, num_tokens)
-    tokens: array  # typecode "I"
+    #: Typecode "I"; the prompt's ids are its first ``num_tokens`` (all of them, but for a returning
+    #: turn's kept blocks, which share the previous turn's array: ``PromptHead``).
+    tokens: array
     reused_tokens: int = 0  # leading tokens taken from the session's previous turn without re-encoding
     reused_blocks: int = 0  # leading block hashes taken from the previous turn
     shared_blocks: int = 0  # leading block hashes taken from the cross-session cache (not hashed here)

@@ -16,14 +16,15 @@ fall by one per block (``top`` at ``lo``), so a segment's oldest block is its la
 segments by that stamp (stale entries skipped) finds the next to evict.
 
 ``where`` maps each held hash to ``segment id << 32 | position in the segment's chain``: an int,
-which the garbage collector never has to traverse. Not thread-safe: ``MemoryPrefixIndex`` locks.
+which the garbage collector never has to traverse. A segment's blocks are read by slicing its chain
+(``chain[lo:hi]``, O(hi - lo)), never ``islice`` (which steps over the ``lo`` blocks before them:
+the whole conversation, on every turn of a long one). Not thread-safe: ``MemoryPrefixIndex`` locks.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from itertools import islice
 
 _POS_BITS = 32
 _POS_MASK = (1 << _POS_BITS) - 1
@@ -135,7 +136,7 @@ class RankChains:
             seg.top = top - i
             heapq.heappush(self.heap, (seg.bottom, seg.id))
             if counted:
-                for h in islice(chain, i, i + k):
+                for h in chain[i : i + k]:
                     counts[h] = counts.get(h, 1) + 1
             prev = seg
             i += k
@@ -190,7 +191,7 @@ class RankChains:
     def _point(self, seg: Segment, lo: int, hi: int) -> None:
         """``where`` entries of ``seg.chain[lo:hi]`` name ``seg``."""
         base = seg.id << _POS_BITS
-        self.where.update(zip(islice(seg.chain, lo, hi), range(base + lo, base + hi), strict=True))
+        self.where.update(zip(seg.chain[lo:hi], range(base + lo, base + hi), strict=True))
 
     def _insert(self, chain: Sequence[bytes], i: int, j: int, top: int, prev: Segment | None) -> Segment:
         """Add the unheld ``chain[i:j]`` with ``chain[i]`` stamped ``top``: as the continuation of
@@ -241,7 +242,7 @@ class RankChains:
         if lo > seg.lo and hi < seg.hi:  # from the middle: the part below stays a segment of its own
             seg = self._split(seg, hi)[0]
         where = self.where
-        for h in islice(seg.chain, lo, hi):
+        for h in seg.chain[lo:hi]:
             del where[h]
         self.size -= hi - lo
         if lo == seg.lo and hi == seg.hi:
@@ -273,7 +274,7 @@ class RankChains:
             # Stamp ranges of segments never overlap, so the oldest segment's blocks are all older
             # than any other's: take as many as needed from it at once.
             take = min(excess, seg.hi - seg.lo)
-            for h in islice(seg.chain, seg.hi - take, seg.hi):
+            for h in seg.chain[seg.hi - take : seg.hi]:
                 del where[h]
                 if counts:
                     counts.pop(h, None)
