@@ -69,6 +69,7 @@ from bench.bench_presets import (
 )
 from bench.bench_tables import markdown_table, print_table
 from bench.common import positive_count
+from bench.plots import plots_available
 from bench.replay import TraceReplayConfig
 from bench.rounds import combine_all, rotation
 from bench.sim.config import DEFAULT_KV_TOKENS
@@ -237,6 +238,14 @@ def run(args: argparse.Namespace) -> int:
         print("prefixgate bench: no conversation matched the filters", file=sys.stderr)
         return 2
     systems, notes = select_systems(args)
+    if not args.no_plots and not plots_available():
+        # said now, not after the first scenario's minutes of replay: a run still gives its tables
+        print(
+            "prefixgate bench: no plots (matplotlib is not installed: pip install 'prefixgate[bench]', "
+            "or pass --no-plots); the tables and the JSON report are written",
+            file=sys.stderr,
+        )
+        args.no_plots = True
     all_sessions = [s for top in sessions for s in top.all_sessions()]
     n_requests = sum(len(s.requests) for s in all_sessions)
     sizes = (

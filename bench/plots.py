@@ -6,9 +6,15 @@ order, like vLLM's hit-rate panel), prefill tokens computed per system, and the 
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def plots_available() -> bool:
+    """Whether matplotlib is installed (the ``bench`` extra)."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _pyplot() -> Any:

@@ -172,3 +172,24 @@ def test_bench_defaults_for_mooncake_leave_claude_code_alone(tmp_path):
         ("mooncake-4", 1),
         ("mooncake-7", 1),
     ]
+
+
+def test_bench_without_matplotlib_says_so_up_front_and_still_writes_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plots are the optional extra's: without matplotlib the run says so before replaying and
+    ends with its tables and JSON (it used to fail after the first scenario's replay)."""
+    import bench.bench_cmd
+    from proxy.cli import build_parser
+
+    monkeypatch.setattr(bench.bench_cmd, "plots_available", lambda: False)
+    traces = _write(tmp_path / "t.jsonl")
+    replay = ["--trace", "mooncake-synthetic", "--traces", str(traces), "--conversations", "2"]
+    systems = ["--max-requests", "1", "--systems", "prefixgate prefix_affinity", "--no-peers"]
+    args = build_parser().parse_args(["bench", *replay, *systems, "--out", str(tmp_path / "out")])
+    assert args.handler(args) == 0
+    assert "no plots (matplotlib is not installed" in capsys.readouterr().err
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    (scenario,) = report["scenarios"].values()
+    assert scenario["results"]["prefixgate prefix_affinity"]["errors"] == 0
+    assert not list((tmp_path / "out").glob("*.png"))
