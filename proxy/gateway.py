@@ -162,12 +162,15 @@ class Gateway:
         # the ranks' context lengths and first figures before the first request
         await poll_all(client, self.fleet, settings.health_timeout, admission.observe_rank)
         threads = Threads(self.locals)
+        # A short tail on the loop costs its landing a second index lookup: a dict walk here, a
+        # round trip on the event loop with a shared (Redis) index, where it stays on the path.
+        local_index = self.state.name == "memory"
         self.pipeline = Pipeline(
             Parse(settings.max_body_bytes, Bounds.from_settings(settings)),
             Identify(self.locals),
             threads,
             Canonicalize.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
-            Blocks(incremental, self.locals, lambda: not router.exact),
+            Blocks(incremental, self.locals, lambda: local_index and not router.exact),
             admission,
             router,
             Forwarder(

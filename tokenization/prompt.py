@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -165,9 +165,8 @@ class IncrementalTokenizer:
         plan = await self.tokenizer.plan_chat(prompt, prev.encoded if prev else None)
         size = self.block_size
         keep = min(plan.kept // size, len(prev.hashes)) if prev is not None and prev.salt == salt else 0
-        if prev is None or keep == 0 or plan.work < self.loop_tokens:
-            return await self._complete("chat", plan, prev, salt)
-        if plan.work <= self.ahead_tokens and not on_loop:
+        short = plan.work <= self.ahead_tokens  # the event loop's work, not a worker thread's
+        if prev is None or keep == 0 or plan.work < self.loop_tokens or (short and not on_loop):
             return await self._complete("chat", plan, prev, salt)
         kept = keep * size
         blocks = PromptBlocks(
@@ -180,15 +179,14 @@ class IncrementalTokenizer:
             reused_blocks=keep,
             shared_tokens=min(prev.encoded.shared_tokens, kept),
         )
-        if plan.work <= self.ahead_tokens:
-            return PromptHead(
-                blocks, plan.kept + plan.work, lambda: self._complete("chat", plan, prev, salt), on_loop=True
-            )
-        return PromptHead(
-            blocks,
-            plan.kept + plan.work,
-            lambda: self._run(None, self._complete_here, "chat", plan, prev, salt),
-        )
+        base = prev  # a name for the closure: mypy narrows no captured variable
+
+        def rest() -> Awaitable[PromptBlocks]:
+            if short:
+                return self._complete("chat", plan, base, salt)
+            return self._run(None, self._complete_here, "chat", plan, base, salt)
+
+        return PromptHead(blocks, plan.kept + plan.work, rest, on_loop=short)
 
     async def completion_blocks(
         self, body: Mapping[str, Any], previous: PromptMemo | None = None

@@ -55,7 +55,8 @@ class Blocks:
         self.incremental = incremental
         self.locals = locals_
         #: Whether a returning turn's short tail may be encoded on the loop after it was routed: not
-        #: while any rank is fed by KV events (``Router.landed`` could not estimate its whole prompt).
+        #: while any rank is fed by KV events (``Router.landed`` could not estimate its whole prompt),
+        #: nor with a shared index (its re-estimate would be one more round trip on the loop).
         self.tails_on_loop = tails_on_loop
         # The first turns' landings in flight: the event loop keeps only weak references to tasks.
         self._landing: set[asyncio.Task[None]] = set()

@@ -261,16 +261,13 @@ class Router(Observer):
         answered = ctx.cached_answer
         if answered is not None and answered.credited and answered.rank not in self.exact:
             self.index.record(answered.rank, hashes[: answered.blocks])
-        size = self.block_size
         estimate = ctx.estimated_cached_tokens or 0
-        if name not in self.exact and estimate >= plan.blocks * size:
-            # Every block it was routed on is a hit: what of the rest? (Not on a rank fed by KV
-            # events: it is computing this prompt meanwhile, and its events would count the
-            # request's own blocks as hits. Nothing here recorded them yet.)
+        if name not in self.exact and estimate >= plan.blocks * self.block_size:
+            # Every block it was routed on is a hit: and the rest? Not on a rank fed by KV events,
+            # whose events of this very prompt would count as hits (nothing here recorded it yet).
             held = self.index.match(hashes).get(name, 0)
-            estimate = min(held, max_hit_blocks(ctx.prompt_tokens, len(hashes), size)) * size
-            ctx.estimated_cached_tokens = estimate
-        prompt = prompt_size(ctx.prompt_tokens, len(hashes), size)
+            estimate = ctx.estimated_cached_tokens = self._hit_tokens(ctx, held)
+        prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         prefill = max(prompt - estimate, 0)
         if not plan.prefilled:
             self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) + prefill - plan.prefill, 0)
@@ -332,10 +329,7 @@ class Router(Observer):
         ``bound``: the session's binding to ``rank`` is written already)."""
         name = rank.name
         hashes = ctx.block_hashes
-        hit_blocks = min(
-            found.matches.get(name, 0), max_hit_blocks(ctx.prompt_tokens, len(hashes), self.block_size)
-        )
-        estimate = hit_blocks * self.block_size
+        estimate = self._hit_tokens(ctx, found.matches.get(name, 0))
         ctx.estimated_cached_tokens = estimate if hashes else None
         prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         plan.charged, plan.prefill, plan.tokens = name, max(prompt - estimate, 0), prompt
@@ -351,6 +345,12 @@ class Router(Observer):
                 self.index.set_session_rank(key, name)
         if hashes and name not in self.exact:
             self.index.record(name, hashes)
+
+    def _hit_tokens(self, ctx: RequestContext, held: int) -> int:
+        """The tokens of ``ctx``'s prompt a rank holding ``held`` of its leading blocks serves from
+        its cache (vLLM recomputes the prompt's last token)."""
+        size = self.block_size
+        return min(held, max_hit_blocks(ctx.prompt_tokens, len(ctx.block_hashes), size)) * size
 
     def _release(self, plan: RoutePlan) -> None:
         name = plan.charged
