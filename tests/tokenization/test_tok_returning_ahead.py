@@ -51,6 +51,7 @@ def run_turns(tokenizer: Tokenizer, ops: list[tuple], algo: str) -> int:
                 whole = await got.rest()
                 assert head.num_blocks >= 1 and head.num_tokens == head.num_blocks * head.block_size
                 assert list(head.block_hashes) == list(whole.block_hashes[: head.num_blocks])
+                assert head.num_tokens <= len(head.tokens)  # the kept ids lead a shared array
                 assert list(head.tokens[: head.num_tokens]) == list(whole.tokens[: head.num_tokens])
                 assert head.memo is None and got.estimated_tokens >= head.num_tokens
                 got = whole
