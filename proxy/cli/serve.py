@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     from proxy.app import create_app
     from proxy.cli.workers import REUSE_PORT, claim_port, run_workers
-    from proxy.server import listen, prepare_process, serving_options, uvicorn_config
+    from proxy.server import listen, prepare_process, serving_options, tune_collector, uvicorn_config
 
     config_file = args.config or os.environ.get("PREFIXGATE_CONFIG")
     flags = {option.field: getattr(args, option.field) for option in OPTIONS}
@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         graceful_shutdown=settings.shutdown_timeout,
     )
     server = uvicorn.Server(config)
+    tune_collector()
     # uvicorn says where it listens only when it binds the socket itself
     logging.getLogger("prefixgate").info(
         "listening on http://%s:%d (dashboard: /dashboard, readiness: /ready)", settings.host, settings.port

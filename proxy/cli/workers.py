@@ -32,7 +32,7 @@ from pydantic import SecretStr
 from uvicorn.supervisors import Multiprocess
 
 from proxy.config import Settings
-from proxy.server import ServingOptions, listen, return_freed_memory, uvicorn_config
+from proxy.server import ServingOptions, listen, return_freed_memory, tune_collector, uvicorn_config
 from proxy.state.embedded_redis import EmbeddedRedis
 
 log = logging.getLogger("prefixgate")
@@ -83,7 +83,9 @@ def worker_app() -> FastAPI:
 
     return_freed_memory()  # per process: the supervisor's setting does not reach its workers
     settings = Settings.model_validate(json.loads(Path(os.environ[SETTINGS_ENV]).read_text()))
-    return create_app(settings)
+    app = create_app(settings)
+    tune_collector()
+    return app
 
 
 def run_workers(settings: Settings, listener: socket.socket) -> int:
