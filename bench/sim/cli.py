@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, FaultConfig, SimConfig
 from bench.sim.runner import SimRankServer, start_fleet, stop_fleet
+from proxy.server import tune_collector
 from tokenization.block_hash import HashAlgo
 
 _D = SimConfig()
@@ -195,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         servers = [SimRankServer(config).start()]
     else:
         servers = start_fleet(args.ranks, replace(config, name="sim-0"))
+    tune_collector()  # a process of its own serving requests, like prefixgate serve (proxy/server.py)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

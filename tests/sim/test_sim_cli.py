@@ -71,3 +71,27 @@ def test_two_ranks_then_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_a_running_sim_tunes_the_collector_before_it_reports_its_ranks() -> None:
+    # ``prefixgate sim`` serves requests in a process of its own, as ``prefixgate serve`` does
+    launch = LAUNCH.replace(
+        "sys.exit(",
+        "real=cli.tune_collector; cli.tune_collector=lambda: (real(), print('tuned', flush=True)); sys.exit(",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", launch, "--port", "0", "--num-blocks", "64", "--time-scale", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "tuned"
+        assert json.loads(proc.stdout.readline())["name"] == "sim-0"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
