@@ -65,12 +65,9 @@ def test_two_ranks_then_sigterm() -> None:
         assert [r["name"] for r in ranks] == ["sim-0", "sim-1"]
         for r in ranks:
             assert httpx.get(f"{r['url']}/health", timeout=5).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
+        stops_on_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        kill(proc)
 
 
 def test_a_running_sim_tunes_the_collector_before_it_reports_its_ranks() -> None:
@@ -89,9 +86,17 @@ def test_a_running_sim_tunes_the_collector_before_it_reports_its_ranks() -> None
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "tuned"
         assert json.loads(proc.stdout.readline())["name"] == "sim-0"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
+        stops_on_sigterm(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
+        kill(proc)
+
+
+def stops_on_sigterm(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(5)
