@@ -5,14 +5,16 @@ Frames: ``[topic, seq (8-byte big-endian), msgpack [ts, events, dp_rank]]``; eve
 ``BlockStored`` hashes are the rank's uint64s; they are mapped to prefixgate's own chain by hashing
 the event's token ids from the mapped parent, so the mirror is keyed exactly like the prompts
 routing looks up, whatever hash seed the rank runs with. A sequence gap (missed batches, or a late
-start) is filled from the rank's replay socket (DEALER ``[b"", start_seq]``); a sequence that goes
-backwards means the rank restarted, so its mirror is cleared first.
+start) is filled from the rank's replay socket (DEALER ``[b"", start_seq]``); batches the SUB socket
+queued while a replay applied them are skipped; live numbers that go back mean the rank restarted,
+so its mirror is cleared and refilled from the new publisher's first batch (``BatchOrder``).
 
 The subscriber runs in its own thread; the index it writes to is thread-safe.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -154,6 +156,50 @@ class RankMirror:
             self.index.remove(self.rank, gone, counted=True)
 
 
+class Verdict(enum.Enum):
+    """What a batch received on the SUB socket is, given what was applied and received before."""
+
+    NEXT = "next"  # the batch after the last applied: apply it
+    GAP = "gap"  # batches between the last applied and this one were missed: replay them first
+    COPY = "copy"  # a replay already applied it (the SUB queued it meanwhile): skip it
+    RESTART = "restart"  # the SUB's own sequence went back: the publisher started over
+
+
+class BatchOrder:
+    """The sequence numbers of one rank's batches: the newest applied, the newest received live.
+
+    A replay applies batches that the SUB socket may also have queued meanwhile; those arrive
+    later, with numbers at or below the newest applied, and are copies. The publisher numbers its
+    batches in order, so the SUB's own numbers only go up; one that does not (at or below the newest
+    received live) means the publisher started over: the rank restarted and its cache is empty.
+
+    Invariants: ``applied`` only grows, except at a restart, where it starts over at -1 (nothing of
+    the new publisher applied); ``received`` is the number of the newest batch received live (-1:
+    none). A restart before the first live batch is not seen (nothing to compare with).
+    """
+
+    __slots__ = ("applied", "received")
+
+    def __init__(self) -> None:
+        self.applied = -1
+        self.received = -1
+
+    def received_live(self, seq: int) -> Verdict:
+        """Classify ``seq``, just received on the SUB socket, and remember it."""
+        restarted = seq <= self.received
+        self.received = seq
+        if restarted:
+            self.applied = -1
+            return Verdict.RESTART
+        if seq <= self.applied:
+            return Verdict.COPY
+        return Verdict.NEXT if seq == self.applied + 1 else Verdict.GAP
+
+    def applied_through(self, seq: int) -> None:
+        """Batch ``seq`` was applied (or given up on): the next expected is ``seq + 1``."""
+        self.applied = seq
+
+
 class KVEventSubscriber:
     """A background thread: SUB to one rank's publisher, replay on gaps, apply to its mirror."""
 
@@ -165,6 +211,7 @@ class KVEventSubscriber:
         topic: str = "",
         replay_timeout: float = 2.0,
         zmq_context: zmq.Context | None = None,
+        on_fault: Callable[[str], None] | None = None,
     ) -> None:
         self.mirror = mirror
         self.endpoint = endpoint
@@ -172,14 +219,22 @@ class KVEventSubscriber:
         self.topic = topic.encode()
         self.replay_timeout = replay_timeout
         self._zmq = zmq_context or zmq.Context.instance()
+        #: called with "gap", "restart" or "error" (the counters below, as they grow)
+        self.on_fault = on_fault
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-sub-{mirror.rank}", daemon=True)
-        self.last_seq = -1
+        self.order = BatchOrder()
         self.batches = 0
+        self.errors = 0
         self.gaps = 0
         self.replayed = 0
         self.restarts = 0
         self.connected = threading.Event()
+
+    @property
+    def last_seq(self) -> int:
+        """The newest batch applied (-1: none yet)."""
+        return self.order.applied
 
     def start(self) -> KVEventSubscriber:
         self._thread.start()
@@ -199,7 +254,7 @@ class KVEventSubscriber:
             if self.replay_endpoint is not None:
                 # Catch up on what the rank published before we subscribed; batches that arrive on
                 # the SUB meanwhile are queued and skipped by sequence number.
-                self._replay(self.last_seq + 1, 1 << 63)
+                self._replay(self.order.applied + 1, 1 << 63)
             self.connected.set()
             while not self._stop.is_set():
                 if not sub.poll(100):
@@ -214,23 +269,38 @@ class KVEventSubscriber:
             sub.close(0)
 
     def _handle(self, seq: int, payload: bytes) -> None:
-        if seq <= self.last_seq:
-            if seq < self.last_seq:
+        verdict = self.order.received_live(seq)
+        if verdict is Verdict.COPY:
+            return
+        try:
+            if verdict is Verdict.RESTART:
                 # The publisher started over: the rank restarted and its cache is empty.
                 self.restarts += 1
+                self._fault("restart")
                 self.mirror.reset()
-                self.last_seq = seq - 1
-            else:
-                return
-        if seq > self.last_seq + 1:
-            self.gaps += 1
-            self._replay(self.last_seq + 1, seq)
-        self._apply(seq, payload)
+            if seq > self.order.applied + 1:  # a gap, or a restart the SUB joined late
+                self.gaps += 1
+                self._fault("gap")
+                self._replay(self.order.applied + 1, seq)
+            self._apply(seq, payload)
+        except Exception:
+            # One batch that cannot be applied must not end the feed (the rank would then be
+            # mirrored by a frozen index for good): the mirror is no longer trustworthy, so it
+            # starts over from the batches that follow, an under-estimate that the next turns mend.
+            self.errors += 1
+            self._fault("error")
+            log.exception("KV events %s: batch %d not applied; mirror cleared", self.mirror.rank, seq)
+            self.mirror.reset()
+            self.order.applied_through(seq)
+
+    def _fault(self, fault: str) -> None:
+        if self.on_fault is not None:
+            self.on_fault(fault)
 
     def _apply(self, seq: int, payload: bytes) -> None:
         _, events, _ = decode_batch(payload)
         self.mirror.apply(events)
-        self.last_seq = seq
+        self.order.applied_through(seq)
         self.batches += 1
 
     def _replay(self, start: int, until: int) -> None:
@@ -252,7 +322,7 @@ class KVEventSubscriber:
                 if seq_frame == END_SEQ:
                     return
                 seq = int.from_bytes(seq_frame, "big")
-                if self.last_seq < seq < until:
+                if self.order.applied < seq < until:
                     self._apply(seq, payload)
                     self.replayed += 1
             log.warning("KV events %s: replay from %d timed out", self.mirror.rank, start)

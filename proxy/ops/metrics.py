@@ -169,6 +169,13 @@ class Metrics:
             ("backend", "type"),
             registry=r,
         )
+        self.kv_event_faults = Counter(
+            "prefixgate_kv_event_faults",
+            "Faults in a rank's KV-event feed: gap (batches missed, replayed), restart (the rank's "
+            "publisher started over) and error (a batch not applied), the last two clear the mirror",
+            ("backend", "fault"),
+            registry=r,
+        )
 
         # client keys (proxy/auth.py): labelled by the key's label, never by the key
         self.client_requests = Counter(

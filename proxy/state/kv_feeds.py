@@ -102,8 +102,13 @@ async def start_kv_event_feeds(
         def count(kind: str, rank: str = source.rank) -> None:
             metrics.kv_events.labels(rank, kind).inc()
 
+        def fault(kind: str, rank: str = source.rank) -> None:
+            metrics.kv_event_faults.labels(rank, kind).inc()
+
         mirror = RankMirror(source.rank, router.index, hasher, on_event=count)
-        subscriber = KVEventSubscriber(mirror, source.endpoint, source.replay_endpoint, source.topic)
+        subscriber = KVEventSubscriber(
+            mirror, source.endpoint, source.replay_endpoint, source.topic, on_fault=fault
+        )
         router.set_exact(source.rank)
         subscribers.append(subscriber.start())
         log.info("rank %s: KV events from %s", source.rank, source.endpoint)

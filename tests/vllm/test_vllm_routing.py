@@ -82,7 +82,13 @@ def test_sessions_stay_on_one_rank_and_hit_there(
     for s, results in served.items():
         assert len({r.rank for r in results}) == 1, (s, results)
         assert all(r.cached_tokens > 0 for r in results[1:]), (s, results)
-        assert all(r.estimated == r.cached_tokens for r in results), (s, results)
+        assert all(r.estimated == r.cached_tokens for r in results), (s, results, _feeds(client, gw))
+
+
+def _feeds(client: httpx.Client, gw: ServerThread) -> list[str]:
+    """The gateway's KV-event counters (events applied, faults), for a failure's message."""
+    text = client.get(f"{gw.url}/metrics").text
+    return [line for line in text.splitlines() if line.startswith("prefixgate_kv_event")]
 
 
 def test_canonicalization_turns_drift_misses_into_hits(
