@@ -7,10 +7,13 @@ any of them opens the circuit for all (``up`` turns False, logged once, ``on_sta
 then skipped, not tried and timed out one by one. The link's thread probes Redis every
 ``retry_interval`` seconds; once it answers, each store pushes its mirror back (``on_resync``: Redis
 may have restarted empty, and the records it lost, sessions' turn counts among them, must not be
-reset) and the circuit closes. A restart quick enough to cause no failure (the client reconnects
-on its own) is caught too: while up, the thread reads Redis's ``run_id`` every ``retry_interval``
-and pushes the mirrors back when it changed. Writes that need no answer go through the same thread,
-in order.
+reset) and the circuit closes. A Redis that answers but too slowly to keep up is treated the same way: once
+``max_backlog`` writes wait for the link's thread, the circuit opens (the queue then drains at once,
+its writes skipped, and the mirrors are pushed back when a probe finds Redis answering), so a
+slow Redis bounds this replica's memory and how stale the shared state gets. A restart quick
+enough to cause no failure (the client reconnects on its own) is caught too: while up, the thread
+reads Redis's ``run_id`` every ``retry_interval`` and pushes the mirrors back when it changed.
+Writes that need no answer go through the same thread, in order.
 
 A probe never runs on an event loop: a caller on one only wakes the thread. A caller without one (a
 script, a test) may run the due probe itself and so sees Redis back at once.
@@ -38,6 +41,9 @@ log = logging.getLogger("prefixgate.redis")
 
 T = TypeVar("T")
 DEFAULT_RETRY_INTERVAL_S = 1.0
+#: Writes waiting for the link's thread past which Redis counts as failing: seconds of writes at
+#: thousands of requests a second, a few tens of MB of queued closures.
+DEFAULT_MAX_BACKLOG = 50_000
 #: What a Redis call raises when Redis is unreachable, hung, restarting or refusing.
 #: (A cluster with no reachable node raises ``RedisClusterException``, which is none of the others.)
 ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException, OSError)
@@ -62,11 +68,16 @@ class RedisLink:
     """The shared client and circuit breaker of the stores on one Redis (see the module docstring)."""
 
     def __init__(
-        self, client: redis.Redis, retry_interval: float = DEFAULT_RETRY_INTERVAL_S, name: str = "redis"
+        self,
+        client: redis.Redis,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL_S,
+        name: str = "redis",
+        max_backlog: int = DEFAULT_MAX_BACKLOG,
     ) -> None:
         self.client = client
         self.retry_interval = retry_interval
         self.name = name
+        self.max_backlog = max_backlog
         self.up = True
         self.failures = 0
         self.resyncs = 0
@@ -132,7 +143,7 @@ class RedisLink:
             return
         self.up = False
         log.warning(
-            "%s unreachable (%s: %s): every store on it answers from this replica's mirror until it is back",
+            "%s failing (%s: %s): every store on it answers from this replica's mirror until it is back",
             self.name,
             type(exc).__name__,
             exc,
@@ -168,9 +179,13 @@ class RedisLink:
 
     def submit(self, task: Callable[[], object]) -> None:
         """Run ``task`` (Redis writes) on the link's thread, in submission order; skipped while the
-        circuit is open (the mirrors keep what it wrote, pushed back on reconnection)."""
+        circuit is open (the mirrors keep what it wrote, pushed back on reconnection). Past
+        ``max_backlog`` queued writes the circuit opens: Redis does not keep up."""
         self._ensure_thread()
-        self._tasks.put((time.monotonic(), task))
+        tasks = self._tasks
+        tasks.put((time.monotonic(), task))
+        if self.up and tasks.qsize() > self.max_backlog:
+            self.failed(WriteBacklogFull(f"{tasks.qsize()} writes queued: it does not keep up"))
 
     def backlog(self) -> tuple[int, float]:
         """Writes queued for the link's thread now, and how long the latest one run had waited."""
@@ -248,6 +263,10 @@ class RedisLink:
                 self.failed(exc)
                 return
             self.resyncs += 1
+
+
+class WriteBacklogFull(Exception):
+    """More writes wait for the link's thread than ``RedisLink.max_backlog``."""
 
 
 class _Flush:

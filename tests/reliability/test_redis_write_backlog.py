@@ -84,3 +84,31 @@ def test_metrics_show_dropped_saves_with_redis(rank_servers, gateway, redis_serv
     answer = httpx.post(proxy.url + "/v1/chat/completions", json=chat("dropped saves " * 60), timeout=15)
     assert answer.status_code == 200
     assert gauge(proxy.url, "prefixgate_session_saves_dropped") == 0.0  # exported, and none dropped
+
+
+def test_a_redis_that_does_not_keep_up_opens_the_circuit_and_comes_back(redis_server: RedisServer) -> None:
+    """Writes queued without bound would grow this replica's memory and the shared state's lag for
+    as long as Redis stays slow; past ``max_backlog`` Redis counts as failing instead."""
+    link = RedisLink(fail_fast_client(redis_server.url, 1.0), retry_interval=0.1, max_backlog=10)
+    states: list[bool] = []
+    link.on_state(states.append)
+    try:
+        release = threading.Event()
+        ran: list[int] = []
+        link.submit(lambda: release.wait(10))  # a write Redis is slow to answer
+        wait_until(lambda: link.backlog()[0] == 0, "the slow write is running")
+        for k in range(10):
+            link.submit(lambda k=k: ran.append(k))  # type: ignore[misc]
+        assert link.up, "ten writes wait: at the bound, not past it"
+        link.submit(lambda: ran.append(10))
+        assert not link.up and states == [False]
+        release.set()
+        link.flush()
+        assert link.backlog()[0] == 0 and ran == [], "the queued writes were skipped, not run late"
+        wait_until(lambda: link.up, "a probe found Redis answering")
+        assert states == [False, True]
+        link.submit(lambda: ran.append(11))
+        link.flush()
+        assert ran == [11]
+    finally:
+        link.close()
