@@ -112,6 +112,7 @@ class Pipeline:
         except asyncio.CancelledError:  # the answer is dropped: release what it holds
             opened.close()
             self._finished(Outcome(ctx, opened.rank.name, CLIENT_CLOSED, error="cancelled"))
+            self._count_gone(endpoint.path, opened.rank.name)
             raise
         try:
             return self._answer(ctx, opened, endpoint.path, started, translation)
@@ -347,9 +348,13 @@ class Pipeline:
 
     def _client_gone(self, endpoint: str, ctx: RequestContext | None) -> Response:
         """Count a client that went away before its answer started, and the 499 logged for it."""
-        self.metrics.series(self.metrics.client_disconnects, endpoint).inc()
         rank = ctx.rank.name if ctx is not None and ctx.rank is not None else NO_BACKEND
-        self.metrics.series(self.metrics.requests, endpoint, rank, str(CLIENT_CLOSED)).inc()
-        self.metrics.traffic.add(CLIENT_CLOSED)
-        log.info("client went away before %s completed", endpoint)
+        self._count_gone(endpoint, rank)
         return Response(status_code=CLIENT_CLOSED, headers={"x-prefixgate-backend": rank})
+
+    def _count_gone(self, endpoint: str, rank: str) -> None:
+        metrics = self.metrics
+        metrics.series(metrics.client_disconnects, endpoint).inc()
+        metrics.series(metrics.requests, endpoint, rank, str(CLIENT_CLOSED)).inc()
+        metrics.traffic.add(CLIENT_CLOSED)
+        log.info("client went away before %s completed", endpoint)

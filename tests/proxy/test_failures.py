@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import httpx
@@ -203,3 +204,35 @@ def test_stopped_rank_returns_to_service_after_restart(rank_servers, proxy):
         for _ in range(4)
     }
     assert names == {rank.name, other.name}
+
+
+def test_a_request_cancelled_while_its_tail_lands_is_counted_as_closed_and_releases_its_rank(
+    rank_servers, monkeypatch
+):
+    """The server cancels a request (its graceful-shutdown timeout) while the answer waits for the
+    prompt's tail to land: the rank's count is released and the request is counted as a 499."""
+    from proxy.server import ServerThread
+    from tests.helpers.gateway import gateway_app
+
+    app = gateway_app(rank_servers.stub(1), policy="prefix_affinity")
+    server = ServerThread(app).start()
+    try:
+        gateway = app.state.gateway
+
+        async def cancelled(ctx: object) -> None:
+            raise asyncio.CancelledError
+
+        monkeypatch.setattr(gateway.pipeline.blocks, "settle", cancelled)
+        # uvicorn answers a request whose app raised before the answer started with a 500
+        assert httpx.post(server.url + "/v1/chat/completions", json=CHAT, timeout=10).status_code == 500
+        (rank,) = gateway.fleet
+        assert rank.in_flight == 0
+        metrics = httpx.get(server.url + "/metrics").text
+        closed = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("prefixgate_requests_total{") and 'status="499"' in line
+        ]
+        assert len(closed) == 1 and closed[0].endswith(" 1.0"), closed
+    finally:
+        server.stop()
