@@ -236,9 +236,12 @@ class KVEventSubscriber:
         """The newest batch applied (-1: none yet)."""
         return self.order.applied
 
-    def start(self) -> KVEventSubscriber:
+    def start(self, wait_s: float = 5.0) -> KVEventSubscriber:
+        """Start the thread; return once it caught up on what the rank published before (its
+        replay) or after ``wait_s`` seconds (0: at once; ``connected`` tells when)."""
         self._thread.start()
-        self.connected.wait(5.0)
+        if wait_s > 0:
+            self.connected.wait(wait_s)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:

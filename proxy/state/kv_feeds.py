@@ -8,6 +8,7 @@ socket. A rank fed by events is mirrored exactly (no speculative records or corr
 from __future__ import annotations
 
 import logging
+import time
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -21,6 +22,9 @@ from routing.ranks import Rank
 from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.routing")
+
+#: How long start-up waits for the ranks' KV-event feeds to catch up (their replays), all together.
+CATCH_UP_S = 5.0
 
 
 async def discover_source(client: aiohttp.ClientSession, rank: Rank) -> EventSource | None:
@@ -110,6 +114,12 @@ async def start_kv_event_feeds(
             mirror, source.endpoint, source.replay_endpoint, source.topic, on_fault=fault
         )
         router.set_exact(source.rank)
-        subscribers.append(subscriber.start())
+        subscribers.append(subscriber.start(wait_s=0))
         log.info("rank %s: KV events from %s", source.rank, source.endpoint)
+    # Every rank catches up at once: a fleet's start waits for its slowest replay, not their sum.
+    deadline = time.monotonic() + CATCH_UP_S
+    for subscriber in subscribers:
+        if not subscriber.connected.wait(max(0.0, deadline - time.monotonic())):
+            rank = subscriber.mirror.rank
+            log.warning("rank %s: KV events still catching up after %.0f s", rank, CATCH_UP_S)
     return subscribers
