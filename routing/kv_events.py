@@ -211,7 +211,7 @@ class KVEventSubscriber:
         topic: str = "",
         replay_timeout: float = 2.0,
         zmq_context: zmq.Context | None = None,
-        on_fault: Callable[[str], None] | None = None,
+        on_fault: Callable[[str, int], None] | None = None,
     ) -> None:
         self.mirror = mirror
         self.endpoint = endpoint
@@ -219,7 +219,8 @@ class KVEventSubscriber:
         self.topic = topic.encode()
         self.replay_timeout = replay_timeout
         self._zmq = zmq_context or zmq.Context.instance()
-        #: called with "gap", "restart" or "error" (the counters below, as they grow)
+        #: called with ("gap" | "restart" | "error", 1) as the counters below grow, and with
+        #: ("unmapped", blocks) for stored blocks whose chain began before anything seen here
         self.on_fault = on_fault
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-sub-{mirror.rank}", daemon=True)
@@ -296,15 +297,19 @@ class KVEventSubscriber:
             self.mirror.reset()
             self.order.applied_through(seq)
 
-    def _fault(self, fault: str) -> None:
+    def _fault(self, fault: str, count: int = 1) -> None:
         if self.on_fault is not None:
-            self.on_fault(fault)
+            self.on_fault(fault, count)
 
     def _apply(self, seq: int, payload: bytes) -> None:
         _, events, _ = decode_batch(payload)
-        self.mirror.apply(events)
+        mirror = self.mirror
+        unmapped = mirror.unmapped
+        mirror.apply(events)
         self.order.applied_through(seq)
         self.batches += 1
+        if mirror.unmapped > unmapped:
+            self._fault("unmapped", mirror.unmapped - unmapped)
 
     def _replay(self, start: int, until: int) -> None:
         """Fetch and apply batches ``start .. until-1`` from the replay socket, if there is one."""

@@ -171,8 +171,8 @@ class Metrics:
         )
         self.kv_event_faults = Counter(
             "prefixgate_kv_event_faults",
-            "Faults in a rank's KV-event feed: gap (batches missed, replayed), restart (the rank's "
-            "publisher started over) and error (a batch not applied), the last two clear the mirror",
+            "Faults in a rank's KV-event feed: gap (batches missed, replayed), restart (publisher started "
+            "over), error (batch not applied) and unmapped (stored blocks that could not be keyed)",
             ("backend", "fault"),
             registry=r,
         )

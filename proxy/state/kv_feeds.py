@@ -106,8 +106,8 @@ async def start_kv_event_feeds(
         def count(kind: str, rank: str = source.rank) -> None:
             metrics.kv_events.labels(rank, kind).inc()
 
-        def fault(kind: str, rank: str = source.rank) -> None:
-            metrics.kv_event_faults.labels(rank, kind).inc()
+        def fault(kind: str, count: int, rank: str = source.rank) -> None:
+            metrics.kv_event_faults.labels(rank, kind).inc(count)
 
         mirror = RankMirror(source.rank, router.index, hasher, on_event=count)
         subscriber = KVEventSubscriber(

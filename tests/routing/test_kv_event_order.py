@@ -54,8 +54,12 @@ def test_a_batch_that_cannot_be_applied_does_not_end_the_feed() -> None:
     port = publisher.bind_to_random_port("tcp://127.0.0.1")
     hasher = BlockHasher(BLOCK, "sha256", seed="0")
     index = MemoryPrefixIndex()
+    faults: list[tuple[str, int]] = []
     subscriber = KVEventSubscriber(
-        RankMirror("r0", index, hasher), f"tcp://127.0.0.1:{port}", zmq_context=context
+        RankMirror("r0", index, hasher),
+        f"tcp://127.0.0.1:{port}",
+        zmq_context=context,
+        on_fault=lambda kind, count: faults.append((kind, count)),
     ).start()
     try:
         first, second = list(range(BLOCK)), list(range(100, 100 + BLOCK))
@@ -80,9 +84,16 @@ def test_a_batch_that_cannot_be_applied_does_not_end_the_feed() -> None:
         send(_batch(second, 2))
         wait_until(lambda: subscriber.last_seq == seq, lambda: f"applied through {subscriber.last_seq}", 5.0)
         assert subscriber.errors == 1 and subscriber.restarts == 0
+        assert ("error", 1) in faults and not [f for f in faults if f[0] == "restart"]
         # The bad batch cleared the mirror (it may have been half applied); the next one refilled it.
         assert index.match(hasher.hash_blocks(first)) == {}
         assert index.match(hasher.hash_blocks(second)) == {"r0": 1}
+        # A block stored on a chain this feed never saw cannot be keyed: counted, not mirrored.
+        orphan = {"type": "BlockStored", "block_hashes": [3], "parent_block_hash": 99}
+        orphan |= {"token_ids": list(range(200, 200 + BLOCK)), "block_size": BLOCK}
+        send(msgspec.msgpack.encode([1.0, [orphan], 0]))
+        wait_until(lambda: subscriber.last_seq == seq, lambda: f"applied through {subscriber.last_seq}", 5.0)
+        assert faults[-1] == ("unmapped", 1)
     finally:
         subscriber.stop()
         publisher.close(0)
