@@ -10,7 +10,9 @@ may have restarted empty, and the records it lost, sessions' turn counts among t
 reset) and the circuit closes. A Redis that answers but too slowly to keep up is treated the same way: once
 ``max_backlog`` writes wait for the link's thread, the circuit opens (the queue then drains at once,
 its writes skipped, and the mirrors are pushed back when a probe finds Redis answering), so a
-slow Redis bounds this replica's memory and how stale the shared state gets. A restart quick
+slow Redis bounds this replica's memory and how stale the shared state gets; each time that
+happens again before the writes caught up, the circuit stays open twice as long (up to
+``MAX_BACKLOG_BACKOFF_S``), so a Redis that stays slow is not sent every mirror every second. A restart quick
 enough to cause no failure (the client reconnects on its own) is caught too: while up, the thread
 reads Redis's ``run_id`` every ``retry_interval`` and pushes the mirrors back when it changed.
 Writes that need no answer go through the same thread, in order.
@@ -44,6 +46,8 @@ DEFAULT_RETRY_INTERVAL_S = 1.0
 #: Writes waiting for the link's thread past which Redis counts as failing: seconds of writes at
 #: thousands of requests a second, a few tens of MB of queued closures.
 DEFAULT_MAX_BACKLOG = 50_000
+#: The longest the circuit stays open for a Redis that keeps falling behind.
+MAX_BACKLOG_BACKOFF_S = 60.0
 #: What a Redis call raises when Redis is unreachable, hung, restarting or refusing.
 #: (A cluster with no reachable node raises ``RedisClusterException``, which is none of the others.)
 ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException, OSError)
@@ -78,6 +82,9 @@ class RedisLink:
         self.retry_interval = retry_interval
         self.name = name
         self.max_backlog = max_backlog
+        #: Times the backlog overflowed since the writes last caught up (the queue ran empty).
+        self.backlog_trips = 0
+        self._wrote = False  # a write ran since the last overflow
         self.up = True
         self.failures = 0
         self.resyncs = 0
@@ -185,7 +192,11 @@ class RedisLink:
         tasks = self._tasks
         tasks.put((time.monotonic(), task))
         if self.up and tasks.qsize() > self.max_backlog:
+            self.backlog_trips += 1
+            self._wrote = False
             self.failed(WriteBacklogFull(f"{tasks.qsize()} writes queued: it does not keep up"))
+            backoff = min(MAX_BACKLOG_BACKOFF_S, self.retry_interval * 2 ** (self.backlog_trips - 1))
+            self._next_retry = time.monotonic() + backoff
 
     def backlog(self) -> tuple[int, float]:
         """Writes queued for the link's thread now, and how long the latest one run had waited."""
@@ -226,6 +237,7 @@ class RedisLink:
             elif self.up and now >= self._next_check:
                 self._check_restart()
             if isinstance(task, _Flush):
+                self._note_caught_up()  # before the flush returns: it sees whether they caught up
                 task.done.set()
             elif task is not _WAKE and self.up:
                 self.write_wait_s = now - queued_at
@@ -235,6 +247,14 @@ class RedisLink:
                     self.failed(exc)
                 except Exception:  # a bug in one write must not stop the thread every store relies on
                     log.exception("%s: a background write failed", self.name)
+                else:
+                    self._wrote = True
+                    self._note_caught_up()
+
+    def _note_caught_up(self) -> None:
+        """Writes ran since the last overflow and none wait: the next overflow backs off from the start."""
+        if self.backlog_trips and self._wrote and self.up and self._tasks.empty():
+            self.backlog_trips = 0
 
     def close(self) -> None:
         self._closed = True

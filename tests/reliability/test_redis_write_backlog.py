@@ -106,9 +106,34 @@ def test_a_redis_that_does_not_keep_up_opens_the_circuit_and_comes_back(redis_se
         link.flush()
         assert link.backlog()[0] == 0 and ran == [], "the queued writes were skipped, not run late"
         wait_until(lambda: link.up, "a probe found Redis answering")
-        assert states == [False, True]
+        assert states == [False, True] and link.backlog_trips == 1
         link.submit(lambda: ran.append(11))
         link.flush()
         assert ran == [11]
+        assert link.backlog_trips == 0, "the writes caught up: the next overflow starts the backoff over"
     finally:
+        link.close()
+
+
+def test_a_redis_that_falls_behind_again_before_catching_up_is_left_alone_longer(
+    redis_server: RedisServer,
+) -> None:
+    """Each reconnection pushes every mirror back: a Redis that stays slow is not sent them every
+    ``retry_interval``; the circuit stays open twice as long each time until the writes catch up."""
+    link = RedisLink(fail_fast_client(redis_server.url, 1.0), retry_interval=0.05, max_backlog=3)
+    release = threading.Event()
+    try:
+        link.submit(lambda: release.wait(10))
+        wait_until(lambda: link.backlog()[0] == 0, "the slow write is running")
+        for _ in range(4):
+            link.submit(lambda: None)
+        assert not link.up and link.backlog_trips == 1
+        # Back up (a caller off any event loop probes itself) while the slow write still holds the
+        # link's thread, so the writes have not caught up: the next overflow is the second in a row.
+        wait_until(link.available, "Redis answers a probe")
+        for _ in range(4):
+            link.submit(lambda: None)
+        assert not link.up and link.backlog_trips == 2
+    finally:
+        release.set()
         link.close()
