@@ -6,6 +6,7 @@ itself is checked in a child interpreter, never in the one running the tests."""
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
 import sys
 
@@ -60,7 +61,13 @@ def test_serve_tunes_the_collector_once_the_app_is_built_and_before_it_serves(
 
     monkeypatch.setattr(proxy.app, "create_app", create_app)
     monkeypatch.setattr(proxy.server, "tune_collector", lambda: calls.append("tune_collector"))
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: calls.append("run"))
+
+    def run(self: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
+        calls.append("run")
+        for sock in sockets or ():  # the socket serve bound for it: closed as uvicorn would
+            sock.close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     parser = argparse.ArgumentParser()
     serve_cmd.configure_parser(parser)
     args = parser.parse_args(["--backend", "http://127.0.0.1:9", "--host", "127.0.0.1", "--port", "0"])
