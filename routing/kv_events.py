@@ -14,6 +14,7 @@ The subscriber runs in its own thread; the index it writes to is thread-safe.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import threading
@@ -219,18 +220,29 @@ class KVEventSubscriber:
         self.topic = topic.encode()
         self.replay_timeout = replay_timeout
         self._zmq = zmq_context or zmq.Context.instance()
-        #: called with ("gap" | "restart" | "error", 1) as the counters below grow, and with
-        #: ("unmapped", blocks) for stored blocks whose chain began before anything seen here
+        #: called with ("gap" | "restart" | "error", 1), and with ("unmapped", blocks) for stored
+        #: blocks that could not be keyed (``faults`` counts them all)
         self.on_fault = on_fault
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-sub-{mirror.rank}", daemon=True)
         self.order = BatchOrder()
         self.batches = 0
-        self.errors = 0
-        self.gaps = 0
         self.replayed = 0
-        self.restarts = 0
+        #: Faults so far by kind (the ``on_fault`` kinds): gaps, restarts, errors, unmapped blocks.
+        self.faults: collections.Counter[str] = collections.Counter()
         self.connected = threading.Event()
+
+    @property
+    def gaps(self) -> int:
+        return self.faults["gap"]
+
+    @property
+    def restarts(self) -> int:
+        return self.faults["restart"]
+
+    @property
+    def errors(self) -> int:
+        return self.faults["error"]
 
     @property
     def last_seq(self) -> int:
@@ -279,11 +291,9 @@ class KVEventSubscriber:
         try:
             if verdict is Verdict.RESTART:
                 # The publisher started over: the rank restarted and its cache is empty.
-                self.restarts += 1
                 self._fault("restart")
                 self.mirror.reset()
             if seq > self.order.applied + 1:  # a gap, or a restart the SUB joined late
-                self.gaps += 1
                 self._fault("gap")
                 self._replay(self.order.applied + 1, seq)
             self._apply(seq, payload)
@@ -291,13 +301,13 @@ class KVEventSubscriber:
             # One batch that cannot be applied must not end the feed (the rank would then be
             # mirrored by a frozen index for good): the mirror is no longer trustworthy, so it
             # starts over from the batches that follow, an under-estimate that the next turns mend.
-            self.errors += 1
             self._fault("error")
             log.exception("KV events %s: batch %d not applied; mirror cleared", self.mirror.rank, seq)
             self.mirror.reset()
             self.order.applied_through(seq)
 
     def _fault(self, fault: str, count: int = 1) -> None:
+        self.faults[fault] += count
         if self.on_fault is not None:
             self.on_fault(fault, count)
 

@@ -142,10 +142,11 @@ class RedisLink:
             self.failed(exc)
             return None
 
-    def failed(self, exc: BaseException) -> None:
-        """A call failed: open the circuit (from any thread)."""
+    def failed(self, exc: BaseException, retry_in: float | None = None) -> None:
+        """A call failed: open the circuit (from any thread) for ``retry_in`` seconds (default:
+        ``retry_interval``)."""
         self.failures += 1
-        self._next_retry = time.monotonic() + self.retry_interval
+        self._next_retry = time.monotonic() + (self.retry_interval if retry_in is None else retry_in)
         if not self.up:
             return
         self.up = False
@@ -194,9 +195,8 @@ class RedisLink:
         if self.up and tasks.qsize() > self.max_backlog:
             self.backlog_trips += 1
             self._wrote = False
-            self.failed(WriteBacklogFull(f"{tasks.qsize()} writes queued: it does not keep up"))
             backoff = min(MAX_BACKLOG_BACKOFF_S, self.retry_interval * 2 ** (self.backlog_trips - 1))
-            self._next_retry = time.monotonic() + backoff
+            self.failed(WriteBacklogFull(f"{tasks.qsize()} writes queued: it does not keep up"), backoff)
 
     def backlog(self) -> tuple[int, float]:
         """Writes queued for the link's thread now, and how long the latest one run had waited."""
