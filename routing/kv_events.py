@@ -220,8 +220,8 @@ class KVEventSubscriber:
         self.topic = topic.encode()
         self.replay_timeout = replay_timeout
         self._zmq = zmq_context or zmq.Context.instance()
-        #: called with ("gap" | "restart" | "error", 1), and with ("unmapped", blocks) for stored
-        #: blocks that could not be keyed (``faults`` counts them all)
+        #: called with ("gap" | "restart" | "error" | "replay_drop", 1), and with ("unmapped",
+        #: blocks) for stored blocks that could not be keyed (``faults`` counts them all)
         self.on_fault = on_fault
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-sub-{mirror.rank}", daemon=True)
@@ -322,15 +322,50 @@ class KVEventSubscriber:
             self._fault("unmapped", mirror.unmapped - unmapped)
 
     def _replay(self, start: int, until: int) -> None:
-        """Fetch and apply batches ``start .. until-1`` from the replay socket, if there is one."""
+        """Fetch and apply batches ``start .. until-1`` from the replay socket, if there is one.
+
+        vLLM's replay ROUTER sends every buffered batch at once, with no flow control: past its
+        send high-water mark (1,000 messages) it drops what the receiver has not taken yet, silently.
+        So a replay's batches are applied only in order (a batch past a hole is not applied, which
+        would key later blocks on a chain with a missing link), and a replay with a hole asks again
+        from the hole; each answer brings at least what fits under the mark, so the tries end."""
         if self.replay_endpoint is None:
             log.warning(
                 "KV events %s: batches %d..%d lost (no replay socket)", self.mirror.rank, start, until - 1
             )
             return
+        while True:
+            received, ended = self._fetch(self.order.applied + 1)
+            before, hole = self.order.applied, False
+            for seq, payload in received:
+                if seq <= self.order.applied:
+                    continue
+                if seq >= until:
+                    break
+                if seq != self.order.applied + 1:
+                    hole = True  # the ROUTER dropped what came before it
+                    break
+                self._apply(seq, payload)
+                self.replayed += 1
+            if self.order.applied >= until - 1 or (ended and not hole):
+                return
+            if self.order.applied == before:
+                log.warning(
+                    "KV events %s: replay from %d brought nothing in order; going on from the live feed",
+                    self.mirror.rank,
+                    before + 1,
+                )
+                return
+            self._fault("replay_drop")
+
+    def _fetch(self, start: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """Every batch the replay socket sends from ``start`` (received before any is applied, so
+        the ROUTER's queue drains at the socket's pace), and whether its end marker came."""
         dealer = self._zmq.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(self.replay_endpoint)
+        dealer.setsockopt(zmq.RCVHWM, 0)  # our side never pushes back: the ROUTER would drop
+        dealer.connect(self.replay_endpoint or "")
+        received: list[tuple[int, bytes]] = []
         try:
             dealer.send_multipart((b"", start.to_bytes(8, "big")))
             while dealer.poll(int(self.replay_timeout * 1000)):
@@ -338,11 +373,9 @@ class KVEventSubscriber:
                 # [b"", topic, seq, payload] (0.33) or [b"", seq, payload] (0.11)
                 seq_frame, payload = frames[-2], frames[-1]
                 if seq_frame == END_SEQ:
-                    return
-                seq = int.from_bytes(seq_frame, "big")
-                if self.order.applied < seq < until:
-                    self._apply(seq, payload)
-                    self.replayed += 1
+                    return received, True
+                received.append((int.from_bytes(seq_frame, "big"), payload))
             log.warning("KV events %s: replay from %d timed out", self.mirror.rank, start)
+            return received, False
         finally:
             dealer.close(0)

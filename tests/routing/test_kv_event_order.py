@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import msgspec
 import zmq
 
 from routing.index.memory import MemoryPrefixIndex
-from routing.kv_events import BatchOrder, KVEventSubscriber, RankMirror, Verdict
+from routing.kv_events import END_SEQ, BatchOrder, KVEventSubscriber, RankMirror, Verdict
 from tests.helpers.wait import wait_until
 from tokenization.block_hash import BlockHasher
 
@@ -97,4 +99,52 @@ def test_a_batch_that_cannot_be_applied_does_not_end_the_feed() -> None:
     finally:
         subscriber.stop()
         publisher.close(0)
+        context.term()
+
+
+def test_a_replay_the_rank_dropped_batches_of_is_asked_again_from_the_hole() -> None:
+    """vLLM's replay ROUTER drops what exceeds its send queue, silently: applying the batches after
+    a hole would leave the dropped ones out of the mirror for good."""
+    context = zmq.Context()
+    publisher = context.socket(zmq.PUB)
+    pub_port = publisher.bind_to_random_port("tcp://127.0.0.1")
+    router = context.socket(zmq.ROUTER)
+    replay_port = router.bind_to_random_port("tcp://127.0.0.1")
+    batches = [_batch(list(range(k * BLOCK, (k + 1) * BLOCK)), k) for k in range(10)]
+    asked: list[int] = []
+
+    def serve() -> None:
+        for dropped in ({5, 6}, set()):  # the first answer loses 5 and 6; the second is whole
+            if not router.poll(5000):
+                return
+            identity, _, start = router.recv_multipart()
+            asked.append(int.from_bytes(start, "big"))
+            for seq in range(asked[-1], len(batches)):
+                if seq not in dropped:
+                    router.send_multipart([identity, b"", b"kv", seq.to_bytes(8, "big"), batches[seq]])
+            router.send_multipart([identity, b"", b"kv", END_SEQ, b""])
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    hasher = BlockHasher(BLOCK, "sha256", seed="0")
+    index = MemoryPrefixIndex()
+    subscriber = KVEventSubscriber(
+        RankMirror("r0", index, hasher),
+        f"tcp://127.0.0.1:{pub_port}",
+        f"tcp://127.0.0.1:{replay_port}",
+        zmq_context=context,
+    )
+    try:
+        subscriber.start(wait_s=5.0)
+        assert subscriber.connected.is_set()
+        server.join(5)
+        assert asked == [0, 5]
+        assert subscriber.last_seq == 9 and subscriber.replayed == 10
+        assert subscriber.faults["replay_drop"] == 1
+        for k in range(10):
+            assert index.match(hasher.hash_blocks(list(range(k * BLOCK, (k + 1) * BLOCK)))) == {"r0": 1}, k
+    finally:
+        subscriber.stop()
+        for socket in (publisher, router):
+            socket.close(0)
         context.term()
