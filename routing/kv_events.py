@@ -81,11 +81,15 @@ class RankMirror:
         index: PrefixIndex,
         hasher: ChainHasher,
         on_event: Callable[[str], None] | None = None,
+        on_stored: Callable[[str, Sequence[bytes]], None] | None = None,
     ) -> None:
+        """``on_event``: called with each applied event's type; ``on_stored``: with the rank and the
+        own hashes of each run of stored blocks, once the mirror holds them."""
         self.rank = rank
         self.index = index
         self.hasher = hasher
         self.on_event = on_event
+        self.on_stored = on_stored
         #: rank's uint64 -> [own hash, copies held]
         self._own: dict[int, list[Any]] = {}
         self.unmapped = 0
@@ -141,6 +145,8 @@ class RankMirror:
             else:
                 entry[1] += 1
         self.index.record(self.rank, own, counted=True)
+        if self.on_stored is not None:
+            self.on_stored(self.rank, own)
 
     def _removed(self, hashes: Sequence[int]) -> None:
         table = self._own
@@ -366,9 +372,12 @@ class KVEventSubscriber:
         dealer.setsockopt(zmq.RCVHWM, 0)  # our side never pushes back: the ROUTER would drop
         dealer.connect(self.replay_endpoint or "")
         received: list[tuple[int, bytes]] = []
+        # The publisher answers between its other work; then it sends everything in one burst, so a
+        # pause in it means the rest (the end marker too) was dropped: asked again, sooner.
+        wait_ms = int(self.replay_timeout * 1000)
         try:
             dealer.send_multipart((b"", start.to_bytes(8, "big")))
-            while dealer.poll(int(self.replay_timeout * 1000)):
+            while dealer.poll(wait_ms if not received else max(wait_ms // 10, 1)):
                 frames = dealer.recv_multipart()
                 # [b"", topic, seq, payload] (0.33) or [b"", seq, payload] (0.11)
                 seq_frame, payload = frames[-2], frames[-1]

@@ -13,26 +13,29 @@ corrects the rank's mirror.
 
 A request continuing a stored answer (Responses' ``previous_response_id``) is pinned: its plan is
 the rank that stored it, or an error when that rank is gone. Ranks whose mirror is fed by KV-cache
-events (``exact``) get no speculative records or corrections: their events are the truth.
+events (``exact``) get no speculative records or corrections: their events are the truth. Until a
+request's events arrive, its blocks count as in flight on its rank (``routing.index.inflight``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
 
 from proxy.context import Outcome, RequestContext
 from proxy.errors import no_healthy_backend
 from proxy.ops.metrics import Metrics
+from proxy.stages.move_reason import move_reason
 from proxy.stages.observe import Observer
 from proxy.stages.pin import Pins
 from proxy.state.load_share import Load
 from routing.index import Lookup, PrefixIndex
+from routing.index.inflight import InFlightBlocks
 from routing.index.memory import MemoryPrefixIndex
 from routing.policies import RouteRequest, RoutingPolicy
 from routing.policies.bounds import max_hit_blocks, prompt_size
+from routing.policies.protocol import PrefillSpeeds
 from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate.route")
@@ -43,15 +46,6 @@ DEFAULT_BLOCK_SIZE = 16
 #: no ``pool_tokens``): without one, routing's own records grow the index forever (~200 B per block).
 #: 131,072 blocks = 2M tokens at block size 16 (~26 MB of mirror), the size of a large GPU pool.
 UNKNOWN_POOL_BLOCKS = 131_072
-
-
-class PrefillSpeeds(Protocol):
-    """The ranks' measured prefill speeds, as routing reads them (admission's ``RankSpeeds``, fed by
-    the ranks' own ``/metrics``)."""
-
-    def measured(self) -> Mapping[str, float]:
-        """Seconds of prefill per computed token, per rank measured so far."""
-        ...
 
 
 #: Before any rank is measured (or without a source): every rank's token weighs the same.
@@ -73,6 +67,8 @@ class RoutePlan:
     prefilled: bool = False
     #: The response id that pins the request to its rank (Responses continuations), if any.
     pinned: str | None = None
+    #: The blocks recorded in flight on the charged rank (fed by KV events) until its prefill.
+    inflight: list[Sequence[bytes]] = field(default_factory=list)
 
 
 class Router(Observer):
@@ -110,6 +106,8 @@ class Router(Observer):
         self.others_queued: dict[str, int] = {}
         #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
         self.inflight_tokens: dict[str, int] = {r.name: 0 for r in fleet}
+        #: Blocks routed to the exact ranks whose KV events have not come yet.
+        self.inflight = InFlightBlocks()
         for rank in fleet:
             self.index.set_capacity(rank.name, self.capacity_blocks(rank))
 
@@ -160,6 +158,7 @@ class Router(Observer):
             # the blocks of the previous answer, which the rank cached while decoding it
             self.index.record(answered.rank, hashes[: answered.blocks])
         found = self.index.lookup(hashes, key) if hashes or key else Lookup()
+        self.inflight.extend(hashes, found.matches)
         blocks = ctx.prompt_blocks
         speeds = self.speeds
         request = RouteRequest(
@@ -210,7 +209,11 @@ class Router(Observer):
 
     def holds(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
         """The leading blocks of a prompt each rank holds, per the index (a read, for admission)."""
-        return self.index.match(block_hashes) if block_hashes else {}
+        if not block_hashes:
+            return {}
+        held = self.index.match(block_hashes)
+        self.inflight.extend(block_hashes, held)
+        return held
 
     def queued(self, rank: str) -> int:
         """Prefill tokens routed to ``rank`` by every replica and not prefilled yet (a read, for
@@ -245,6 +248,7 @@ class Router(Observer):
         previous = plan.charged
         self._release(plan)
         found = self.index.lookup(ctx.block_hashes, None) if ctx.block_hashes else Lookup()
+        self.inflight.extend(ctx.block_hashes, found.matches)
         found.session_rank = previous
         self._charge(ctx, plan, rank, found, "its rank failed this request")
 
@@ -269,6 +273,12 @@ class Router(Observer):
             estimate = ctx.estimated_cached_tokens = self._hit_tokens(ctx, held)
         prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         prefill = max(prompt - estimate, 0)
+        if name in self.exact:  # the rest of the prompt is on its way there too
+            rest = self.inflight.add(name, hashes[plan.blocks :])
+            if plan.prefilled:
+                self.inflight.prefilled(name, rest)
+            else:
+                plan.inflight.append(rest)
         if not plan.prefilled:
             self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) + prefill - plan.prefill, 0)
         self.inflight_tokens[name] = max(self.inflight_tokens.get(name, 0) + prompt - plan.tokens, 0)
@@ -335,6 +345,8 @@ class Router(Observer):
         plan.charged, plan.prefill, plan.tokens = name, max(prompt - estimate, 0), prompt
         plan.blocks = len(hashes)
         plan.prefilled = False
+        if name in self.exact:
+            plan.inflight.append(self.inflight.add(name, hashes[found.matches.get(name, 0) :]))
         self.queued_prefill[name] = self.queued_prefill.get(name, 0) + plan.prefill
         self.inflight_tokens[name] = self.inflight_tokens.get(name, 0) + prompt
         key = ctx.session_key
@@ -367,30 +379,18 @@ class Router(Observer):
             return
         plan.prefilled = True
         self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) - plan.prefill, 0)
+        for blocks in plan.inflight:
+            self.inflight.prefilled(name, blocks)
+        plan.inflight.clear()
 
     def _log_move(self, ctx: RequestContext, old: str, new: str, prefill: int, why: str | None) -> None:
         """Say why a known session left its rank: each move recomputes its context elsewhere."""
         if not log.isEnabledFor(logging.INFO):
             return
         admitted = ctx.admitted
-        candidates: Sequence[Rank] = self.fleet.healthy()
-        if why is not None:
-            reason = why
-        elif admitted is not None and admitted.allowed is not None:
-            room = ", ".join(sorted(admitted.allowed))
-            reason = f"admitted anew (back after idling out or being released), room on {room}"
-        elif all(r.name != old for r in candidates):
-            reason = "its rank is down or failed this request"
-        else:
-            queued = self.fleet_queued()
-            home = admitted.home if admitted is not None else None
-            reason = (
-                f"{'saturated' if home == old else 'over the load bound'} (in flight "
-                f"{', '.join(f'{r.name}={r.load}' for r in candidates)}; prompt tokens in flight "
-                f"on {old} {self.inflight_tokens.get(old, 0)}; prefill queued on {old} "
-                f"{queued.get(old, 0)}, on {new} {queued.get(new, 0) - prefill}; "
-                f"this request's there {prefill})"
-            )
+        reason = why or move_reason(
+            admitted, self.fleet.healthy(), old, new, prefill, self.fleet_queued(), self.inflight_tokens
+        )
         session = admitted.session if admitted is not None else None
         turns = session.turns if session is not None else 0  # admission counts this request already
         log.info("session %s turn %d moved %s -> %s: %s", ctx.session_key, turns - 1, old, new, reason)

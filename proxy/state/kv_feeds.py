@@ -109,7 +109,9 @@ async def start_kv_event_feeds(
         def fault(kind: str, count: int, rank: str = source.rank) -> None:
             metrics.kv_event_faults.labels(rank, kind).inc(count)
 
-        mirror = RankMirror(source.rank, router.index, hasher, on_event=count)
+        # stored blocks are mirrored from then on, no longer in flight
+        confirm = router.inflight.confirm
+        mirror = RankMirror(source.rank, router.index, hasher, on_event=count, on_stored=confirm)
         subscriber = KVEventSubscriber(
             mirror, source.endpoint, source.replay_endpoint, source.topic, on_fault=fault
         )

@@ -71,6 +71,15 @@ class RouteRequest:
     seconds_per_token: Mapping[str, float] = field(default_factory=dict)
 
 
+class PrefillSpeeds(Protocol):
+    """The ranks' measured prefill speeds, as routing reads them into ``seconds_per_token``
+    (admission's ``RankSpeeds``, fed by the ranks' own ``/metrics``)."""
+
+    def measured(self) -> Mapping[str, float]:
+        """Seconds of prefill per computed token, per rank measured so far."""
+        ...
+
+
 class RoutingPolicy(Protocol):
     """Orders ``candidates`` (healthy ranks, never empty) for a request, most preferred first."""
 
