@@ -72,9 +72,9 @@ def test_the_allowance_is_learned_from_how_late_events_come() -> None:
     for k in range(MIN_SAMPLES):
         block = [bytes([k]) * 4]
         inflight.prefilled("r0", inflight.add("r0", block))
-        clock.now += 0.1  # every event comes 100 ms after its request's first token
+        clock.now += 0.4  # every event comes 400 ms after its request's first token
         inflight.confirm("r0", block)
-    assert abs(inflight.allowance() - 0.2) < 1e-9  # twice the lag seen
+    assert abs(inflight.allowance() - 0.8) < 1e-9  # twice the lag seen
     for k in range(LAG_WINDOW):  # then, as many events come before their first token: lag 0
         block = [k.to_bytes(4, "big")]
         inflight.add("r0", block)
