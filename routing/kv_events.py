@@ -384,7 +384,11 @@ class KVEventSubscriber:
                 if seq_frame == END_SEQ:
                     return received, True
                 received.append((int.from_bytes(seq_frame, "big"), payload))
-            log.warning("KV events %s: replay from %d timed out", self.mirror.rank, start)
+            rank = self.mirror.rank
+            if received:  # a pause: the rest is asked for again from the first missing one
+                log.debug("KV events %s: replay from %d paused after %d", rank, start, len(received))
+            else:
+                log.warning("KV events %s: replay from %d got no answer", rank, start)
             return received, False
         finally:
             dealer.close(0)
