@@ -68,7 +68,7 @@ class RoutePlan:
     #: The response id that pins the request to its rank (Responses continuations), if any.
     pinned: str | None = None
     #: The blocks recorded in flight on the charged rank (fed by KV events) until its prefill.
-    inflight: list[Sequence[bytes]] = field(default_factory=list)
+    inflight_blocks: list[Sequence[bytes]] = field(default_factory=list)
 
 
 class Router(Observer):
@@ -107,7 +107,7 @@ class Router(Observer):
         #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
         self.inflight_tokens: dict[str, int] = {r.name: 0 for r in fleet}
         #: Blocks routed to the exact ranks whose KV events have not come yet.
-        self.inflight = InFlightBlocks()
+        self.inflight_blocks = InFlightBlocks()
         for rank in fleet:
             self.index.set_capacity(rank.name, self.capacity_blocks(rank))
 
@@ -158,7 +158,7 @@ class Router(Observer):
             # the blocks of the previous answer, which the rank cached while decoding it
             self.index.record(answered.rank, hashes[: answered.blocks])
         found = self.index.lookup(hashes, key) if hashes or key else Lookup()
-        self.inflight.extend(hashes, found.matches)
+        self.inflight_blocks.extend(hashes, found.matches)
         blocks = ctx.prompt_blocks
         speeds = self.speeds
         request = RouteRequest(
@@ -212,7 +212,7 @@ class Router(Observer):
         if not block_hashes:
             return {}
         held = self.index.match(block_hashes)
-        self.inflight.extend(block_hashes, held)
+        self.inflight_blocks.extend(block_hashes, held)
         return held
 
     def queued(self, rank: str) -> int:
@@ -248,7 +248,7 @@ class Router(Observer):
         previous = plan.charged
         self._release(plan)
         found = self.index.lookup(ctx.block_hashes, None) if ctx.block_hashes else Lookup()
-        self.inflight.extend(ctx.block_hashes, found.matches)
+        self.inflight_blocks.extend(ctx.block_hashes, found.matches)
         found.session_rank = previous
         self._charge(ctx, plan, rank, found, "its rank failed this request")
 
@@ -274,11 +274,11 @@ class Router(Observer):
         prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         prefill = max(prompt - estimate, 0)
         if name in self.exact:  # the rest of the prompt is on its way there too
-            rest = self.inflight.add(name, hashes[plan.blocks :])
+            rest = self.inflight_blocks.add(name, hashes[plan.blocks :])
             if plan.prefilled:
-                self.inflight.prefilled(name, rest)
+                self.inflight_blocks.prefilled(name, rest)
             else:
-                plan.inflight.append(rest)
+                plan.inflight_blocks.append(rest)
         if not plan.prefilled:
             self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) + prefill - plan.prefill, 0)
         self.inflight_tokens[name] = max(self.inflight_tokens.get(name, 0) + prompt - plan.tokens, 0)
@@ -346,7 +346,7 @@ class Router(Observer):
         plan.blocks = len(hashes)
         plan.prefilled = False
         if name in self.exact:
-            plan.inflight.append(self.inflight.add(name, hashes[found.matches.get(name, 0) :]))
+            plan.inflight_blocks.append(self.inflight_blocks.add(name, hashes[found.matches.get(name, 0) :]))
         self.queued_prefill[name] = self.queued_prefill.get(name, 0) + plan.prefill
         self.inflight_tokens[name] = self.inflight_tokens.get(name, 0) + prompt
         key = ctx.session_key
@@ -379,9 +379,9 @@ class Router(Observer):
             return
         plan.prefilled = True
         self.queued_prefill[name] = max(self.queued_prefill.get(name, 0) - plan.prefill, 0)
-        for blocks in plan.inflight:
-            self.inflight.prefilled(name, blocks)
-        plan.inflight.clear()
+        for blocks in plan.inflight_blocks:
+            self.inflight_blocks.prefilled(name, blocks)
+        plan.inflight_blocks.clear()
 
     def _log_move(self, ctx: RequestContext, old: str, new: str, prefill: int, why: str | None) -> None:
         """Say why a known session left its rank: each move recomputes its context elsewhere."""

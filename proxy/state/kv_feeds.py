@@ -110,7 +110,7 @@ async def start_kv_event_feeds(
             metrics.kv_event_faults.labels(rank, kind).inc(count)
 
         # stored blocks are mirrored from then on, no longer in flight
-        confirm = router.inflight.confirm
+        confirm = router.inflight_blocks.confirm
         mirror = RankMirror(source.rank, router.index, hasher, on_event=count, on_stored=confirm)
         subscriber = KVEventSubscriber(
             mirror, source.endpoint, source.replay_endpoint, source.topic, on_fault=fault

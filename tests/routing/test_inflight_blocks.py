@@ -95,7 +95,7 @@ def test_a_sibling_routed_before_the_first_ones_events_follows_it_and_is_estimat
     assert second.estimated_cached_tokens == 3 * 16
     assert router.holds(second.block_hashes) == {home.name: 4}  # its own new block is on its way too
     # Its events came: the mirror holds the blocks, nothing of them is in flight any more.
-    router.inflight.confirm(home.name, first.block_hashes)
+    router.inflight_blocks.confirm(home.name, first.block_hashes)
     router.index.record(home.name, first.block_hashes, counted=True)
     assert router.holds(first.block_hashes) == {home.name: 5}
-    assert router.inflight.size() == 1  # the sibling's own new block, still prefilling
+    assert router.inflight_blocks.size() == 1  # the sibling's own new block, still prefilling
