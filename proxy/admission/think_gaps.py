@@ -8,53 +8,14 @@ short gap, or none at all for a one-request session), so there the population's 
 
 from __future__ import annotations
 
-import bisect
-from collections import deque
+from routing.samples import DEFAULT_WINDOW, MIN_SAMPLES, RecentSamples
 
-#: Gaps remembered (the most recent): bounded memory, and the figure follows the current traffic.
-DEFAULT_WINDOW = 1000
-#: Fewer gaps than this and the population says nothing yet.
-MIN_SAMPLES = 20
+__all__ = ["DEFAULT_WINDOW", "MIN_SAMPLES", "OWN_EVIDENCE", "ThinkGaps"]
+
 #: A session with at least this many gaps of its own is judged by them alone.
 OWN_EVIDENCE = 3
 
 
-class ThinkGaps:
-    """Recent think gaps of all sessions, kept in arrival order (the window) and in sorted order.
-
-    Every returning turn adds a gap and admission reads a quantile on every request: re-sorting the
-    window each time cost ~10 % of the proxy's CPU on small requests (py-spy, issue 22). The sorted
-    copy is kept up to date instead, one insertion and (once the window is full) one removal per gap.
-    """
-
-    def __init__(self, window: int = DEFAULT_WINDOW, min_samples: int = MIN_SAMPLES) -> None:
-        if window < 1 or min_samples < 1:
-            raise ValueError("window and min_samples must be >= 1")
-        self._recent: deque[float] = deque(maxlen=window)
-        self.min_samples = min_samples
-        self._sorted: list[float] = []
-
-    def __len__(self) -> int:
-        return len(self._recent)
-
-    def add(self, gap_s: float) -> None:
-        if gap_s >= 0:
-            recent, ordered = self._recent, self._sorted
-            if len(recent) == recent.maxlen:  # the oldest leaves the window
-                del ordered[bisect.bisect_left(ordered, recent[0])]
-            recent.append(gap_s)
-            bisect.insort(ordered, gap_s)
-
-    def quantile(self, q: float) -> float | None:
-        """The ``q`` quantile (nearest rank) of the recent gaps; None with fewer than ``min_samples``."""
-        if len(self._recent) < self.min_samples:
-            return None
-        ordered = self._sorted
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    def longer_than(self, seconds: float) -> float | None:
-        """The share of recent gaps longer than ``seconds`` (None with fewer than ``min_samples``)."""
-        if len(self._recent) < self.min_samples:
-            return None
-        ordered = self._sorted
-        return (len(ordered) - bisect.bisect_right(ordered, seconds)) / len(ordered)
+class ThinkGaps(RecentSamples):
+    """Recent think gaps of all sessions (seconds): ``quantile`` is a typical agent's long pause,
+    ``longer_than`` the share of gaps longer than a quiet spell (``routing.samples``)."""

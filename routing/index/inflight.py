@@ -34,10 +34,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from routing.samples import RecentSamples
+
 #: Lag samples remembered (the most recent), and how many before the allowance is learned.
 LAG_WINDOW = 1000
 MIN_SAMPLES = 20
-RELEARN_EVERY = 20
 #: The allowance is this many times this quantile of the lags seen, and never below the floor:
 #: most events come before their request's first token and teach 0, while a busy host holds some
 #: back in bursts (up to ~400 ms on the real-vLLM tier, `python -m bench.real_vllm.siblings`) that
@@ -59,14 +60,15 @@ class InFlightBlocks:
         self._entries: dict[str, dict[bytes, list[float]]] = {}
         #: (when, rank, hashes) of prefilled requests, oldest first: the entries that may expire.
         self._ending: deque[tuple[float, str, Sequence[bytes]]] = deque()
-        self._lags: deque[float] = deque(maxlen=LAG_WINDOW)
-        self._allowance = DEFAULT_ALLOWANCE_S
+        self._lags = RecentSamples(LAG_WINDOW, MIN_SAMPLES)
         self.confirmed = 0
         self.expired = 0
 
     def allowance(self) -> float:
-        """How long after its last request's prefill an unconfirmed block still counts (seconds)."""
-        return self._allowance
+        """How long after its last request's prefill an unconfirmed block still counts (seconds;
+        read under the lock, or where no feed runs)."""
+        lag = self._lags.quantile(LAG_QUANTILE)
+        return DEFAULT_ALLOWANCE_S if lag is None else max(LAG_FACTOR * lag, MIN_ALLOWANCE_S)
 
     def add(self, rank: str, hashes: Sequence[bytes]) -> Sequence[bytes]:
         """A request routed to ``rank`` will store ``hashes`` there (the prompt's blocks past what
@@ -109,27 +111,20 @@ class InFlightBlocks:
             return
         now = self._clock()
         with self._lock:
-            learned = self.confirmed
             for h in hashes:
                 entry = entries.pop(h, None)
                 if entry is None:
                     continue
                 self.confirmed += 1
-                self._lags.append(max(now - entry[1], 0.0) if entry[0] == 0 else 0.0)
-            # re-learned every RELEARN_EVERY samples: a sort of the window per event is the feed's CPU
-            if len(self._lags) >= MIN_SAMPLES and learned // RELEARN_EVERY != self.confirmed // RELEARN_EVERY:
-                ordered = sorted(self._lags)
-                lag = ordered[min(int(LAG_QUANTILE * len(ordered)), len(ordered) - 1)]
-                self._allowance = max(LAG_FACTOR * lag, MIN_ALLOWANCE_S)
+                self._lags.add(max(now - entry[1], 0.0) if entry[0] == 0 else 0.0)
 
     def extend(self, hashes: Sequence[bytes], matches: dict[str, int]) -> None:
         """Lengthen each rank's held prefix of ``hashes`` in ``matches`` by the blocks in flight to it
         that follow (a rank holding none may then hold some)."""
         if not self._entries or not hashes:
             return
-        now = self._clock()
-        deadline = now - self._allowance
-        with self._lock:
+        with self._lock:  # the lags change under it (a feed's thread)
+            deadline = self._clock() - self.allowance()
             for rank, entries in self._entries.items():
                 if not entries:
                     continue
@@ -149,7 +144,7 @@ class InFlightBlocks:
 
     def _sweep(self, now: float) -> None:
         """Drop the entries whose requests were all prefilled longer than the allowance ago."""
-        ending, deadline = self._ending, now - self._allowance
+        ending, deadline = self._ending, now - self.allowance()
         while ending and ending[0][0] < deadline:
             _, rank, hashes = ending.popleft()
             entries = self._entries.get(rank)
