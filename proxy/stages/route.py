@@ -157,8 +157,7 @@ class Router(Observer):
         if answered is not None and answered.credited and answered.rank not in self.exact:
             # the blocks of the previous answer, which the rank cached while decoding it
             self.index.record(answered.rank, hashes[: answered.blocks])
-        found = self.index.lookup(hashes, key) if hashes or key else Lookup()
-        self.inflight_blocks.extend(hashes, found.matches)
+        found = self._lookup(hashes, key)
         blocks = ctx.prompt_blocks
         speeds = self.speeds
         request = RouteRequest(
@@ -208,12 +207,8 @@ class Router(Observer):
         return RoutePlan(self.policy.order(RouteRequest(block_size=self.block_size), candidates))
 
     def holds(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
-        """The leading blocks of a prompt each rank holds, per the index (a read, for admission)."""
-        if not block_hashes:
-            return {}
-        held = self.index.match(block_hashes)
-        self.inflight_blocks.extend(block_hashes, held)
-        return held
+        """The leading blocks of a prompt each rank holds or has in flight (a read, for admission)."""
+        return self._lookup(block_hashes, None).matches
 
     def queued(self, rank: str) -> int:
         """Prefill tokens routed to ``rank`` by every replica and not prefilled yet (a read, for
@@ -247,8 +242,7 @@ class Router(Observer):
             return
         previous = plan.charged
         self._release(plan)
-        found = self.index.lookup(ctx.block_hashes, None) if ctx.block_hashes else Lookup()
-        self.inflight_blocks.extend(ctx.block_hashes, found.matches)
+        found = self._lookup(ctx.block_hashes, None)
         found.session_rank = previous
         self._charge(ctx, plan, rank, found, "its rank failed this request")
 
@@ -321,6 +315,12 @@ class Router(Observer):
             # answers): what was missing was the answer's blocks, and the rank holds this prompt now.
             return
         self.index.remove(rank, ctx.block_hashes[cached // self.block_size :])
+
+    def _lookup(self, hashes: Sequence[bytes], key: str | None) -> Lookup:
+        """The index's view of ``hashes`` and ``key``, with the blocks in flight to each rank after it."""
+        found = self.index.lookup(hashes, key) if hashes or key else Lookup()
+        self.inflight_blocks.extend(hashes, found.matches)
+        return found
 
     # -- the charge -------------------------------------------------------------------------------
 
