@@ -335,13 +335,14 @@ class KVEventSubscriber:
         So a replay's batches are applied only in order (a batch past a hole is not applied, which
         would key later blocks on a chain with a missing link), and a replay with a hole asks again
         from the hole; each answer brings at least what fits under the mark, so the tries end."""
-        if self.replay_endpoint is None:
+        endpoint = self.replay_endpoint
+        if endpoint is None:
             log.warning(
                 "KV events %s: batches %d..%d lost (no replay socket)", self.mirror.rank, start, until - 1
             )
             return
         while True:
-            received, ended = self._fetch(self.order.applied + 1)
+            received, ended = self._fetch(endpoint, self.order.applied + 1)
             before, hole = self.order.applied, False
             for seq, payload in received:
                 if seq <= self.order.applied:
@@ -364,13 +365,13 @@ class KVEventSubscriber:
                 return
             self._fault("replay_drop")
 
-    def _fetch(self, start: int) -> tuple[list[tuple[int, bytes]], bool]:
-        """Every batch the replay socket sends from ``start`` (received before any is applied, so
-        the ROUTER's queue drains at the socket's pace), and whether its end marker came."""
+    def _fetch(self, endpoint: str, start: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """Every batch the replay socket at ``endpoint`` sends from ``start`` (received before any is
+        applied, so the ROUTER's queue drains at the socket's pace), and whether its end marker came."""
         dealer = self._zmq.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.RCVHWM, 0)  # our side never pushes back: the ROUTER would drop
-        dealer.connect(self.replay_endpoint or "")
+        dealer.connect(endpoint)
         received: list[tuple[int, bytes]] = []
         # The publisher answers between its other work; then it sends everything in one burst, so a
         # pause in it means the rest (the end marker too) was dropped: asked again, sooner.

@@ -171,8 +171,8 @@ class Metrics:
         )
         self.kv_event_faults = Counter(
             "prefixgate_kv_event_faults",
-            "Faults in a rank's KV-event feed: gap (batches missed, replayed), restart (publisher started "
-            "over), error (batch not applied) and unmapped (stored blocks that could not be keyed)",
+            "Faults in a rank's KV-event feed: gap (batches missed), replay_drop (a replay cut short), "
+            "restart (publisher started over), error (batch not applied), unmapped (blocks not keyed)",
             ("backend", "fault"),
             registry=r,
         )
