@@ -28,9 +28,8 @@ from typing import Any
 import httpx
 
 from bench.real_vllm.ranks import ATTACH_ENV, HASH_SEED, attach_ranks, ensure_model, start_ranks, stop_ranks
-from bench.real_vllm.session import SimpleMirror, agent_turns, chat
+from bench.real_vllm.session import SimpleMirror, agent_turns, chat, gateway_settings
 from proxy.app import create_app
-from proxy.config import load_settings
 from proxy.server import ServerThread
 from tokenization.base import ChatPrompt
 from tokenization.block_hash import BlockHasher
@@ -49,14 +48,7 @@ def run_mode(
     ranks: list[Any], model_dir: Path, kv_events: bool, think_s: float, turns: int
 ) -> list[dict[str, Any]]:
     """One fresh session through a fresh prefixgate; per turn, reported vs estimated cached tokens."""
-    flags: dict[str, Any] = {
-        "policy": "prefix_affinity",
-        "health_interval": 1.0,
-        "tokenization": {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED},
-    }
-    if kv_events:
-        flags["kv_events"] = ",".join(f"{r.name}={r.kv_endpoint}|{r.replay_endpoint}" for r in ranks)
-    settings = load_settings(flags=flags, backend_specs=[f"{r.name}={r.url}" for r in ranks], environ={})
+    settings = gateway_settings(ranks, model_dir, kv_events=kv_events)
     tok = HfTokenizer(model_dir)
     hasher = BlockHasher(BLOCK, "sha256", seed=HASH_SEED)
     mirror = SimpleMirror()

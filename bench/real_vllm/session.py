@@ -1,6 +1,6 @@
 """Workloads and probes for the real-vLLM tier: agent-like sessions, a KV-event tap, a simple mirror.
 
-Shared by ``tests/vllm`` and ``bench/real_vllm/report.py``. Everything here talks to loopback only.
+Shared by ``tests/vllm`` and the ``bench/real_vllm`` reports. Everything here talks to loopback only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,22 @@ import httpx
 import msgspec
 import zmq
 
-from bench.real_vllm.ranks import SERVED_MODEL
+from bench.real_vllm.ranks import HASH_SEED, SERVED_MODEL, VllmRank
+from proxy.config import Settings, load_settings
+
+
+def gateway_settings(ranks: Sequence[VllmRank], model_dir: Any, *, kv_events: bool) -> Settings:
+    """prefixgate's settings in front of ``ranks`` for the reports: ``prefix_affinity`` with ``hf``
+    tokenization of the model in ``model_dir``, the ranks' hash seed, and (``kv_events``) their
+    KV-event and replay endpoints."""
+    flags: dict[str, Any] = {
+        "policy": "prefix_affinity",
+        "health_interval": 1.0,
+        "tokenization": {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED},
+    }
+    if kv_events:
+        flags["kv_events"] = ",".join(f"{r.name}={r.kv_endpoint}|{r.replay_endpoint}" for r in ranks)
+    return load_settings(flags=flags, backend_specs=[f"{r.name}={r.url}" for r in ranks], environ={})
 
 
 def path_tool(name: str, description: str, path_description: str | None = None) -> dict[str, Any]:

@@ -20,15 +20,15 @@ import os
 import sys
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.real_vllm.ranks import ATTACH_ENV, HASH_SEED, attach_ranks, ensure_model, start_ranks, stop_ranks
-from bench.real_vllm.session import TurnResult, agent_turns, chat
+from bench.real_vllm.ranks import ATTACH_ENV, attach_ranks, ensure_model, start_ranks, stop_ranks
+from bench.real_vllm.session import TurnResult, agent_turns, chat, gateway_settings
 from proxy.app import create_app
-from proxy.config import load_settings
 from proxy.server import ServerThread
 
 OUT = Path(__file__).resolve().parents[1] / "out" / "real_vllm_siblings.json"
@@ -38,13 +38,7 @@ THINK_S = 0.2
 
 def run_wave(ranks: list[Any], model_dir: Path, sessions: int, turns: int) -> dict[str, list[TurnResult]]:
     """One wave through a fresh prefixgate: every session's turns, as served."""
-    flags: dict[str, Any] = {
-        "policy": "prefix_affinity",
-        "health_interval": 1.0,
-        "tokenization": {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED},
-        "kv_events": ",".join(f"{r.name}={r.kv_endpoint}|{r.replay_endpoint}" for r in ranks),
-    }
-    settings = load_settings(flags=flags, backend_specs=[f"{r.name}={r.url}" for r in ranks], environ={})
+    settings = gateway_settings(ranks, model_dir, kv_events=True)
     nonce = uuid.uuid4().hex[:12]
     names = [f"{nonce}-{k}" for k in range(sessions)]
     plans = {s: list(agent_turns(s, turns)) for s in names}
@@ -99,21 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(waves)
     for key, value in summary.items():
         print(f"{key:>24}: {value:.1f}" if isinstance(value, float) else f"{key:>24}: {value}")
-    rows = [[_row(t, r) for t, r in enumerate(rs)] for wave in waves for rs in wave.values()]
+    rows = [[{"turn": t, **asdict(r)} for t, r in enumerate(rs)] for wave in waves for rs in wave.values()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"summary": summary, "sessions": rows}, indent=1), encoding="utf-8")
     print(f"wrote {args.out}")
     return 0
-
-
-def _row(turn: int, r: TurnResult) -> dict[str, Any]:
-    return {
-        "turn": turn,
-        "rank": r.rank,
-        "prompt_tokens": r.prompt_tokens,
-        "cached_tokens": r.cached_tokens,
-        "estimated": r.estimated,
-    }
 
 
 if __name__ == "__main__":
