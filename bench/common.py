@@ -139,10 +139,13 @@ class Subprocess:
             os.unlink(self._log_path)
 
 
-def stub_rank_process(port: int | None = None, chunks: int = 3) -> tuple[Subprocess, str]:
+def stub_rank_process(
+    port: int | None = None, chunks: int = 3, chunk_delay: float = 0.0
+) -> tuple[Subprocess, str]:
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "bench.stub_rank", "--port", str(port), "--chunks", str(chunks)]
+    args += ["--chunk-delay", str(chunk_delay)]
     return Subprocess(args, url + "/health"), url
 
 

@@ -9,9 +9,11 @@ garbage collection, a burst of callbacks) shows in ``prefixgate_event_loop_lag_s
 the sessions run straight to the stub ranks, then through one ``prefixgate serve``; reported:
 requests/s achieved, p50/p99 time to last byte of both and the latency prefixgate added, its loop
 lag p50/p99/max (bucket bounds), the share of a core it used, the first turns' p50 and errors.
+Before the first rate, the share of a core the proxy uses with no traffic at all for
+``--idle-seconds`` (its own timers and checks: what it costs a host while nobody calls it).
 
     python -m bench.paced_load [--rates 100,300,500] [--sessions 200] [--seconds 20]
-        [--first-turn-tokens 50000] [--first-turn-every 2] [--proxy-root DIR]
+        [--first-turn-tokens 50000] [--first-turn-every 2] [--idle-seconds 10] [--proxy-root DIR]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,14 @@ def paced_phase(urls: list[str], args: argparse.Namespace, rate: float, first_tu
     return {"rate_asked": rate, "think_s": round(think_s, 3), **summarize(stats, args.seconds)}
 
 
+def idle_share(cpu: psutil.Process, seconds: float) -> float:
+    """The share of a core ``cpu``'s process uses over ``seconds`` while nothing calls it."""
+    before = cpu.cpu_times()
+    time.sleep(seconds)
+    after = cpu.cpu_times()
+    return round((after.user + after.system - before.user - before.system) / seconds, 4)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="100,300,500", help="requests/s to pace at, comma-separated")
@@ -53,6 +64,9 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--first-turn-tokens", type=int, default=50_000, help="0: no large first turns")
     parser.add_argument("--first-turn-every", type=float, default=2.0, help="seconds between them")
+    parser.add_argument(
+        "--idle-seconds", type=positive_seconds, default=10.0, help="time measured with no traffic first"
+    )
     parser.add_argument("--proxy-root", type=Path, help="run prefixgate from this source tree (a baseline)")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
@@ -70,6 +84,8 @@ def main() -> int:
         stack.enter_context(proxy)
         assert proxy.proc is not None
         cpu = psutil.Process(proxy.proc.pid)
+        results["idle_core_share"] = idle = idle_share(cpu, args.idle_seconds)
+        print(f"idle: {idle:.4f} of a core over {args.idle_seconds:g} s with no traffic")
         print(
             f"{'rate':>6} {'req/s':>7} {'direct p50/p99 ms':>18} {'prefixgate p50/p99':>19} {'+p50':>6}  "
             f"{'loop lag p50/p99/max ms':>24} {'core':>5} {'1st turn':>9} errors"

@@ -217,8 +217,17 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=3, help="content chunks per streamed answer")
+    parser.add_argument(
+        "--chunk-delay",
+        type=float,
+        default=0.0,
+        help="seconds between streamed chunks (default 0: all at once; a model's decode spaces them)",
+    )
     args = parser.parse_args()
-    app = create_stub_app(StubBehavior(chunks=args.chunks, record=False, cache_details=False))
+    behavior = StubBehavior(
+        chunks=args.chunks, chunk_delay=args.chunk_delay, record=False, cache_details=False
+    )
+    app = create_stub_app(behavior)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, loop="uvloop")
 
 
