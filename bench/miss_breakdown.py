@@ -178,11 +178,21 @@ def main(argv: list[str] | None = None) -> int:
         "--log", type=Path, default=None, help="the prefixgate process's log (--log-level info)"
     )
     parser.add_argument("--scenario", default="over")
-    parser.add_argument("--system", default="prefixgate prefix_affinity")
+    parser.add_argument("--system", default="prefixgate prefix_affinity", help="a system of the results")
     parser.add_argument("--out", type=Path, default=OUT_DIR / "miss_breakdown.json")
     args = parser.parse_args(argv)
     report = json.loads(args.results.read_text())
-    result = report["scenarios"][args.scenario]["results"][args.system]
+    scenarios = report["scenarios"]
+    if args.scenario not in scenarios:
+        parser.error(f"--scenario {args.scenario!r}: the results hold {', '.join(map(repr, scenarios))}")
+    results = scenarios[args.scenario]["results"]
+    if args.system not in results:
+        # a system run with extra serve flags is named after them too ("prefixgate prefix_affinity --x")
+        named = [name for name in results if name.startswith(args.system + " ")]
+        if len(named) != 1:
+            parser.error(f"--system {args.system!r}: the results hold {', '.join(map(repr, results))}")
+        args.system = named[0]
+    result = results[args.system]
     events = read_log(args.log) if args.log is not None else None
     found = breakdown(result["turns"], events)
     print_table(f"{args.system}, scenario {args.scenario}: hits lost against the bound", found)

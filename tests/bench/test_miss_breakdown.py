@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.miss_breakdown import breakdown, main, read_log
 
 LOG = """\
@@ -65,3 +67,23 @@ def test_without_a_log_moves_are_unexplained_and_the_report_is_written(tmp_path:
     assert main([str(results), "--out", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["causes"]["moved: unknown (no log)"] == {"requests": 3, "lost_tokens": 2300}
+
+
+def test_a_system_run_with_extra_flags_is_found_by_its_policy_and_a_wrong_name_lists_the_systems(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = tmp_path / "results.json"
+    named = "prefixgate prefix_affinity --log-level info"  # prefixgate:prefix_affinity:--log-level info
+    report = {
+        "scenarios": {"over": {"results": {named: {"turns": TURNS}, "sglang cache_aware": {"turns": []}}}}
+    }
+    results.write_text(json.dumps(report))
+    out = tmp_path / "breakdown.json"
+    assert main([str(results), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["system"] == named
+    with pytest.raises(SystemExit):
+        main([str(results), "--system", "vllm-router", "--out", str(out)])
+    assert "'sglang cache_aware'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(results), "--scenario", "fits", "--out", str(out)])
+    assert "the results hold 'over'" in capsys.readouterr().err
