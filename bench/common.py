@@ -139,6 +139,20 @@ class Subprocess:
             os.unlink(self._log_path)
 
 
+def metric_totals(url: str, names: Sequence[str]) -> dict[str, float]:
+    """Each of ``names`` (without a ``_total`` suffix) summed over its labels in the Prometheus text
+    at ``url + "/metrics"``; 0 for a metric the server does not have."""
+    totals = dict.fromkeys(names, 0.0)
+    text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
 def stub_rank_process(
     port: int | None = None, chunks: int = 3, chunk_delay: float = 0.0
 ) -> tuple[Subprocess, str]:

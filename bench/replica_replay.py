@@ -53,10 +53,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis as redis_client
 
 from bench.balancer import haproxy_binary, haproxy_config
-from bench.common import Subprocess, machine, median, proxy_process, write_json
+from bench.common import Subprocess, machine, median, metric_totals, proxy_process, write_json
 from bench.lockstep import replay_lockstep
 from bench.moves import moves
 from bench.pressure import mean_working_set, pool_for
@@ -192,6 +193,7 @@ def run_system(
             timer.cancel()
             timer.join()
         order = wait_order(urls[-1])  # a live replica (the first may have been stopped)
+        kv_events = _kv_event_totals(urls) if args.kv_events else {}
         moved = moves(p.log() for p in processes)
         commands = redis_commands(node_urls(redis)) if redis is not None else {}
         superseded = superseded_saves(redis.url) if redis is not None else 0
@@ -223,9 +225,22 @@ def run_system(
         "wait_order": order,
         "redis_commands": commands,
         "session_saves_superseded": superseded,
+        "kv_events": kv_events,
         "requests_sent": sum(len(s.requests) for top in sessions for s in top.all_sessions()),
         "turns": [turn.as_json() for turn in result.turns],  # in the order sent
     }
+
+
+def _kv_event_totals(urls: list[str]) -> dict[str, float]:
+    """KV events the replicas applied to their mirrors and the faults their feeds met, summed over
+    the replicas still up (one may have been stopped)."""
+    names = ("prefixgate_kv_events", "prefixgate_kv_event_faults")
+    totals = dict.fromkeys(names, 0.0)
+    for url in urls:
+        with contextlib.suppress(httpx.HTTPError):
+            for name, value in metric_totals(url, names).items():
+                totals[name] += value
+    return {"applied": totals[names[0]], "faults": totals[names[1]]}
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:

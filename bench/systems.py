@@ -17,10 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import psutil
 
-from bench.common import free_port_run, wait_until_up
+from bench.common import free_port_run, metric_totals, wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
 from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
 from proxy.server import free_port
@@ -103,13 +102,8 @@ class SimFleetProcess:
         """The fleet's counters (``FLEET_COUNTERS``, suffix-free names) summed over its ranks."""
         totals = dict.fromkeys(FLEET_COUNTERS, 0.0)
         for url in self.urls:
-            text = httpx.get(url + "/metrics", timeout=10.0).text
-            for line in text.splitlines():
-                if not line or line[0] == "#":
-                    continue
-                name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
-                if name in totals:
-                    totals[name] += float(line.rsplit(" ", 1)[1])
+            for name, value in metric_totals(url, FLEET_COUNTERS).items():
+                totals[name] += value
         return totals
 
     def __enter__(self) -> SimFleetProcess:

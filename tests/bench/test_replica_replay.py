@@ -44,3 +44,21 @@ def test_replicas_on_each_topology_answer_every_request_and_keep_each_session_on
 def test_a_redis_restart_is_refused_off_a_single_server() -> None:
     with pytest.raises(SystemExit):
         arguments(["--redis", "cluster", "--restart-redis-at", "5"])
+
+
+def test_replicas_fed_by_the_ranks_kv_events_answer_every_request_and_find_each_turn_on_its_rank() -> None:
+    # --kv-events: the simulated ranks publish KV events and every replica subscribes, so what each
+    # routes on is what the ranks report holding (and blocks routed a moment ago, in flight)
+    sessions = [_session(f"s{i}", 4) for i in range(4)]
+    flags = ["--lockstep", "--concurrency", "4", "--think-scale", "0.01", "--time-scale", "0"]
+    args = arguments(["--redis", "server", "--kv-events", *flags])
+    row = run_system(2, sessions, args, kv_tokens=100_000)
+    assert row["errors"] == 0, row["error_samples"]
+    assert row["requests"] == row["requests_sent"] == 16
+    assert row["sessions_on_two_ranks"] == 0
+    # both replicas mirrored the ranks' events (each turn's blocks stored), and no feed met a fault
+    assert row["kv_events"]["applied"] >= 2 * 16
+    assert row["kv_events"]["faults"] == 0
+    returning = [t for t in row["turns"] if t["turn"] > 0]
+    assert len(returning) == 12
+    assert all(t["cached_tokens"] == t["bound_hit_tokens"] > 0 for t in returning), returning
