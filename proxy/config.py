@@ -189,7 +189,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("host", str, "address to listen on"),
-    Option("port", int, "port to listen on"),
+    Option("port", int, "port to listen on, 0 for one the system picks (the log names it)"),
     Option("policy", str, f"routing policy: {', '.join(POLICIES[:-1])} or {POLICIES[-1]}"),
     Option(
         "balance_factor", float, "a rank may take a request while its load is within this factor of the mean"

@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"prefixgate: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
         return 2
+    if settings.port == 0:  # the system chose one: it is the port the log names and every worker binds
+        settings = settings.model_copy(update={"port": listener.getsockname()[1]})
     prepare_process()  # before the workers start: they inherit the raised open-files limit
     if settings.workers > 1:
         try:

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from proxy.cli import main
 from proxy.config import ConfigError, load_settings
 from tests.helpers.gateway import start_gateway
+from tests.helpers.wait import wait_until
 
 RANK = "http://127.0.0.1:9"
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXGATE_")}
@@ -132,7 +135,8 @@ def test_serve_help_shows_the_defaults(capsys):
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     for fragment in (
-        "port to listen on (default 8000; env PREFIXGATE_PORT)",
+        "port to listen on, 0 for one the system picks (the log names it) "
+        "(default 8000; env PREFIXGATE_PORT)",
         "(default prefix_affinity; env PREFIXGATE_POLICY)",
         "(default 0.8; env PREFIXGATE_TARGET_FRACTION)",
         "(default 30.0; env PREFIXGATE_ADMISSION_WAIT)",
@@ -160,3 +164,35 @@ def test_kv_events_auto_without_sources_warns(rank_servers, caplog):
         "kv_events auto: no KV-event source from stub-0, stub-1" in w and "no rank is mirrored exactly" in w
         for w in warnings
     ), warnings
+
+
+def test_port_0_is_served_on_the_port_the_system_chose_and_the_log_names_it():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "serve", "--backend", RANK, "--port", "0", "--log-level", "info"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "listening on" in line:
+                break
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+) ", "".join(lines))
+        assert found, "".join(lines)
+        port = int(found.group(1))
+        assert port != 0
+        # the line comes as the app starts up; the port answers once it has
+        wait_until(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200,
+            "nothing answered on the port the log named",
+            60,
+            0.1,
+            retry_on=(httpx.TransportError,),
+        )
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -4,10 +4,13 @@ no ``--redis-url`` is given), stopped together."""
 from __future__ import annotations
 
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -114,5 +117,46 @@ def test_each_worker_listens_on_a_socket_of_its_own_and_connections_spread(rank_
     finally:
         for client in clients:
             client.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def announced_port(proc: subprocess.Popen[bytes], pattern: str, timeout: float = 60) -> int:
+    """The port in the first line of ``proc``'s stderr that matches ``pattern`` (one group)."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 0.5)
+        if not ready:
+            continue
+        line = proc.stderr.readline().decode()
+        assert line, "prefixgate serve exited:\n" + "".join(seen)
+        seen.append(line)
+        if found := re.search(pattern, line):
+            return int(found.group(1))
+    raise AssertionError("never announced its port:\n" + "".join(seen))
+
+
+def test_workers_on_port_0_all_listen_on_the_port_the_system_chose_and_the_log_names_it(
+    rank_servers: RankServers,
+) -> None:
+    ranks = rank_servers.sim(1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXGATE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy.cli", "serve", "--port", "0", "--workers", "2", "--log-level", "info"]
+        + [f"--backend={r.name}={r.url}" for r in ranks],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        port = announced_port(proc, r"2 workers on 127\.0\.0\.1:(\d+)")
+        assert port != 0
+        # each worker binds the announced port (SO_REUSEPORT), none a port of its own choosing
+        wait_until(lambda: len(listening_sockets(proc, port)) == 2, "two workers never listened there", 60)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
