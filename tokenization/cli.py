@@ -20,7 +20,8 @@ from tokenization.prompt_blocks import PromptBlocks
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``prefixgate tokenize``."""
     parser.add_argument("--config", help="prefixgate YAML config; only its 'tokenization:' section is read")
-    parser.add_argument("--input", "-i", help="request JSON file (default: stdin)")
+    parser.add_argument("file", nargs="?", help="request JSON file (default: --input, else stdin)")
+    parser.add_argument("--input", "-i", help="request JSON file, as FILE (default: stdin)")
     parser.add_argument("--block-size", type=int, help="override the block size (default: config, else 16)")
     parser.add_argument(
         "--hash-algo", help="override tokenization.hash_algo (auto here means vLLM's default, sha256)"
@@ -41,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
             updates["hash_algo"] = args.hash_algo
         if updates:
             config = config.model_validate({**config.model_dump(), **updates})
-        raw = open(args.input, "rb").read() if args.input else sys.stdin.buffer.read()  # noqa: SIM115
+        if args.file and args.input and args.file != args.input:
+            raise ValueError(f"two request files given: {args.file} and --input {args.input}")
+        path = args.file or args.input
+        raw = open(path, "rb").read() if path else sys.stdin.buffer.read()  # noqa: SIM115
         body = orjson.loads(raw)
         if not isinstance(body, dict):
             raise UnsupportedRequest("the request must be a JSON object")

@@ -70,3 +70,17 @@ def test_bad_input_exits_2(
         argv += ["--config", str(tmp_path / "c.yaml")]
     assert _run(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_request_file_may_be_named_without_a_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"prompt": "hello " * 40}))
+    assert _run([str(request)]) == 0
+    n = len(encoding.encode("hello " * 40))
+    assert f"tokens: {n}\n" in capsys.readouterr().out
+    other = tmp_path / "other.json"
+    other.write_text("{}")
+    assert _run([str(request), "--input", str(other)]) == 2
+    assert "two request files given" in capsys.readouterr().err
