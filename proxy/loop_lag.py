@@ -8,9 +8,10 @@ burst of ready callbacks) shows there. ``bench/load.py`` reads it before and aft
 Each sleep is drawn uniformly between half and one and a half ``interval``, so the wake-ups fall at
 random moments rather than in step with the process's periodic work (health checks, admission's
 poll): the histogram is then the lag a timer due at any moment meets, whatever the sampling rate.
-The rate only decides how many samples a minute holds (600 at the default), and each wake-up costs
-CPU: ~0.2 ms on a 2-vCPU VM whose caches the idle process lost, so sampling every 10 ms was ~2 % of a
-core, idle or not, and about a tenth of the proxy's CPU per request on ``prefixgate bench``.
+The rate only decides how many samples a minute holds (600 at the default) and what the sampler
+costs: a wake-up of an otherwise idle process took ~0.2 ms of CPU on a 2-vCPU VM, so sampling every
+10 ms kept an idle proxy at ~2-3 % of a core (``bench.paced_load``'s idle phase). Under load the
+wake-ups ride on the loop's own and cost little.
 """
 
 from __future__ import annotations
