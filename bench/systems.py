@@ -12,11 +12,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 
 from bench.common import free_port_run, metric_totals, wait_until_up
@@ -51,6 +53,10 @@ class FleetConfig:
     kv_events: bool = False
 
 
+#: Tries to start a fleet whose ports another process took in the meantime.
+START_ATTEMPTS = 3
+
+
 class SimFleetProcess:
     """``ranks`` simulated vLLM ranks in one subprocess on consecutive loopback ports."""
 
@@ -65,6 +71,22 @@ class SimFleetProcess:
         return [f"http://127.0.0.1:{self.base_port + i}" for i in range(self.config.ranks)]
 
     def start(self) -> SimFleetProcess:
+        """Start the ranks; on a fresh run of ports again when one was taken before they bound it (the
+        ports are free when chosen, but another process's outgoing connection may take one of them
+        from the same ephemeral range before the fleet listens)."""
+        for attempt in range(START_ATTEMPTS):
+            if attempt:
+                self.base_port = free_port_run(self.config.ranks)
+            self._spawn()
+            if self._came_up():
+                return self
+            lost = self.proc is not None and self.proc.poll() is not None  # exited: a port was taken
+            self.stop()
+            if not lost:
+                break
+        raise RuntimeError("the simulated fleet did not start")
+
+    def _spawn(self) -> None:
         c = self.config
         args = [sys.executable, "-m", "proxy.cli", "sim", "--host", "127.0.0.1"]
         args += ["--ranks", str(c.ranks), "--base-port", str(self.base_port)]
@@ -79,13 +101,23 @@ class SimFleetProcess:
                 self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         else:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            for url in self.urls:
-                wait_until_up(url + "/health")
-        except TimeoutError:
-            self.stop()
-            raise RuntimeError("the simulated fleet did not start") from None
-        return self
+
+    def _came_up(self, timeout: float = 30.0) -> bool:
+        """Whether every rank answers ``/health`` within ``timeout``; False at once if the process exits."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        pending = list(self.urls)
+        while pending and time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if httpx.get(pending[0] + "/health", timeout=1.0).status_code < 500:
+                    pending.pop(0)
+                    continue
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        return not pending
 
     def stop(self) -> None:
         if self.proc is None:
