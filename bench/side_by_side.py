@@ -35,6 +35,8 @@ _CODE = "def function_{i}(x):\n    return x * {i} + helper(x - {i})\n"
 class System:
     name: str
     url: str
+    #: The process serving ``url`` (for its CPU time), when known.
+    pid: int | None = None
 
 
 @contextlib.contextmanager
@@ -45,18 +47,16 @@ def proxies(
     cache_aware, each in its own process in front of ``rank_url``."""
     with contextlib.ExitStack() as stack:
         proc, url = proxy_process([rank_url], extra=proxy_args)
-        stack.enter_context(proc)
-        systems = [System("prefixgate", url)]
+        systems = [System("prefixgate", url, stack.enter_context(proc).pid)]
         if baseline_root is not None:
             proc, url = proxy_process([rank_url], extra=proxy_args, root=baseline_root)
-            stack.enter_context(proc)
-            systems.append(System(f"prefixgate@{baseline_root.name}", url))
+            systems.append(System(f"prefixgate@{baseline_root.name}", url, stack.enter_context(proc).pid))
         if peers:
             from bench.peers import PEERS, PeerRouter
 
             spec = next(p for p in PEERS if p.name == "sglang cache_aware")
             router = stack.enter_context(PeerRouter(spec, [rank_url]))
-            systems.append(System(spec.name, router.url))
+            systems.append(System(spec.name, router.url, router.pid))
         yield systems
 
 
