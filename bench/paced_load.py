@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import psutil
 from bench import loop_lag
 from bench.common import machine, positive_seconds, proxy_process, stub_rank_process, write_json
 from bench.load_sessions import proxy_config, run_phase, summarize
+from bench.process_cpu import cpu_seconds, idle_share
 
 
 def paced_phase(urls: list[str], args: argparse.Namespace, rate: float, first_turns: bool) -> dict[str, Any]:
@@ -46,14 +46,6 @@ def paced_phase(urls: list[str], args: argparse.Namespace, rate: float, first_tu
         )
     )
     return {"rate_asked": rate, "think_s": round(think_s, 3), **summarize(stats, args.seconds)}
-
-
-def idle_share(cpu: psutil.Process, seconds: float) -> float:
-    """The share of a core ``cpu``'s process uses over ``seconds`` while nothing calls it."""
-    before = cpu.cpu_times()
-    time.sleep(seconds)
-    after = cpu.cpu_times()
-    return round((after.user + after.system - before.user - before.system) / seconds, 4)
 
 
 def main() -> int:
@@ -84,7 +76,7 @@ def main() -> int:
         stack.enter_context(proxy)
         assert proxy.proc is not None
         cpu = psutil.Process(proxy.proc.pid)
-        results["idle_core_share"] = idle = idle_share(cpu, args.idle_seconds)
+        results["idle_core_share"] = idle = round(idle_share(cpu, args.idle_seconds), 4)
         print(f"idle: {idle:.4f} of a core over {args.idle_seconds:g} s with no traffic")
         print(
             f"{'rate':>6} {'req/s':>7} {'direct p50/p99 ms':>18} {'prefixgate p50/p99':>19} {'+p50':>6}  "
@@ -92,10 +84,12 @@ def main() -> int:
         )
         for rate in rates:
             direct = paced_phase(rank_urls, args, rate, first_turns=False)
-            before, cpu_before = loop_lag.scrape(url), cpu.cpu_times()
+            before, cpu_before = loop_lag.scrape(url), cpu_seconds(cpu)
             proxied = paced_phase([url], args, rate, first_turns=True)
-            lag, cpu_after = loop_lag.summary(before, loop_lag.scrape(url)), cpu.cpu_times()
-            used = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / args.seconds
+            lag, used = (
+                loop_lag.summary(before, loop_lag.scrape(url)),
+                (cpu_seconds(cpu) - cpu_before) / args.seconds,
+            )
             proxied.update(
                 loop_lag=lag,
                 proxy_core_share=round(used, 2),

@@ -43,6 +43,7 @@ from bench.common import (
     write_json,
 )
 from bench.overhead import large_request
+from bench.process_cpu import cpu_seconds, idle_share
 from bench.side_by_side import PATH, System, growing_conversation, proxies
 
 PLAIN_ARGS = ["--policy", "round_robin", "--no-canonicalize", "--no-admission"]
@@ -70,10 +71,9 @@ async def _send_all(url: str, requests: list[Request]) -> None:
 
 
 def _cpu_ms_per_request(process: psutil.Process, url: str, requests: list[Request]) -> float:
-    before = process.cpu_times()
+    before = cpu_seconds(process)
     asyncio.run(_send_all(url, requests))
-    after = process.cpu_times()
-    return (after.user + after.system - before.user - before.system) * 1000 / len(requests)
+    return (cpu_seconds(process) - before) * 1000 / len(requests)
 
 
 def _streamed(body: bytes) -> bytes:
@@ -97,14 +97,6 @@ def workloads(turns: int, tag: str) -> dict[str, list[Request]]:
     }
 
 
-def idle_share(process: psutil.Process, seconds: float = 2.0) -> float:
-    """The share of a core ``process`` uses while nothing calls it (its own timers and checks)."""
-    before = process.cpu_times()
-    time.sleep(seconds)
-    after = process.cpu_times()
-    return (after.user + after.system - before.user - before.system) / seconds
-
-
 def measure(system: System, turns: int, tag: str, idle: float) -> dict[str, float]:
     """``system``'s CPU ms per request on each workload; ``idle``: its share of a core at rest, taken
     off the pause after the first turns."""
@@ -116,11 +108,10 @@ def measure(system: System, turns: int, tag: str, idle: float) -> dict[str, floa
     asyncio.run(_send_all(system.url, work["repeat_100k"][:CONCURRENCY]))
     time.sleep(SETTLE_S)
     out["repeat_100k"] = _cpu_ms_per_request(process, system.url, work["repeat_100k"][CONCURRENCY:])
-    before = process.cpu_times()
+    before = cpu_seconds(process)
     asyncio.run(_send_all(system.url, work["first_turns"]))
     time.sleep(SETTLE_S)  # what they left running beside their answers is theirs
-    after = process.cpu_times()
-    spent = after.user + after.system - before.user - before.system - SETTLE_S * idle
+    spent = cpu_seconds(process) - before - SETTLE_S * idle
     out["first_turns"] = spent * 1000 / len(work["first_turns"])
     out["growing"] = _cpu_ms_per_request(process, system.url, work["growing"])
     return out
@@ -148,7 +139,7 @@ def main() -> None:
         systems = stack.enter_context(proxies(rank_url, flags, args.baseline_root, args.peers))
         plain, url = proxy_process([rank_url], extra=flags + PLAIN_ARGS)
         systems.insert(1, System("plain", url, stack.enter_context(plain).pid))
-        idle = {s.name: idle_share(psutil.Process(s.pid)) for s in systems if s.pid is not None}
+        idle = {s.name: idle_share(psutil.Process(s.pid), 2.0) for s in systems if s.pid is not None}
         for round_ in range(args.rounds):
             shift = round_ % len(systems)
             for system in systems[shift:] + systems[:shift]:

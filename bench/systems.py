@@ -23,6 +23,7 @@ import psutil
 
 from bench.common import free_port_run, metric_totals, wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
+from bench.process_cpu import cpu_seconds
 from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
 from proxy.server import free_port
 
@@ -155,8 +156,7 @@ class ProcessCpu:
 
     def _now(self) -> float:
         assert self.process is not None
-        times = self.process.cpu_times()
-        return times.user + times.system
+        return cpu_seconds(self.process)
 
     def start(self) -> None:
         if self.process is not None:

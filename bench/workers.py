@@ -58,6 +58,7 @@ from bench.common import (
     write_json,
 )
 from bench.overhead import large_request
+from bench.process_cpu import cpu_seconds
 
 #: Every process's ``--session-memory-mb`` unless told: room for all sessions' kept turns (~1.5 MB
 #: each), so that configurations compare what a turn costs, not how many sessions one process holds.
@@ -189,15 +190,14 @@ class CpuMeter:
         out = {"proxy": 0.0, "redis": 0.0, "client": 0.0}
         for proc in self._processes():
             try:
-                times = proc.cpu_times()
+                used = cpu_seconds(proc)
                 part = "redis" if proc == self.redis or "redis" in proc.name() else "proxy"
             except psutil.Error:  # a process that ended between the listing and the read
                 continue
-            out[part] += times.user + times.system
+            out[part] += used
             if part == "proxy":
-                out[f"pid {proc.pid}"] = times.user + times.system
-        client = self.client.cpu_times()
-        out["client"] = client.user + client.system
+                out[f"pid {proc.pid}"] = used
+        out["client"] = cpu_seconds(self.client)
         return out
 
     def since(self, before: dict[str, float]) -> dict[str, float]:
