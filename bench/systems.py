@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.common import free_port_run, metric_totals, wait_until_up
+from bench.common import free_port_run, metric_totals
 from bench.peers import PEERS, PeerRouter, PeerSpec
 from bench.process_cpu import cpu_seconds
 from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
@@ -54,8 +54,30 @@ class FleetConfig:
     kv_events: bool = False
 
 
-#: Tries to start a fleet whose ports another process took in the meantime.
+#: Tries to start a server whose port another process took between its choice and its bind.
 START_ATTEMPTS = 3
+#: ``prefixgate serve``'s exit status for a configuration it refuses, a port in use among them.
+EXIT_CONFIG = 2
+
+
+def _came_up(proc: subprocess.Popen[bytes], urls: Sequence[str], timeout: float = 30.0) -> bool:
+    """Whether every one of ``urls`` answers ``/health`` within ``timeout``; False at once when
+    ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    pending = list(urls)
+    while pending:
+        if proc.poll() is not None:
+            return False
+        try:
+            if httpx.get(pending[0] + "/health", timeout=1.0).status_code < 500:
+                pending.pop(0)
+                continue
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 class SimFleetProcess:
@@ -79,9 +101,10 @@ class SimFleetProcess:
             if attempt:
                 self.base_port = free_port_run(self.config.ranks)
             self._spawn()
-            if self._came_up():
+            assert self.proc is not None
+            if _came_up(self.proc, self.urls):
                 return self
-            lost = self.proc is not None and self.proc.poll() is not None  # exited: a port was taken
+            lost = self.proc.poll() is not None  # exited: a port was taken
             self.stop()
             if not lost:
                 break
@@ -102,23 +125,6 @@ class SimFleetProcess:
                 self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         else:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def _came_up(self, timeout: float = 30.0) -> bool:
-        """Whether every rank answers ``/health`` within ``timeout``; False at once if the process exits."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        pending = list(self.urls)
-        while pending and time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                if httpx.get(pending[0] + "/health", timeout=1.0).status_code < 500:
-                    pending.pop(0)
-                    continue
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        return not pending
 
     def stop(self) -> None:
         if self.proc is None:
@@ -237,23 +243,24 @@ def system_under_test(
 def _prefixgate(
     policy: str, rank_urls: Sequence[str], log: Path, extra: Sequence[str], root: Path | None
 ) -> Iterator[RunningSystem]:
-    port = free_port()
-    args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--policy", policy, "--log-level", "warning"]
+    flags = ["--policy", policy, "--log-level", "warning"]
     for i, url in enumerate(rank_urls):
-        args += ["--backend", f"sim-{i}={url}"]
-    args += list(extra)
-    url = f"http://127.0.0.1:{port}"
+        flags += ["--backend", f"sim-{i}={url}"]
+    flags += list(extra)
+    env = {**os.environ, "PYTHONPATH": str(root)} if root is not None else None
     with open(log, "ab") as out:
-        env = {**os.environ, "PYTHONPATH": str(root)} if root is not None else None
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env)
+        for _ in range(START_ATTEMPTS):  # again on another port when the chosen one was taken meanwhile
+            port = free_port()
+            args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+            proc = subprocess.Popen(args + flags, stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env)
+            up = _came_up(proc, [f"http://127.0.0.1:{port}"])
+            if up or proc.poll() != EXIT_CONFIG:  # exit 2 at start: the port in use, or a wrong flag
+                break
+        url = f"http://127.0.0.1:{port}"
         try:
-            try:
-                wait_until_up(url + "/health")
-            except TimeoutError:
-                raise RuntimeError(f"prefixgate --policy {policy} did not start (log: {log})") from None
-            if proc.poll() is not None:
-                raise RuntimeError(f"prefixgate --policy {policy} exited on start (log: {log})")
+            if not up:
+                how = "exited on start" if proc.poll() is not None else "did not start"
+                raise RuntimeError(f"prefixgate --policy {policy} {how} (log: {log})")
             yield RunningSystem(url, proc.pid)
         finally:
             proc.terminate()

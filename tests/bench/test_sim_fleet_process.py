@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import httpx
+import pytest
 
+from bench import systems
 from bench.systems import FleetConfig, SimFleetProcess
+from proxy.server import free_port
 
 
 def test_a_fleet_whose_port_was_taken_before_it_bound_starts_on_other_ports() -> None:
@@ -22,3 +26,19 @@ def test_a_fleet_whose_port_was_taken_before_it_bound_starts_on_other_ports() ->
                 assert httpx.get(url + "/health", timeout=5).status_code == 200
         finally:
             fleet.stop()
+
+
+def test_prefixgate_whose_port_was_taken_before_it_bound_starts_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as taken:  # another process's socket lands on the chosen port meanwhile
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1], free_port()])
+        monkeypatch.setattr(systems, "free_port", lambda: next(ports))
+        with systems._prefixgate(
+            "round_robin", ["http://127.0.0.1:9"], tmp_path / "log", [], None
+        ) as running:
+            assert running.url != f"http://127.0.0.1:{taken.getsockname()[1]}"
+            assert httpx.get(running.url + "/health", timeout=5).status_code == 200
+    assert "already in use" in (tmp_path / "log").read_text()  # the first try said why it stopped
