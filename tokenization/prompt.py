@@ -355,7 +355,9 @@ class IncrementalTokenizer:
             if not new and prev is not None and shared is None and keep == len(prev.hashes):
                 hashes = prev.hashes  # the same blocks as the previous turn: its list, shared
             else:
-                hashes = [*base[:keep], *new]
+                # one copy of the kept blocks, extended in place (10k of them on a long session)
+                hashes = base[:keep] if isinstance(base, list) else list(base[:keep])
+                hashes.extend(new)
         if shared is None and keep < encoded.shared_tokens // self.block_size:
             # The shared segment was hashed here (a first turn, a changed system prompt): keep it.
             self._store_shared(encoded, hashes, salt)
