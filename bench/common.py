@@ -59,16 +59,21 @@ def free_port_run(count: int) -> int:
     raise RuntimeError(f"no run of {count} free ports found")
 
 
-def wait_until_up(url: str, timeout: float = 30.0) -> None:
+def wait_until_up(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Return once ``url`` answers below 500 (asked at least once); ``TimeoutError`` after
+    ``timeout``, or at once when ``proc`` (the server's process, if given) has exited."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise TimeoutError(f"{url}: its process exited ({proc.returncode}) before it came up")
         try:
             if httpx.get(url, timeout=1.0).status_code < 500:
                 return
         except httpx.HTTPError:
             pass
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{url} did not come up within {timeout}s")
         time.sleep(0.05)
-    raise TimeoutError(f"{url} did not come up within {timeout}s")
 
 
 class Subprocess:

@@ -18,10 +18,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import psutil
 
-from bench.common import free_port_run, metric_totals
+from bench.common import free_port_run, metric_totals, wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
 from bench.process_cpu import cpu_seconds
 from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
@@ -64,19 +63,11 @@ def _came_up(proc: subprocess.Popen[bytes], urls: Sequence[str], timeout: float 
     """Whether every one of ``urls`` answers ``/health`` within ``timeout``; False at once when
     ``proc`` exits."""
     deadline = time.monotonic() + timeout
-    pending = list(urls)
-    while pending:
-        if proc.poll() is not None:
-            return False
-        try:
-            if httpx.get(pending[0] + "/health", timeout=1.0).status_code < 500:
-                pending.pop(0)
-                continue
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
+    try:
+        for url in urls:
+            wait_until_up(url + "/health", deadline - time.monotonic(), proc)
+    except TimeoutError:
+        return False
     return True
 
 
