@@ -82,27 +82,25 @@ def _streamed(body: bytes) -> bytes:
     return orjson.dumps(parsed)
 
 
-def workloads(turns: int, tag: str) -> dict[str, list[Request]]:
-    """The three workloads, with session ids unique to ``tag`` (a system's round: fresh sessions)."""
+def workloads(turns: int) -> dict[str, list[Request]]:
+    """The three workloads (built once: each round tags their session ids afresh)."""
     big = large_request(stream=True)
     conversations = [
         [_streamed(b) for b in growing_conversation(100_000, 1_000, turns, seed)] for seed in range(4)
     ]
     return {
-        "repeat_100k": [(big, f"{tag}-repeat-{i % CONCURRENCY}") for i in range(turns * CONCURRENCY)],
-        "first_turns": [(c[0], f"{tag}-growing-{i}") for i, c in enumerate(conversations)],
-        "growing": [
-            (c[t], f"{tag}-growing-{i}") for t in range(1, turns) for i, c in enumerate(conversations)
-        ],
+        "repeat_100k": [(big, f"repeat-{i % CONCURRENCY}") for i in range(turns * CONCURRENCY)],
+        "first_turns": [(c[0], f"growing-{i}") for i, c in enumerate(conversations)],
+        "growing": [(c[t], f"growing-{i}") for t in range(1, turns) for i, c in enumerate(conversations)],
     }
 
 
-def measure(system: System, turns: int, tag: str, idle: float) -> dict[str, float]:
-    """``system``'s CPU ms per request on each workload; ``idle``: its share of a core at rest, taken
-    off the pause after the first turns."""
+def measure(system: System, workload: dict[str, list[Request]], tag: str, idle: float) -> dict[str, float]:
+    """``system``'s CPU ms per request on each workload, its sessions named after ``tag`` (fresh
+    ones each round); ``idle``: its share of a core at rest, taken off the pause after the first turns."""
     assert system.pid is not None
     process = psutil.Process(system.pid)
-    work = workloads(turns, tag)
+    work = {case: [(body, f"{tag}-{s}") for body, s in requests] for case, requests in workload.items()}
     out: dict[str, float] = {}
     # a repeated conversation's first request is a first turn: sent before its clock starts
     asyncio.run(_send_all(system.url, work["repeat_100k"][:CONCURRENCY]))
@@ -140,10 +138,11 @@ def main() -> None:
         plain, url = proxy_process([rank_url], extra=flags + PLAIN_ARGS)
         systems.insert(1, System("plain", url, stack.enter_context(plain).pid))
         idle = {s.name: idle_share(psutil.Process(s.pid), 2.0) for s in systems if s.pid is not None}
+        workload = workloads(args.turns)
         for round_ in range(args.rounds):
             shift = round_ % len(systems)
             for system in systems[shift:] + systems[:shift]:
-                for case, value in measure(system, args.turns, f"r{round_}", idle[system.name]).items():
+                for case, value in measure(system, workload, f"r{round_}", idle[system.name]).items():
                     samples.setdefault(system.name, {}).setdefault(case, []).append(value)
     report(args, samples, idle)
 
