@@ -106,17 +106,20 @@ class InFlightBlocks:
 
     def confirm(self, rank: str, hashes: Sequence[bytes]) -> None:
         """``rank``'s events say it stored ``hashes``: the mirror holds them now (a feed's thread)."""
-        entries = self._entries.get(rank)
-        if not entries:
+        if rank not in self._entries:  # nothing in flight there: no lock for the feed's every batch
             return
         now = self._clock()
         with self._lock:
+            entries = self._entries.get(rank)  # read again: a sweep may have dropped the table
+            if entries is None:
+                return
             for h in hashes:
                 entry = entries.pop(h, None)
                 if entry is None:
                     continue
                 self.confirmed += 1
                 self._lags.add(max(now - entry[1], 0.0) if entry[0] == 0 else 0.0)
+            self._drop_if_empty(rank, entries)
 
     def extend(self, hashes: Sequence[bytes], matches: dict[str, int]) -> None:
         """Lengthen each rank's held prefix of ``hashes`` in ``matches`` by the blocks in flight to it
@@ -126,8 +129,6 @@ class InFlightBlocks:
         with self._lock:  # the lags change under it (a feed's thread)
             deadline = self._clock() - self.allowance()
             for rank, entries in self._entries.items():
-                if not entries:
-                    continue
                 held = start = matches.get(rank, 0)
                 while held < len(hashes):
                     entry = entries.get(hashes[held])
@@ -155,3 +156,10 @@ class InFlightBlocks:
                 if entry is not None and entry[0] == 0 and entry[1] < deadline:
                     del entries[h]
                     self.expired += 1
+            self._drop_if_empty(rank, entries)
+
+    def _drop_if_empty(self, rank: str, entries: dict[bytes, list[float]]) -> None:
+        """Forget a rank with nothing in flight (under the lock), so that lookups while every block
+        is confirmed find no entries at all and take no lock."""
+        if not entries and self._entries.get(rank) is entries:
+            del self._entries[rank]
