@@ -16,7 +16,7 @@ chunks (``--chunk-delay``, as a model's decode does), so each chunk costs what a
 First turns are timed apart and followed by a pause, so the tokenization they leave running beside
 the answer is charged to them. Prints medians over ``--rounds`` and writes ``bench/out/proxy_cpu.json``.
 
-    python -m bench.proxy_cpu [--rounds 3] [--turns 30] [--chunk-delay 0.002] [--peers]
+    python -m bench.proxy_cpu [--rounds 3] [--turns 30] [--chunks 8] [--chunk-delay 0.002] [--peers]
         [--baseline-root DIR]
 """
 
@@ -124,13 +124,16 @@ def main() -> None:
     parser.add_argument(
         "--chunk-delay", type=float, default=0.002, help="seconds between a stream's chunks (0: at once)"
     )
+    parser.add_argument(
+        "--chunks", type=int, default=8, help="content chunks per streamed answer (vLLM: one per token)"
+    )
     parser.add_argument("--baseline-root", type=Path, help="also run prefixgate from this source tree")
     parser.add_argument("--peers", action="store_true", help="also run sglang-router cache_aware")
     args = parser.parse_args()
     tokenizer = embedded_tokenizer_config()  # the stub's /tokenize is not a model's (common.py)
     atexit.register(tokenizer.unlink)
     flags = ["--config", str(tokenizer)]
-    rank, rank_url = stub_rank_process(chunks=8, chunk_delay=args.chunk_delay)
+    rank, rank_url = stub_rank_process(chunks=args.chunks, chunk_delay=args.chunk_delay)
     samples: dict[str, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(rank)
@@ -152,7 +155,7 @@ def report(
 ) -> None:
     cases = ("repeat_100k", "growing", "first_turns")
     print(f"proxy CPU ms per request, median of {args.rounds} rounds")
-    print(f"(streams of 8 chunks {args.chunk_delay} s apart, {CONCURRENCY} requests at a time)")
+    print(f"(streams of {args.chunks} chunks {args.chunk_delay} s apart, {CONCURRENCY} requests at a time)")
     print(f"{'system':<30}" + "".join(f"{c:>14}" for c in cases))
     results: dict[str, Any] = {}
     for name, by_case in samples.items():
@@ -164,6 +167,7 @@ def report(
             "machine": machine(),
             "rounds": args.rounds,
             "turns": args.turns,
+            "chunks": args.chunks,
             "chunk_delay_s": args.chunk_delay,
             "idle_share": idle,
             "systems": results,

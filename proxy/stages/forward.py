@@ -28,6 +28,7 @@ import aiohttp
 
 from proxy.errors import upstream_failed
 from proxy.ops.metrics import Metrics
+from proxy.stages.rank_stream import RankStream
 from proxy.stages.route import RoutePlan
 from proxy.stages.sse_check import SseChecker
 from routing.ranks import Rank
@@ -140,6 +141,8 @@ class Opened:
             return
         self.closed = True
         self.rank.in_flight -= 1
+        if isinstance(self.chunks, RankStream):
+            self.chunks.close()
         if reusable:
             self.response.release()
         else:
@@ -221,7 +224,7 @@ class Forwarder:
                     response.close()
                     return None, f"{rank.name} sent a {problem}"
                 keep_open = True
-                chunks = response.content.iter_any()
+                chunks = RankStream(response, self.client.timeout.sock_read)
                 return Opened(rank, response, first_chunk=first, chunks=chunks, checker=checker), ""
             body = await response.read()
             return Opened(rank, response, body=body), ""

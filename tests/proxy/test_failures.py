@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.helpers.wait import wait_until
@@ -236,3 +238,27 @@ def test_a_request_cancelled_while_its_tail_lands_is_counted_as_closed_and_relea
         assert len(closed) == 1 and closed[0].endswith(" 1.0"), closed
     finally:
         server.stop()
+
+
+def test_a_stream_stalled_after_its_first_chunk_ends_with_an_error_at_the_read_timeout(rank_servers, proxy):
+    gate = threading.Event()
+    (rank,) = rank_servers.stub(1, chunks=4)
+    rank.behavior.gate = gate  # the rank sends one chunk, then nothing
+    server = proxy([rank], read_timeout=0.5)
+    try:
+        with httpx.stream(
+            "POST", server.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=20
+        ) as response:
+            assert response.status_code == 200
+            text = "".join(response.iter_text())
+    finally:
+        gate.set()
+    events = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+    assert len(events) == 2 and "[DONE]" not in events
+    assert "word0" in events[0]
+    error = orjson.loads(events[1])["error"]
+    assert "broke mid-stream: SocketTimeoutError" in error["message"]
+    assert rank.behavior.chunks_sent == 1
+    # and the next stream, over a fresh connection, is whole
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+        assert "[DONE]" in "".join(response.iter_text())
