@@ -5,13 +5,17 @@ parse; prefixgate stops the stream at the first such event instead (with an SSE 
 retries on another rank when the bad event is in the first chunk, before anything was sent.
 
 Only complete lines are checked: a chunk boundary may fall anywhere, so the unterminated tail of a
-chunk waits for the next one. Each event's data is parsed once with orjson (about a microsecond for
-a token chunk), which is the only way to tell a truncated JSON object from a whole one.
+chunk waits for the next one. Each event's data is validated once, the only way to tell a truncated
+JSON object from a whole one: by msgspec into a ``Raw`` (its syntax is checked, no Python object is
+built: 0.18 us for a token's event where orjson's parse took 0.6 us), plus its UTF-8. A chunk that
+is one whole single-line event (a streamed token's, nearly every chunk) is checked without being
+split into lines. Measured in place (two proxies side by side, streams of 64 chunks), the check
+with orjson and the line split cost ~11 us a chunk of the relay's ~90 us.
 """
 
 from __future__ import annotations
 
-import orjson
+import msgspec
 
 #: Longest line accepted without a newline; a rank streaming more without one is broken.
 MAX_PENDING_BYTES = 8 * 1024 * 1024
@@ -29,6 +33,14 @@ class SseChecker:
 
     def feed(self, chunk: bytes) -> str | None:
         """None while the stream is well-formed, else what is wrong with it."""
+        if (
+            not self._pending
+            and chunk.startswith(b"data: {")
+            and chunk.endswith(b"\n\n")
+            and chunk.find(b"\n", 7) == len(chunk) - 2
+            and not self._data
+        ):
+            return _malformed(chunk[6:-2])
         data = self._pending + chunk if self._pending else chunk
         end = data.rfind(b"\n")
         if end < 0:
@@ -52,11 +64,18 @@ class SseChecker:
     def _check_event(self) -> str | None:
         parts, self._data = self._data, []
         payload = parts[0] if len(parts) == 1 else b"\n".join(parts)
-        if payload == DONE:
-            return None
-        try:
-            orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            # where, not what: the event is completion text, which logs and clients must not get
-            return f"malformed SSE event: {len(payload)} bytes of data, {exc}"
-        return None
+        return None if payload == DONE else _malformed(payload)
+
+
+_VALIDATOR = msgspec.json.Decoder(msgspec.Raw)
+
+
+def _malformed(payload: bytes) -> str | None:
+    """What is wrong with an event's data (one JSON value, in UTF-8), or None."""
+    try:
+        _VALIDATOR.decode(payload)
+        payload.decode()  # msgspec leaves the bytes inside strings unchecked
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        # where, not what: the event is completion text, which logs and clients must not get
+        return f"malformed SSE event: {len(payload)} bytes of data, {exc}"
+    return None

@@ -40,3 +40,17 @@ def test_multi_line_data_is_joined_before_decoding():
     checker = SseChecker()
     assert checker.feed(b'data: {"a":\ndata: 1}\n\n') is None
     assert checker.feed(b"data: {\n\n") is not None
+
+
+def test_one_whole_event_per_chunk_is_checked_as_any_other():
+    checker = SseChecker()
+    for i in range(3):
+        assert checker.feed(event(i)) is None  # a token's usual chunk
+    assert checker.feed(b'data: {"id": "x", "choices": [\n\n') is not None  # truncated JSON
+    assert SseChecker().feed(b'data: {"id": "x"} trailing\n\n') is not None
+    assert SseChecker().feed(b'data: {"id": "x"}\n\ndata: {"id"\n\n') is not None  # two events, one bad
+
+
+def test_invalid_utf8_in_an_event_is_malformed():
+    problem = SseChecker().feed(b'data: {"content": "\xff\xfe"}\n\n')
+    assert problem is not None and problem.startswith("malformed SSE event")
