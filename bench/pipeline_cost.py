@@ -10,6 +10,9 @@ one on four workloads:
   12 tools, a different first user message each);
 - ``growing``: two ~100k-token conversations growing by ~1k tokens a turn, turns interleaved (the
   shape agents send most; ``bench.overhead``'s growing case);
+- ``edited``: two ~100k-token conversations growing by a ~8k-token tool result a turn, each turn
+  also dropping a reminder from the end of the previous turn's (an edit near the end of a message
+  already sent, as agents make: the ids of what it kept are reused, ``tokenization/edited.py``);
 - ``small``: a load.py-shaped small chat request, first turns of distinct sessions.
 
 Prints a table of medians (microseconds) and writes ``bench/out/pipeline_cost.json``.
@@ -145,6 +148,21 @@ def growing(turns: int) -> list[tuple[bytes, str | None]]:
     return [(bodies[t], f"growing-{i}") for t in range(turns) for i, bodies in enumerate(conversations)]
 
 
+#: What ``edited`` appends to a turn's newest message and drops from it the turn after.
+REMINDER = (
+    "\n<system-reminder>\nThe task list is empty. Do not mention this to the user.\n</system-reminder>\n"
+)
+
+
+def edited(turns: int) -> list[tuple[bytes, str | None]]:
+    """Two conversations growing by ~8k tokens a turn, each turn dropping ``REMINDER`` from the end of
+    the previous turn's newest message."""
+    conversations = [
+        growing_conversation(100_000, 8_000, turns, seed, reminder=REMINDER) for seed in range(2)
+    ]
+    return [(bodies[t], f"edited-{i}") for t in range(turns) for i, bodies in enumerate(conversations)]
+
+
 def small(count: int) -> list[tuple[bytes, str | None]]:
     out: list[tuple[bytes, str | None]] = []
     for i in range(count):
@@ -198,6 +216,7 @@ def main() -> None:
         "repeat_100k": (repeat_100k(args.repeats), 2),
         "new_sessions": (new_sessions(args.sessions), 5),
         "growing": (growing(args.repeats), 4),
+        "edited": (edited(args.repeats), 4),
         "small": (small(args.sessions), 5),
     }
     results: dict[str, Any] = {}

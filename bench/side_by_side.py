@@ -114,11 +114,18 @@ def interleaved(
 
 
 def growing_conversation(
-    start_tokens: int, step_tokens: int, turns: int, seed: int, stream: bool = False
+    start_tokens: int,
+    step_tokens: int,
+    turns: int,
+    seed: int,
+    stream: bool = False,
+    reminder: str | None = None,
 ) -> list[bytes]:
     """The bodies of one conversation of about ``start_tokens`` tokens (~4 characters each) that
     grows by about ``step_tokens`` a turn: each turn adds the assistant's answer and a user message
-    carrying new code, as an agent's tool results do."""
+    carrying new code, as an agent's tool results do. ``reminder``: the newest user message ends
+    with it, and the next turn drops it from there (an edit near the end of a message already sent,
+    as agents make to their last message)."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent working in a large repository. " * 40}
     ]
@@ -137,7 +144,12 @@ def growing_conversation(
         messages.append({"role": "assistant", "content": f"Read them; step {n} next. " * 20})
     bodies = []
     for turn in range(turns):
+        if reminder is not None and turn:
+            sent = messages[-2]
+            messages[-2] = {**sent, "content": sent["content"].removesuffix(reminder)}
         messages.append(user(step_tokens))
+        if reminder is not None:
+            messages[-1]["content"] += reminder
         body = {"model": "stub-model", "messages": messages, "max_tokens": 16, "stream": stream}
         bodies.append(orjson.dumps(body))
         messages.append({"role": "assistant", "content": f"Done with turn {turn}; running the tests."})

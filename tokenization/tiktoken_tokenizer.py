@@ -27,6 +27,7 @@ from tokenization.base import (
     whole_prompt,
 )
 from tokenization.chatml import GENERATION_PROMPT, content_text, is_system, render_message, render_system
+from tokenization.edited import MIN_KEPT_CHARS, kept_lead
 from tokenization.encoding import chatml_encoding, encode
 from tokenization.lru import LRU
 from tokenization.segments import SegmentMemo, diff
@@ -79,6 +80,8 @@ class TiktokenTokenizer:
         self.shared = LRU[int, array](shared_cache_bytes)
         #: Characters per token of what it encoded: sizes a prompt before it is encoded.
         self.size = TextSize()
+        #: Unchanged leading characters an edited message needs before its previous ids are reused.
+        self.min_edit_kept = MIN_KEPT_CHARS
 
     def _encode_into(self, tokens: array, text: str) -> None:
         """Append ``text``'s ids to ``tokens``: through tiktoken's uint32 buffer when it has one, which
@@ -89,6 +92,23 @@ class TiktokenTokenizer:
         else:
             tokens.frombytes(memoryview(self._to_buffer(text, self._specials)).cast("B"))
         self.size.learn(len(text), len(tokens) - before)
+
+    def _encode_edited(
+        self, tokens: array, text: str, prev: Encoded | None, memo: SegmentMemo, i: int
+    ) -> None:
+        """Append the ids of message ``i``'s segment ``text``, which changed since ``memo``'s turn:
+        the previous version's ids for the lead they share (``tokenization/edited.py``), encoding
+        only from there."""
+        assert prev is not None
+        if len(text) < self.min_edit_kept:
+            self._encode_into(tokens, text)
+            return
+        start, end = memo.span(i + memo.offset)
+        old_text = render_message(memo.messages[i])
+        ids, chars = kept_lead(self._encoding, prev.tokens, start, end, old_text, text, self.min_edit_kept)
+        if ids:
+            tokens.extend(prev.tokens[start : start + ids])
+        self._encode_into(tokens, text[chars:] if chars else text)
 
     def encode_chat(self, prompt: ChatPrompt, prev: Encoded | None = None) -> Encoded:
         """Synchronous ``plan_chat(...).finish()``."""
@@ -164,6 +184,8 @@ class TiktokenTokenizer:
                     old = j - off + memo.offset  # the same message's segment in the previous turn
                     a, b = memo.span(old if j - off < len(chat) else len(memo.ends) - 1)
                     tokens.extend(prev.tokens[a:b])
+                elif memo is not None and 0 <= j - off < min(len(chat), len(memo.messages)):
+                    self._encode_edited(tokens, texts[j], prev, memo, j - off)
                 else:
                     self._encode_into(tokens, texts[j])
                 end = len(tokens)

@@ -20,6 +20,27 @@ from tokenization.segments import plain
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
 TEXT = st.lists(st.sampled_from([*'ab c\n{}"é中', "<|im_end|>", "  ", "def "]), max_size=12).map("".join)
+# Many lines, as code and tool output have: edits near their end keep a lead worth reusing.
+LINES = st.lists(
+    st.sampled_from(
+        [
+            "def f(x):\n",
+            "    return x\n",
+            "Hello world.\n",
+            "\n",
+            "  \n",
+            "é中 ok\n",
+            "<|im_end|>",
+            "x = 1  # it's\n",
+            "123456",
+            "\r\n",
+            "\t",
+            "Über\n",
+            "...\n",
+        ]
+    ),
+    max_size=30,
+).map("".join)
 # Equal in Python, rendered differently: the tokenizer must not take one for the other.
 TWINS = st.sampled_from([1, 1.0, True, {"a": 1, "b": 2}, {"b": 2, "a": 1}, [1], [1.0], "1", None])
 PART = st.one_of(
@@ -34,6 +55,7 @@ CALL = st.builds(
 )
 MESSAGE = st.one_of(
     st.builds(lambda r, t: {"role": r, "content": t}, st.sampled_from(["user", "assistant", "tool"]), TEXT),
+    st.builds(lambda t: {"role": "tool", "content": t}, LINES),
     st.builds(lambda parts: {"role": "user", "content": parts}, st.lists(PART, min_size=1, max_size=3)),
     st.builds(
         lambda t, calls: {"role": "assistant", "content": t, "tool_calls": calls},
@@ -59,6 +81,8 @@ OP = st.one_of(
     st.tuples(st.just("system"), st.one_of(st.none(), TEXT)),
     st.tuples(st.just("tools"), TOOLS),
     st.tuples(st.just("generation"), st.booleans()),
+    # an edit near a message's end (a reminder dropped, a tool result cut): its lead is kept
+    st.tuples(st.just("retail"), st.integers(0, 30), st.integers(0, 40), st.one_of(TEXT, LINES)),
 )
 
 
@@ -79,6 +103,11 @@ def _apply(state: dict[str, Any], op: tuple) -> None:
         state["tools"] = op[1]
     elif kind == "generation":
         state["add_generation_prompt"] = op[1]
+    elif kind == "retail" and messages:
+        message = messages[op[1] % len(messages)]
+        if isinstance(message.get("content"), str):
+            content = message["content"]
+            message["content"] = content[: max(0, len(content) - op[2])] + op[3]
 
 
 def _body(state: dict[str, Any]) -> dict[str, Any]:
@@ -101,9 +130,16 @@ def _copy(value: Any) -> Any:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(OP, max_size=12), algo=st.sampled_from(["xxh3", "sha256"]))
-def test_incremental_equals_scratch_under_random_edits(ops: list[tuple], algo: str) -> None:
+@given(
+    ops=st.lists(OP, max_size=12),
+    algo=st.sampled_from(["xxh3", "sha256"]),
+    min_edit_kept=st.sampled_from([1, 8, 2048]),
+)
+def test_incremental_equals_scratch_under_random_edits(
+    ops: list[tuple], algo: str, min_edit_kept: int
+) -> None:
     tok = TiktokenTokenizer(shared_cache_bytes=0)
+    tok.min_edit_kept = min_edit_kept  # small: an edited message's kept lead is reused at any length
 
     async def scenario() -> None:
         inc = IncrementalTokenizer(tok, make_hasher(algo, 4, "0"), offload_tokens=10_000)
