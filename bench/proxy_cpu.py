@@ -5,6 +5,7 @@ shape of the turn, so a difference can be traced to what costs it. Each system g
 several rounds, the same streamed requests, four at a time, and its process's CPU time (user +
 system, every thread) is read around each workload:
 
+- ``small``: a one-line chat request, whose cost is mostly relaying its stream's chunks;
 - ``repeat_100k``: sessions re-sending the same ~100k-token conversation (nothing new to tokenize);
 - ``growing``: ~100k-token conversations growing by ~1k tokens a turn (the shape agents send most);
 - ``first_turns``: the first turn of each growing conversation (its whole prompt is new).
@@ -83,12 +84,15 @@ def _streamed(body: bytes) -> bytes:
 
 
 def workloads(turns: int) -> dict[str, list[Request]]:
-    """The three workloads (built once: each round tags their session ids afresh)."""
+    """The four workloads (built once: each round tags their session ids afresh)."""
     big = large_request(stream=True)
     conversations = [
         [_streamed(b) for b in growing_conversation(100_000, 1_000, turns, seed)] for seed in range(4)
     ]
+    message = {"role": "user", "content": "hi"}
+    small = orjson.dumps({"model": "stub-model", "messages": [message], "stream": True, "max_tokens": 8})
     return {
+        "small": [(small, f"small-{i % CONCURRENCY}") for i in range(turns * CONCURRENCY)],
         "repeat_100k": [(big, f"repeat-{i % CONCURRENCY}") for i in range(turns * CONCURRENCY)],
         "first_turns": [(c[0], f"growing-{i}") for i, c in enumerate(conversations)],
         "growing": [(c[t], f"growing-{i}") for t in range(1, turns) for i, c in enumerate(conversations)],
@@ -101,7 +105,7 @@ def measure(system: System, workload: dict[str, list[Request]], tag: str, idle: 
     assert system.pid is not None
     process = psutil.Process(system.pid)
     work = {case: [(body, f"{tag}-{s}") for body, s in requests] for case, requests in workload.items()}
-    out: dict[str, float] = {}
+    out: dict[str, float] = {"small": _cpu_ms_per_request(process, system.url, work["small"])}
     # a repeated conversation's first request is a first turn: sent before its clock starts
     asyncio.run(_send_all(system.url, work["repeat_100k"][:CONCURRENCY]))
     time.sleep(SETTLE_S)
@@ -153,7 +157,7 @@ def main() -> None:
 def report(
     args: argparse.Namespace, samples: dict[str, dict[str, list[float]]], idle: dict[str, float]
 ) -> None:
-    cases = ("repeat_100k", "growing", "first_turns")
+    cases = ("small", "repeat_100k", "growing", "first_turns")
     print(f"proxy CPU ms per request, median of {args.rounds} rounds")
     print(f"(streams of {args.chunks} chunks {args.chunk_delay} s apart, {CONCURRENCY} requests at a time)")
     print(f"{'system':<30}" + "".join(f"{c:>14}" for c in cases))
