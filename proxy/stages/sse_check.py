@@ -9,8 +9,8 @@ chunk waits for the next one. Each event's data is validated once, the only way 
 JSON object from a whole one: by msgspec into a ``Raw`` (its syntax is checked, no Python object is
 built: 0.18 us for a token's event where orjson's parse took 0.6 us), plus its UTF-8. A chunk that
 is one whole single-line event (a streamed token's, nearly every chunk) is checked without being
-split into lines. Measured in place (two proxies side by side, streams of 64 chunks), the check
-with orjson and the line split cost ~11 us a chunk of the relay's ~90 us.
+split into lines. Measured in place (two proxies side by side, one-line requests streaming 64 chunks,
+16 alternating rounds): 8.30 against 8.95 ms of CPU per request, ~10 us a chunk of the ~100.
 """
 
 from __future__ import annotations
