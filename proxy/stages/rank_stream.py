@@ -66,7 +66,11 @@ class RankStream:
             self._handle = None
 
     def _watch(self) -> None:
-        received = self._content.total_bytes
+        content = self._content
+        if content.is_eof() or content.exception() is not None:
+            self._handle = None  # the stream ended (or broke) unread: nothing left to watch
+            return
+        received = content.total_bytes
         if received != self._seen or not self._waiting:
             self._seen = received
             self._quiet = 0.0
@@ -74,6 +78,6 @@ class RankStream:
             self._quiet += self._every
             if self._quiet >= self._timeout:
                 self._handle = None
-                self._content.set_exception(SocketTimeoutError("Timeout on reading data from socket"))
+                content.set_exception(SocketTimeoutError("Timeout on reading data from socket"))
                 return
         self._handle = self._loop.call_later(self._every, self._watch)

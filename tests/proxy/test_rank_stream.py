@@ -17,12 +17,19 @@ class _Content:
 
     def __init__(self) -> None:
         self.total_bytes = 0
+        self.eof = False
         self._exception: BaseException | None = None
         self._chunks: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
 
     def feed(self, chunk: bytes) -> None:
         self.total_bytes += len(chunk)
         self._chunks.put_nowait(chunk)
+
+    def is_eof(self) -> bool:
+        return self.eof
+
+    def exception(self) -> BaseException | None:
+        return self._exception
 
     def set_exception(self, exc: BaseException) -> None:
         self._exception = exc  # like aiohttp's: raised by every read from now, data buffered or not
@@ -103,5 +110,15 @@ def test_close_stops_the_watchdog_and_no_timeout_leaves_aiohttps_own():
         assert protocol.read_timeout == 99.0  # no watchdog: aiohttp's timer stays in charge
         content.feed(b"y")
         assert await untimed.__anext__() == b"y"
+
+    asyncio.run(main())
+
+
+def test_a_stream_that_ended_unread_stops_its_watchdog_without_close():
+    async def main() -> None:
+        stream, content, _ = _stream(0.2)
+        content.eof = True  # the rank finished; nobody reads or closes the stream
+        await asyncio.sleep(0.3)  # past the first wake-up
+        assert stream._handle is None
 
     asyncio.run(main())
