@@ -3,7 +3,7 @@
 aiohttp enforces ``sock_read`` (the longest gap between bytes from a rank) by re-arming a timer on
 every read: a ``TimerHandle`` made, pushed on the loop's heap and cancelled for every streamed token.
 Without it, two proxies side by side on one-line requests streaming 64 chunks spent 8.18 against
-9.03 ms of CPU per request (~14 us a chunk, 16 alternating rounds). A stream instead gets one timer
+9.03 ms of CPU per request (~14 us a chunk, 8 alternating rounds). A stream instead gets one timer
 that wakes every quarter of the read timeout, and ends the stream (``SocketTimeoutError``, as
 aiohttp's own timeout) when no byte arrived while the relay was waiting for one through a whole
 read timeout. A stall is caught after 1 to 1.25 read timeouts, and a relay held up by a slow client
