@@ -31,8 +31,9 @@ import tiktoken
 
 from tokenization.base import common_prefix_len
 
-#: Unchanged leading characters an edited segment needs before its previous ids are reused: below
-#: this, encoding it whole costs about what the search does.
+#: Unchanged leading characters an edited segment needs before its previous ids are reused. A floor,
+#: not tuned: a turn whose 2,100-character message was edited at its end took 63 us with the splice
+#: against 154 us without, so what a lower floor could save is under ~0.1 ms a turn.
 MIN_KEPT_CHARS = 2048
 #: Characters searched, from the end of the common prefix back, for a cut.
 MAX_CUT_SEARCH = 512
