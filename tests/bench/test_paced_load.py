@@ -46,6 +46,5 @@ def test_paced_load_paces_its_sessions_and_reports_the_loop_lag() -> None:
     assert "first_turns" not in direct
     assert proxied["loop_lag"]["samples"] > 0
     assert 0 < proxied["proxy_core_share"] < 2
-    # with no traffic the proxy's own timers and checks use a sliver of a core (~0.01: in one second,
-    # often no 10 ms tick of the OS's accounting), never a busy loop's share
-    assert 0 <= report["idle_core_share"] < 0.5
+    # with no traffic the proxy's own timers and checks use a sliver of a core, not nothing and not a core
+    assert 0 < report["idle_core_share"] < 0.5
