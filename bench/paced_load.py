@@ -86,10 +86,8 @@ def main() -> int:
             direct = paced_phase(rank_urls, args, rate, first_turns=False)
             before, cpu_before = loop_lag.scrape(url), cpu_seconds(cpu)
             proxied = paced_phase([url], args, rate, first_turns=True)
-            lag, used = (
-                loop_lag.summary(before, loop_lag.scrape(url)),
-                (cpu_seconds(cpu) - cpu_before) / args.seconds,
-            )
+            lag = loop_lag.summary(before, loop_lag.scrape(url))
+            used = (cpu_seconds(cpu) - cpu_before) / args.seconds
             proxied.update(
                 loop_lag=lag,
                 proxy_core_share=round(used, 2),
