@@ -15,9 +15,14 @@ one on four workloads:
   already sent, as agents make: the ids of what it kept are reused, ``tokenization/edited.py``);
 - ``small``: a load.py-shaped small chat request, first turns of distinct sessions.
 
-Prints a table of medians (microseconds) and writes ``bench/out/pipeline_cost.json``.
+With ``--tokenizer-dir DIR`` (a local Hugging Face model directory: ``tokenizer.json`` and a chat
+template, as ``tokenization: {kind: hf}`` reads it) the blocks are rendered by that model's
+tokenizer instead of the embedded tiktoken one: the path a deployment of a real model takes.
 
-    python -m bench.pipeline_cost [--repeats 40] [--sessions 200]
+Prints a table of medians (microseconds) and writes ``bench/out/pipeline_cost.json`` (with
+``--tokenizer-dir``, ``pipeline_cost_hf.json``).
+
+    python -m bench.pipeline_cost [--repeats 40] [--sessions 200] [--tokenizer-dir DIR]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import asyncio
 import gc
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -60,12 +66,12 @@ SMALL_SYSTEM = "You are a careful coding agent working in a large repository. " 
 class Stages:
     """The pipeline's CPU stages, built once per workload (fresh caches and index)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokenizer: TokenizerConfig) -> None:
         self.metrics = Metrics()
         self.locals = SessionLocals()
         self.identify = Identify(self.locals)
         self.canon = Canonicalize.from_settings(True, {}, self.metrics)
-        self.blocks = Blocks(build_incremental(TokenizerConfig(), block_size=16), self.locals)
+        self.blocks = Blocks(build_incremental(tokenizer, block_size=16), self.locals)
         fleet = Fleet(
             Rank(f"rank{i}", f"http://127.0.0.1:{9000 + i}", pool_tokens=POOL_TOKENS, block_size=16)
             for i in range(RANKS)
@@ -121,8 +127,10 @@ def _parsed(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def _run(requests: list[tuple[bytes, str | None]], samples: dict[str, list[float]]) -> Stages:
-    stages = Stages()
+async def _run(
+    requests: list[tuple[bytes, str | None]], samples: dict[str, list[float]], tokenizer: TokenizerConfig
+) -> Stages:
+    stages = Stages(tokenizer)
     gc.collect()
     for raw, session in requests:
         await _one_request(stages, raw, session, samples)
@@ -211,7 +219,15 @@ def main() -> None:
         help="requests of the 100k-token session, and turns of each growing one",
     )
     parser.add_argument("--sessions", type=int, default=200, help="first turns of new sessions")
+    parser.add_argument(
+        "--tokenizer-dir",
+        type=Path,
+        help="a local Hugging Face model directory whose tokenizer renders the blocks (default: tiktoken)",
+    )
     args = parser.parse_args()
+    tokenizer = TokenizerConfig()
+    if args.tokenizer_dir is not None:
+        tokenizer = TokenizerConfig(kind="hf", path=args.tokenizer_dir)
     workloads = {
         "repeat_100k": (repeat_100k(args.repeats), 2),
         "new_sessions": (new_sessions(args.sessions), 5),
@@ -223,11 +239,13 @@ def main() -> None:
     extra: dict[str, Any] = {}
     for name, (requests, skip) in workloads.items():
         samples: dict[str, list[float]] = {}
-        stages = asyncio.run(_run(requests, samples))
+        stages = asyncio.run(_run(requests, samples, tokenizer))
         results[name] = summarize(samples, skip)
         extra[name] = {"requests": len(requests), "index": stages.index.stats()}
     print_table(results)
-    path = write_json("pipeline_cost.json", {"machine": machine(), "stages_us": results, "workloads": extra})
+    name = "pipeline_cost.json" if args.tokenizer_dir is None else "pipeline_cost_hf.json"
+    report = {"machine": machine(), "tokenizer": tokenizer.kind, "stages_us": results, "workloads": extra}
+    path = write_json(name, report)
     print(f"wrote {path}")
 
 

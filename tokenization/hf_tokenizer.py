@@ -22,13 +22,13 @@ from tokenizers import Tokenizer as HfCoreTokenizer
 from tokenization.base import (
     ChatPrompt,
     Encoded,
-    Part,
     Plan,
     UnsupportedRequest,
     common_prefix_len,
     whole_prompt,
 )
 from tokenization.chat_conversion import BILLING_HEADER_PREFIX
+from tokenization.hf_parts import Walk, message_parts
 from tokenization.hf_template import load_chat_template, render_chat, select_template
 from tokenization.text_size import TextSize
 
@@ -39,6 +39,7 @@ class _TextMemo:
     starts: array  # char offset where each token starts ("I")
     anchors: array  # indices of added-token tokens, ascending ("I")
     anchor_ends: array  # char offset where each anchor ends ("I")
+    walk: Walk  # how its messages were located (``tokenization.hf_parts``)
 
 
 #: Keys vLLM keeps of an incoming message, per role (``renderers/chat_utils.py``: the message is
@@ -243,19 +244,22 @@ class HfTokenizer:
                 anchor_ends = memo.anchor_ends[: len(anchors)]
             else:
                 tokens, starts, anchors, anchor_ends = array("I"), array("I"), array("I"), array("I")
+            offsets = enc.offsets  # built anew on each read: read once
             added = self._added_ids
-            for i, (tid, (_, end)) in enumerate(zip(ids, enc.offsets, strict=True)):
-                if tid in added:
-                    anchors.append(cut_token + i)
-                    anchor_ends.append(cut_char + end)
-            starts.fromlist([cut_char + o[0] for o in enc.offsets])
+            found = [i for i, tid in enumerate(ids) if tid in added]
+            anchors.extend([cut_token + i for i in found])
+            anchor_ends.extend([cut_char + offsets[i][1] for i in found])
+            starts.fromlist([cut_char + start for start, _ in offsets])
             tokens.fromlist(ids)
             reused = 0
+            walk = None
             if prev is not None and memo is not None:  # tokens[:cut_token] are prev's: compare after
                 reused = common_prefix_len(prev.tokens, tokens, start=cut_token)
-            parts = message_parts(text, messages, starts, anchors, len(tokens))
-            memo_bytes = len(text) + 4 * (len(starts) + 2 * len(anchors)) + 200
-            return Encoded(tokens, parts, reused, _TextMemo(text, starts, anchors, anchor_ends), memo_bytes)
+                walk = memo.walk if cut_token else None
+            parts, walk = message_parts(text, messages, starts, anchors, len(tokens), walk, cut_char)
+            memo_bytes = len(text) + 4 * (len(starts) + 2 * len(anchors)) + walk.nbytes + 200
+            encoded_memo = _TextMemo(text, starts, anchors, anchor_ends, walk)
+            return Encoded(tokens, parts, reused, encoded_memo, memo_bytes)
 
         return Plan(self.size.tokens(len(text) - cut_char), finish, kept=cut_token)
 
@@ -267,34 +271,3 @@ class HfTokenizer:
             return whole_prompt(array("I", self._encode(text, True).ids), prev)
 
         return Plan(self.size.tokens(len(text)), finish)
-
-
-def message_parts(
-    text: str, messages: Sequence[Mapping[str, Any]], starts: array, anchors: array, num_tokens: int
-) -> tuple[Part, ...]:
-    """Approximate token spans per message: each message starts at the last added token (its turn
-    header, e.g. ``<|im_start|>``) before its content's first occurrence in the rendered text.
-    Messages whose content cannot be located join the previous part."""
-    bounds: list[tuple[str, int]] = []
-    pos = 0
-    last_token = 0
-    for i, message in enumerate(messages):
-        content = message.get("content")
-        if not isinstance(content, str) or not content:
-            continue
-        at = text.find(content, pos)
-        if at < 0:
-            continue
-        pos = at + len(content)
-        token = bisect.bisect_right(starts, at) - 1
-        k = bisect.bisect_right(anchors, token) - 1
-        if k >= 0 and anchors[k] >= last_token:
-            token = anchors[k]
-        if bounds and token <= bounds[-1][1]:
-            continue
-        bounds.append((f"message[{i}]", token))
-        last_token = token
-    if not bounds or bounds[0][1] > 0:
-        bounds.insert(0, ("prelude", 0))
-    ends = [b[1] for b in bounds[1:]] + [num_tokens]
-    return tuple((label, start, end) for (label, start), end in zip(bounds, ends, strict=True))

@@ -1,0 +1,122 @@
+"""hf_parts: a walk resumed from the previous turn's equals the walk from scratch.
+
+The texts come from a toy template and a toy tokenizer, so that what the resumption must get right is
+easy to reach: contents that repeat or occur across message boundaries, messages the template does
+not render, contents edited to another of the same length, edits anywhere.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenization.base import common_prefix_len
+from tokenization.hf_parts import NOT_FOUND, message_parts
+
+#: "<" opens each rendered message and is the only added token.
+ANCHOR = "<"
+CONTENT = st.text(alphabet="ab<>", max_size=6)
+MESSAGE = st.builds(
+    lambda role, content: {"role": role, "content": content}, st.sampled_from(["user", "hidden"]), CONTENT
+)
+EDIT = st.tuples(st.integers(0, 30), CONTENT)
+
+
+def render(messages: list[dict[str, Any]]) -> str:
+    """A template that leaves out ``hidden`` messages."""
+    return "".join(f"{ANCHOR}{m['content']}>" for m in messages if m["role"] != "hidden")
+
+
+def tokenize(text: str) -> tuple[array, array]:
+    """Token starts (each run of one character is a token; every "<" is a token alone) and the
+    indices of the anchor tokens."""
+    starts, anchors = array("I"), array("I")
+    for i, ch in enumerate(text):
+        if ch == ANCHOR or i == 0 or text[i - 1] != ch or text[i - 1] == ANCHOR:
+            if ch == ANCHOR:
+                anchors.append(len(starts))
+            starts.append(i)
+    return starts, anchors
+
+
+def unchanged_chars(old: str, new: str, starts: array, anchors: array) -> int:
+    """Where the HF tokenizer would re-encode from: the start of the last anchor wholly inside the
+    texts' common prefix (0: none)."""
+    same = common_prefix_len(old, new)
+    cut = 0
+    for token in anchors:
+        if starts[token] + 1 <= same:
+            cut = starts[token]
+    return cut
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    first=st.lists(MESSAGE, max_size=8),
+    edits=st.lists(EDIT, max_size=3),
+    appended=st.lists(MESSAGE, max_size=3),
+    cut_at=st.integers(0, 10),
+)
+def test_resumed_walk_equals_walk_from_scratch(
+    first: list[dict[str, Any]], edits: list[tuple[int, str]], appended: list[dict[str, Any]], cut_at: int
+) -> None:
+    second = [dict(m) for m in first[: len(first) - cut_at % (len(first) + 1)] or first]
+    for index, content in edits:
+        if second:
+            second[index % len(second)]["content"] = content
+    second += appended
+    old_text, new_text = render(first), render(second)
+    old_starts, old_anchors = tokenize(old_text)
+    _, previous = message_parts(old_text, first, old_starts, old_anchors, len(old_starts))
+    starts, anchors = tokenize(new_text)
+    unchanged = unchanged_chars(old_text, new_text, old_starts, old_anchors)
+    scratch_parts, scratch_walk = message_parts(new_text, second, starts, anchors, len(starts))
+    parts, walk = message_parts(new_text, second, starts, anchors, len(starts), previous, unchanged)
+    assert parts == scratch_parts
+    assert walk == scratch_walk
+
+
+def test_a_message_not_found_before_is_searched_again() -> None:
+    first = [
+        {"role": "user", "content": "ab"},
+        {"role": "hidden", "content": "zz"},
+        {"role": "user", "content": "b"},
+    ]
+    text = render(first)
+    starts, anchors = tokenize(text)
+    _, previous = message_parts(text, first, starts, anchors, len(starts))
+    assert previous.found[1] == NOT_FOUND
+    second = [*first, {"role": "user", "content": "zz"}]  # the hidden message's content now appears
+    new_text = render(second)
+    new_starts, new_anchors = tokenize(new_text)
+    unchanged = unchanged_chars(text, new_text, starts, anchors)
+    scratch = message_parts(new_text, second, new_starts, new_anchors, len(new_starts))
+    resumed = message_parts(new_text, second, new_starts, new_anchors, len(new_starts), previous, unchanged)
+    assert resumed == scratch
+    assert scratch[1].found[1] > 0
+
+
+def test_a_message_edited_to_another_text_of_its_length_is_searched_again() -> None:
+    # The hidden message's content is found inside the next message's rendered text; the rendered
+    # text does not change when it is edited, so only comparing the content itself tells.
+    first = [
+        {"role": "hidden", "content": "ab"},
+        {"role": "user", "content": "ab"},
+        {"role": "user", "content": "c"},
+    ]
+    text = render(first)
+    starts, anchors = tokenize(text)
+    _, previous = message_parts(text, first, starts, anchors, len(starts))
+    assert previous.found[0] == 1
+    second = [{"role": "hidden", "content": "ba"}, *first[1:], {"role": "user", "content": "d"}]
+    new_text = render(second)
+    new_starts, new_anchors = tokenize(new_text)
+    unchanged = unchanged_chars(text, new_text, starts, anchors)
+    assert unchanged >= previous.searched[0]  # the edit is wholly inside what did not change
+    scratch = message_parts(new_text, second, new_starts, new_anchors, len(new_starts))
+    resumed = message_parts(new_text, second, new_starts, new_anchors, len(new_starts), previous, unchanged)
+    assert resumed == scratch
+    assert scratch[1].found[0] == NOT_FOUND
