@@ -57,7 +57,7 @@ def kept_lead(
     common = common_prefix_len(text, old_text)
     if common < min_kept:
         return 0, 0
-    cut = _cut(text, common)
+    cut = last_fresh_start(text, common)
     if cut < min_kept or cut == 0 or len(old_text) - cut > cut:  # the rest outweighs what is kept
         return 0, 0
     rest = len(old_text[cut:].encode())
@@ -72,14 +72,21 @@ def kept_lead(
     return ids - start, cut
 
 
-def _cut(text: str, common: int) -> int:
-    """The last position before ``common`` where tokenization starts afresh (0: none found)."""
+def last_fresh_start(text: str, common: int) -> int:
+    """The last position before ``common`` where tokenization starts afresh (0: none found within
+    ``MAX_CUT_SEARCH`` characters)."""
     # The cut's own character must be in the common prefix: ``c`` stops at ``common - 1``.
     for c in range(common - 1, max(0, common - 1 - MAX_CUT_SEARCH), -1):
-        before, at = text[c - 1], text[c]
-        if before in _LETTERS:
-            if at in _AFTER_LETTER:
-                return c
-        elif before == "\n" and at in _LETTERS:
+        if fresh_start(text, c):
             return c
     return 0
+
+
+def fresh_start(text: str, c: int) -> bool:
+    """Whether a piece starts at ``text[c]`` (``0 < c < len(text)``) whatever follows it: after a
+    newline at an ASCII letter, or after an ASCII letter at a space, newline, digit or punctuation
+    mark (the module docstring says why)."""
+    before, at = text[c - 1], text[c]
+    if before in _LETTERS:
+        return at in _AFTER_LETTER
+    return before == "\n" and at in _LETTERS

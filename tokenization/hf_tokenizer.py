@@ -4,7 +4,10 @@ Chat templates cannot be split per message in general, so each turn renders the 
 (cheap) and re-encodes only from a safe boundary: the start of the last added (special) token that
 lies wholly inside the prefix shared with the previous turn's text. Added tokens are split out of
 the text before normalization and pre-tokenization, so the tokens before such a token never depend
-on what follows it, and the text after it is encoded as its own piece either way.
+on what follows it, and the text after it is encoded as its own piece either way. For the byte-level
+BPE tokenizers ``tokenization/hf_splice.py`` accepts (GPT-2's, Llama 3's and Qwen2's pre-tokenizers),
+a message edited near its end is re-encoded from a later cut inside it, where tokenization also
+starts afresh (``tokenization/edited.py``), once ``min_edit_kept`` characters of it are unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from tokenization.base import (
     whole_prompt,
 )
 from tokenization.chat_conversion import BILLING_HEADER_PREFIX
+from tokenization.edited import MIN_KEPT_CHARS, last_fresh_start
 from tokenization.hf_parts import Walk, message_parts
+from tokenization.hf_splice import splices
 from tokenization.hf_template import load_chat_template, render_chat, select_template
 from tokenization.text_size import TextSize
 
@@ -178,8 +183,26 @@ class HfTokenizer:
             self.model_dir, Path(chat_template) if chat_template is not None else None
         )
         self._added_ids = frozenset(self._tok.get_added_tokens_decoder())
+        #: Whether an edited message is re-encoded from a cut inside it (``tokenization/hf_splice.py``)
+        #: once this many of its leading characters are unchanged, rather than from its turn header.
+        config = json.loads((self.model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+        self.splices = splices(config) and self._offsets_tile()
+        self.min_edit_kept = MIN_KEPT_CHARS
         #: Characters per token of what it encoded: sizes a prompt before it is encoded.
         self.size = TextSize()
+
+    def _offsets_tile(self) -> bool:
+        """Whether token offsets cover the text edge to edge (a token's start is where its text
+        starts; offsets trimmed of whitespace would not say which token starts at a cut)."""
+        probe = "a b\n c\t\td  e\n\nf, (g)  \n"
+        offsets = self._tok.encode_batch([probe], add_special_tokens=False)[0].offsets
+        edges = [edge for span in offsets for edge in span]
+        return (
+            bool(edges)
+            and edges[0] == 0
+            and edges[-1] == len(probe)
+            and all(edges[i] == edges[i + 1] for i in range(1, len(edges) - 1, 2))
+        )
 
     def render(self, prompt: ChatPrompt) -> str:
         """The prompt text the template produces."""
@@ -232,6 +255,8 @@ class HfTokenizer:
             if k >= 0:
                 cut_token = memo.anchors[k]
                 cut_char = memo.starts[cut_token]
+            if self.splices and same - cut_char >= self.min_edit_kept:
+                cut_token, cut_char = _later_cut(memo.starts, text, same, cut_token, cut_char)
         messages = prompt.messages
 
         def finish() -> Encoded:
@@ -271,3 +296,15 @@ class HfTokenizer:
             return whole_prompt(array("I", self._encode(text, True).ids), prev)
 
         return Plan(self.size.tokens(len(text)), finish)
+
+
+def _later_cut(starts: array, text: str, same: int, cut_token: int, cut_char: int) -> tuple[int, int]:
+    """A cut past ``cut_char`` where the encoding starts afresh and a previous token starts (the
+    previous turn's tokens before it are this turn's): ``(token, char)``; the given cut without one."""
+    at = last_fresh_start(text, same)
+    if at <= cut_char:
+        return cut_token, cut_char
+    token = bisect.bisect_left(starts, at)
+    if token < len(starts) and starts[token] == at:
+        return token, at
+    return cut_token, cut_char
