@@ -13,8 +13,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenization.base import common_prefix_len
-from tokenization.hf_parts import NOT_FOUND, message_parts
+from tokenization.base import Part, common_prefix_len
+from tokenization.hf_parts import NOT_FOUND, Walk, message_parts
 
 #: "<" opens each rendered message and is the only added token.
 ANCHOR = "<"
@@ -53,6 +53,21 @@ def unchanged_chars(old: str, new: str, starts: array, anchors: array) -> int:
     return cut
 
 
+def walks(
+    first: list[dict[str, Any]], second: list[dict[str, Any]]
+) -> tuple[Walk, int, tuple[tuple[Part, ...], Walk], tuple[tuple[Part, ...], Walk]]:
+    """The first turn's walk, where the second re-encodes from, and the second turn's parts and walk
+    from scratch and resumed from the first's."""
+    old_text, new_text = render(first), render(second)
+    old_starts, old_anchors = tokenize(old_text)
+    _, previous = message_parts(old_text, first, old_starts, old_anchors, len(old_starts))
+    starts, anchors = tokenize(new_text)
+    unchanged = unchanged_chars(old_text, new_text, old_starts, old_anchors)
+    scratch = message_parts(new_text, second, starts, anchors, len(starts))
+    resumed = message_parts(new_text, second, starts, anchors, len(starts), previous, unchanged)
+    return previous, unchanged, scratch, resumed
+
+
 @settings(max_examples=400, deadline=None)
 @given(
     first=st.lists(MESSAGE, max_size=8),
@@ -68,15 +83,8 @@ def test_resumed_walk_equals_walk_from_scratch(
         if second:
             second[index % len(second)]["content"] = content
     second += appended
-    old_text, new_text = render(first), render(second)
-    old_starts, old_anchors = tokenize(old_text)
-    _, previous = message_parts(old_text, first, old_starts, old_anchors, len(old_starts))
-    starts, anchors = tokenize(new_text)
-    unchanged = unchanged_chars(old_text, new_text, old_starts, old_anchors)
-    scratch_parts, scratch_walk = message_parts(new_text, second, starts, anchors, len(starts))
-    parts, walk = message_parts(new_text, second, starts, anchors, len(starts), previous, unchanged)
-    assert parts == scratch_parts
-    assert walk == scratch_walk
+    _, _, scratch, resumed = walks(first, second)
+    assert resumed == scratch
 
 
 def test_a_message_not_found_before_is_searched_again() -> None:
@@ -85,16 +93,9 @@ def test_a_message_not_found_before_is_searched_again() -> None:
         {"role": "hidden", "content": "zz"},
         {"role": "user", "content": "b"},
     ]
-    text = render(first)
-    starts, anchors = tokenize(text)
-    _, previous = message_parts(text, first, starts, anchors, len(starts))
-    assert previous.found[1] == NOT_FOUND
     second = [*first, {"role": "user", "content": "zz"}]  # the hidden message's content now appears
-    new_text = render(second)
-    new_starts, new_anchors = tokenize(new_text)
-    unchanged = unchanged_chars(text, new_text, starts, anchors)
-    scratch = message_parts(new_text, second, new_starts, new_anchors, len(new_starts))
-    resumed = message_parts(new_text, second, new_starts, new_anchors, len(new_starts), previous, unchanged)
+    previous, _, scratch, resumed = walks(first, second)
+    assert previous.found[1] == NOT_FOUND
     assert resumed == scratch
     assert scratch[1].found[1] > 0
 
@@ -107,16 +108,23 @@ def test_a_message_edited_to_another_text_of_its_length_is_searched_again() -> N
         {"role": "user", "content": "ab"},
         {"role": "user", "content": "c"},
     ]
-    text = render(first)
-    starts, anchors = tokenize(text)
-    _, previous = message_parts(text, first, starts, anchors, len(starts))
-    assert previous.found[0] == 1
     second = [{"role": "hidden", "content": "ba"}, *first[1:], {"role": "user", "content": "d"}]
-    new_text = render(second)
-    new_starts, new_anchors = tokenize(new_text)
-    unchanged = unchanged_chars(text, new_text, starts, anchors)
+    previous, unchanged, scratch, resumed = walks(first, second)
+    assert previous.found[0] == 1
     assert unchanged >= previous.searched[0]  # the edit is wholly inside what did not change
-    scratch = message_parts(new_text, second, new_starts, new_anchors, len(new_starts))
-    resumed = message_parts(new_text, second, new_starts, new_anchors, len(new_starts), previous, unchanged)
     assert resumed == scratch
     assert scratch[1].found[0] == NOT_FOUND
+
+
+def test_a_message_whose_content_grew_is_searched_again() -> None:
+    # "ab" became "abc", which the rendered text also holds where "ab" was found.
+    first = [
+        {"role": "hidden", "content": "ab"},
+        {"role": "user", "content": "abcd"},
+        {"role": "user", "content": "x"},
+    ]
+    second = [{"role": "hidden", "content": "abc"}, *first[1:], {"role": "user", "content": "y"}]
+    previous, unchanged, scratch, resumed = walks(first, second)
+    assert previous.found[0] == 1 and unchanged >= previous.searched[0]
+    assert resumed == scratch
+    assert scratch[1].searched[0] == 4
