@@ -74,7 +74,8 @@ class TokenizerConfig(BaseModel):
     workers: int = Field(
         default=0,
         ge=0,
-        description="threads that work runs in (prefixgate serve); 0: one per core",
+        description="threads that work runs in (prefixgate serve); 0: one per core (with tiktoken, up to "
+        "8 of them keep an encoder of their own, ~20 MB each)",
     )
     backend_cache_entries: int = Field(default=1024, ge=0, description="backend: /tokenize answers kept")
     backend_timeout_s: float = Field(default=10.0, gt=0)

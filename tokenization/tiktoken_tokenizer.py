@@ -28,7 +28,7 @@ from tokenization.base import (
 )
 from tokenization.chatml import GENERATION_PROMPT, content_text, is_system, render_message, render_system
 from tokenization.edited import MIN_KEPT_CHARS, kept_lead
-from tokenization.encoding import chatml_encoding, encode
+from tokenization.encoding import chatml_encoding, encode, thread_encoding
 from tokenization.lru import LRU
 from tokenization.segments import SegmentMemo, diff
 from tokenization.text_size import TextSize
@@ -73,8 +73,9 @@ class TiktokenTokenizer:
         self._encoding = chatml_encoding()
         self._specials = self._encoding.special_tokens_set
         # tiktoken's private fast path (0.8+, used by its own encode_to_numpy); absent -> lists.
-        to_buffer = getattr(self._encoding._core_bpe, "encode_to_tiktoken_buffer", None)
-        self._to_buffer = to_buffer if array("I").itemsize == 4 else None
+        self._buffered = (
+            hasattr(self._encoding._core_bpe, "encode_to_tiktoken_buffer") and array("I").itemsize == 4
+        )
         #: The system+tools segment's token ids by segment key, across sessions
         #: (see ``DEFAULT_SHARED_CACHE_BYTES``).
         self.shared = LRU[int, array](shared_cache_bytes)
@@ -87,10 +88,11 @@ class TiktokenTokenizer:
         """Append ``text``'s ids to ``tokens``: through tiktoken's uint32 buffer when it has one, which
         skips building a Python int per token (~6 % of an appended turn's encode)."""
         before = len(tokens)
-        if self._to_buffer is None:
-            tokens.fromlist(encode(text))
+        if self._buffered:  # the calling thread's encoding: tiktoken is slower on a shared one
+            core = thread_encoding()._core_bpe
+            tokens.frombytes(memoryview(core.encode_to_tiktoken_buffer(text, self._specials)).cast("B"))
         else:
-            tokens.frombytes(memoryview(self._to_buffer(text, self._specials)).cast("B"))
+            tokens.fromlist(encode(text))
         self.size.learn(len(text), len(tokens) - before)
 
     def _encode_edited(

@@ -1,0 +1,49 @@
+"""Each thread that encodes gets an ``Encoding`` of its own, up to a limit (``tokenization.encoding``):
+tiktoken is slower on an ``Encoding`` another thread used first (``bench.proxy_cpu``'s first turns
+measure what that costs)."""
+
+from __future__ import annotations
+
+import threading
+
+import tiktoken
+
+from tokenization.encoding import THREAD_ENCODINGS, _ThreadEncodings, chatml_encoding, thread_encoding
+
+TEXT = "def main():\n    return 'héllo <|im_start|> wörld' * 3  # 12345\n"
+
+
+def in_threads(encodings: _ThreadEncodings, count: int) -> list[tuple[tiktoken.Encoding, tiktoken.Encoding]]:
+    """What ``count`` threads get, one after the other, asking twice each."""
+    got: list[tuple[tiktoken.Encoding, tiktoken.Encoding]] = []
+    for _ in range(count):
+        thread = threading.Thread(target=lambda: got.append((encodings.get(), encodings.get())))
+        thread.start()
+        thread.join()
+    return got
+
+
+def test_the_first_thread_shares_then_each_gets_its_own_up_to_the_limit() -> None:
+    encodings = _ThreadEncodings(limit=2)
+    got = in_threads(encodings, 5)
+    shared = chatml_encoding()
+    assert all(first is second for first, second in got)  # a thread keeps its encoding
+    firsts = [first for first, _ in got]
+    assert firsts[0] is shared  # the first to ask uses the shared one
+    assert firsts[1] is not shared and firsts[2] is not shared and firsts[1] is not firsts[2]
+    assert firsts[3] is shared and firsts[4] is shared  # past the limit: the shared one
+    special = {"allowed_special": "all", "disallowed_special": ()}
+    want = shared.encode(TEXT, **special)
+    assert all(e.encode(TEXT, **special) == want for e in firsts)
+    assert firsts[1].special_tokens_set == shared.special_tokens_set
+
+
+def test_the_module_hands_the_calling_thread_the_same_encoding_each_time() -> None:
+    assert THREAD_ENCODINGS >= 1
+    mine = thread_encoding()
+    assert thread_encoding() is mine
+    other: list[tiktoken.Encoding] = []
+    thread = threading.Thread(target=lambda: other.append(thread_encoding()))
+    thread.start()
+    thread.join()
+    assert other[0].encode(TEXT, allowed_special="all") == mine.encode(TEXT, allowed_special="all")
