@@ -10,6 +10,7 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -100,31 +101,20 @@ def test_a_message_not_found_before_is_searched_again() -> None:
     assert scratch[1].found[1] > 0
 
 
-def test_a_message_edited_to_another_text_of_its_length_is_searched_again() -> None:
-    # The hidden message's content is found inside the next message's rendered text; the rendered
-    # text does not change when it is edited, so only comparing the content itself tells.
-    first = [
-        {"role": "hidden", "content": "ab"},
-        {"role": "user", "content": "ab"},
-        {"role": "user", "content": "c"},
-    ]
-    second = [{"role": "hidden", "content": "ba"}, *first[1:], {"role": "user", "content": "d"}]
-    previous, unchanged, scratch, resumed = walks(first, second)
-    assert previous.found[0] == 1
-    assert unchanged >= previous.searched[0]  # the edit is wholly inside what did not change
-    assert resumed == scratch
-    assert scratch[1].found[0] == NOT_FOUND
-
-
-def test_a_message_whose_content_grew_is_searched_again() -> None:
-    # "ab" became "abc", which the rendered text also holds where "ab" was found.
+@pytest.mark.parametrize(("edited", "found", "searched"), [("ba", NOT_FOUND, 0), ("abc", 1, 4)])
+def test_a_message_edited_inside_text_that_did_not_change_is_searched_again(
+    edited: str, found: int, searched: int
+) -> None:
+    # The hidden message's content "ab" is found inside the next message's rendered text, which its
+    # edit does not change: only its content tells (another text of its length, "ba"; or grown into
+    # text the prompt also holds, "abc").
     first = [
         {"role": "hidden", "content": "ab"},
         {"role": "user", "content": "abcd"},
-        {"role": "user", "content": "x"},
+        {"role": "user", "content": "c"},
     ]
-    second = [{"role": "hidden", "content": "abc"}, *first[1:], {"role": "user", "content": "y"}]
+    second = [{"role": "hidden", "content": edited}, *first[1:], {"role": "user", "content": "d"}]
     previous, unchanged, scratch, resumed = walks(first, second)
     assert previous.found[0] == 1 and unchanged >= previous.searched[0]
     assert resumed == scratch
-    assert scratch[1].searched[0] == 4
+    assert (scratch[1].found[0], scratch[1].searched[0]) == (found, searched)
