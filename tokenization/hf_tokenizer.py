@@ -183,10 +183,10 @@ class HfTokenizer:
             self.model_dir, Path(chat_template) if chat_template is not None else None
         )
         self._added_ids = frozenset(self._tok.get_added_tokens_decoder())
-        #: Whether an edited message is re-encoded from a cut inside it (``tokenization/hf_splice.py``)
-        #: once this many of its leading characters are unchanged, rather than from its turn header.
-        config = json.loads((self.model_dir / "tokenizer.json").read_text(encoding="utf-8"))
-        self.splices = splices(config) and self._offsets_tile()
+        #: Whether an edited message may be re-encoded from a cut inside it rather than from its turn
+        #: header (``tokenization/hf_splice.py``), read from the loaded tokenizer's own configuration.
+        self.splices = splices(json.loads(self._tok.to_str())) and self._offsets_tile()
+        #: Unchanged leading characters the changed region needs before such a cut is looked for.
         self.min_edit_kept = MIN_KEPT_CHARS
         #: Characters per token of what it encoded: sizes a prompt before it is encoded.
         self.size = TextSize()

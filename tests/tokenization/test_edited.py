@@ -19,11 +19,12 @@ from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 ENCODING = chatml_encoding()
 # What the pre-tokenizer treats apart: letters (accented, CJK), digits, spaces, tabs, CR/LF runs,
 # punctuation runs, contractions, special tokens.
-PIECES = st.sampled_from(
-    ["a", "Z", "é", "中", "Über", " ", "  ", "\t", "\n", "\r\n", "\n\n", " \n", "'s", "'LL", "12345",
-     ".", "...\n", "{", "}", '"', "<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|fim_prefix|>",
-     "def ", "x=1", "a_b", "x|y", "<|", "|>", "\u00a0", "🙂", "e\u0301", "-", "#"]
-)  # fmt: skip
+PIECE_TEXTS = [
+    "a", "Z", "é", "中", "Über", " ", "  ", "\t", "\n", "\r\n", "\n\n", " \n", "'s", "'LL", "12345",
+    ".", "...\n", "{", "}", '"', "<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|fim_prefix|>",
+    "def ", "x=1", "a_b", "x|y", "<|", "|>", "\u00a0", "🙂", "e\u0301", "-", "#",
+]  # fmt: skip
+PIECES = st.sampled_from(PIECE_TEXTS)
 TEXT = st.lists(PIECES, max_size=40).map("".join)
 HEAD = "The previous turn's tool output, kept as it was:\n" + "line of output 42\n" * 12
 

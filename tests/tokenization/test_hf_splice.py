@@ -18,7 +18,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from bench.real_vllm.build_model import SPECIALS
 from tests.tokenization.conftest import CHAT_TEMPLATE, TRAINING_TEXT
-from tests.tokenization.test_edited import HEAD, TEXT
+from tests.tokenization.test_edited import HEAD, PIECE_TEXTS, TEXT
 from tokenization.base import ChatPrompt, common_prefix_len
 from tokenization.edited import fresh_start
 from tokenization.hf_splice import CL100K_PATTERN, QWEN2_PATTERN, splices
@@ -65,17 +65,12 @@ def test_which_tokenizers_splice() -> None:
     assert not any(splices(c) for c in refused)
 
 
-#: What the tests' texts are made of (``test_edited.TEXT``'s pieces): trained on, so that merges join
-#: them across every boundary a wrong cut would split (a vocabulary that merges nothing would make
-#: any cut look exact).
-_PIECES = ["a", "Z", "é", "中", "Über", " ", "  ", "\t", "\n", "\r\n", "\n\n", " \n", "'s", "'LL",
-           "12345", ".", "...\n", "{", "}", '"', "def ", "x=1", "a_b", "x|y", "\u00a0", "🙂", "e\u0301",
-           "-", "#"]  # fmt: skip
-
-
+#: Trained on the tests' text pieces (``test_edited.PIECE_TEXTS``), so that merges join them across
+#: every boundary a wrong cut would split (a vocabulary that merges nothing would make any cut look
+#: exact).
 def _corpus() -> list[str]:
     rng = random.Random(7)
-    return ["".join(rng.choice(_PIECES) for _ in range(30)) for _ in range(3000)]
+    return ["".join(rng.choice(PIECE_TEXTS) for _ in range(30)) for _ in range(3000)]
 
 
 def _trained(pre: Any, normalizer: Any = None) -> Tokenizer:
