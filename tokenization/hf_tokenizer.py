@@ -34,6 +34,7 @@ from tokenization.chat_conversion import BILLING_HEADER_PREFIX
 from tokenization.edited import MIN_KEPT_CHARS, last_fresh_start
 from tokenization.hf_parts import Walk, message_parts
 from tokenization.hf_splice import splices
+from tokenization.hf_starts import StartTable, added_positions
 from tokenization.hf_template import load_chat_template, render_chat, select_template
 from tokenization.text_size import TextSize
 
@@ -183,9 +184,13 @@ class HfTokenizer:
             self.model_dir, Path(chat_template) if chat_template is not None else None
         )
         self._added_ids = frozenset(self._tok.get_added_tokens_decoder())
+        config = json.loads(self._tok.to_str())  # the loaded tokenizer's own configuration
         #: Whether an edited message may be re-encoded from a cut inside it rather than from its turn
-        #: header (``tokenization/hf_splice.py``), read from the loaded tokenizer's own configuration.
-        self.splices = splices(json.loads(self._tok.to_str())) and self._offsets_tile()
+        #: header (``tokenization/hf_splice.py``).
+        self.splices = splices(config) and self._offsets_tile()
+        #: Token starts computed from the ids, without the library's offsets (``tokenization/hf_starts.py``);
+        #: None: this tokenizer's offsets are read from the library.
+        self.starts = StartTable.of(self._tok, config)
         #: Unchanged leading characters the changed region needs before such a cut is looked for.
         self.min_edit_kept = MIN_KEPT_CHARS
         #: Characters per token of what it encoded: sizes a prompt before it is encoded.
@@ -227,14 +232,38 @@ class HfTokenizer:
 
     def encode_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text`` (from scratch)."""
-        return self._encode(text, add_special_tokens).ids
+        return self._ids(text, add_special_tokens)
+
+    # The batch calls release the GIL while they encode (``encode`` holds it throughout): a long
+    # first turn in a worker thread then leaves the event loop running.
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids: list[int] = self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+        self.size.learn(len(text), len(ids))
+        return ids
 
     def _encode(self, text: str, add_special_tokens: bool) -> Any:
-        # ``encode_batch`` releases the GIL while it encodes (``encode`` holds it throughout): a
-        # long first turn in a worker thread then leaves the event loop running.
+        """The library's encoding of ``text``, offsets included."""
         encoded = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
         self.size.learn(len(text), len(encoded.ids))
         return encoded
+
+    def _encode_piece(self, piece: str, base: int) -> tuple[list[int], array, list[int], list[int]]:
+        """``piece``'s ids; where each token starts (``base`` + its character offset, ``array("I")``);
+        which tokens are added tokens (``<|im_start|>``), and where each of those ends."""
+        table = self.starts
+        computed = table.encode(piece, base) if table is not None else None
+        if computed is not None:
+            assert table is not None
+            ids, starts = computed
+            self.size.learn(len(piece), len(ids))
+            found = added_positions(ids, self._added_ids)
+            return ids, starts, found, [starts[i] + table.length(ids[i]) for i in found]
+        encoded = self._encode(piece, False)
+        ids = encoded.ids
+        offsets = encoded.offsets  # built anew on each read: read once
+        found = added_positions(ids, self._added_ids)
+        starts = array("I", [base + start for start, _ in offsets])
+        return ids, starts, found, [base + offsets[i][1] for i in found]
 
     def encode_chat(self, prompt: ChatPrompt, prev: Encoded | None = None) -> Encoded:
         """Synchronous ``plan_chat(...).finish()``."""
@@ -260,8 +289,8 @@ class HfTokenizer:
         messages = prompt.messages
 
         def finish() -> Encoded:
-            enc = self._encode(text[cut_char:] if cut_char else text, False)
-            ids = enc.ids
+            piece = text[cut_char:] if cut_char else text
+            ids, new_starts, found, found_ends = self._encode_piece(piece, cut_char)
             if memo is not None and prev is not None and cut_token:
                 tokens = prev.tokens[:cut_token]
                 starts = memo.starts[:cut_token]
@@ -269,12 +298,9 @@ class HfTokenizer:
                 anchor_ends = memo.anchor_ends[: len(anchors)]
             else:
                 tokens, starts, anchors, anchor_ends = array("I"), array("I"), array("I"), array("I")
-            offsets = enc.offsets  # built anew on each read: read once
-            added = self._added_ids
-            found = [i for i, tid in enumerate(ids) if tid in added]
             anchors.extend([cut_token + i for i in found])
-            anchor_ends.extend([cut_char + offsets[i][1] for i in found])
-            starts.fromlist([cut_char + start for start, _ in offsets])
+            anchor_ends.extend(found_ends)
+            starts.extend(new_starts)
             tokens.fromlist(ids)
             reused = 0
             walk = None
@@ -293,7 +319,7 @@ class HfTokenizer:
         del model
 
         def finish() -> Encoded:
-            return whole_prompt(array("I", self._encode(text, True).ids), prev)
+            return whole_prompt(array("I", self._ids(text, True)), prev)
 
         return Plan(self.size.tokens(len(text)), finish)
 

@@ -147,17 +147,17 @@ def test_code_edited_near_its_end_is_encoded_from_near_its_end(kind: str) -> Non
     previous = tok.encode_chat(turn(source + "\n<system-reminder>\nKeep going.\n</system-reminder>\n"))
     prompt = turn(source)  # the reminder dropped, as agents do to their last message
     encoded: list[str] = []
-    inner = tok._encode
+    inner = tok._encode_piece
 
-    def counting(text: str, add_special_tokens: bool) -> Any:
-        encoded.append(text)
-        return inner(text, add_special_tokens)
+    def counting(piece: str, base: int) -> Any:
+        encoded.append(piece)
+        return inner(piece, base)
 
-    tok._encode = counting  # type: ignore[method-assign]
+    tok._encode_piece = counting  # type: ignore[method-assign]
     try:
         got = tok.encode_chat(prompt, previous)
     finally:
-        del tok._encode
+        del tok._encode_piece
     assert list(got.tokens) == list(tok.encode_chat(prompt).tokens)
     assert len(encoded) == 1 and len(encoded[0]) < 600  # from a cut near the edit, not the message's start
 
