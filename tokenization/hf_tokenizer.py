@@ -252,8 +252,7 @@ class HfTokenizer:
         which tokens are added tokens (``<|im_start|>``), and where each of those ends."""
         table = self.starts
         computed = table.encode(piece, base) if table is not None else None
-        if computed is not None:
-            assert table is not None
+        if table is not None and computed is not None:
             ids, starts = computed
             self.size.learn(len(piece), len(ids))
             found = added_positions(ids, self._added_ids)
