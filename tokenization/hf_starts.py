@@ -31,9 +31,11 @@ from typing import Any
 
 from tokenizers import Tokenizer as HfCoreTokenizer
 
-#: Text whose offsets the table must reproduce before it is used: runs of whitespace, punctuation,
-#: two- to four-byte characters (split across tokens by a small vocabulary) and digits.
-PROBE = "a b\n c\t\td  e\n\nf, (g)  \n x\u2192y caf\u00e9 \U0001f600! \u53f8\u9a6c 123\r\n"
+#: ASCII text with runs of whitespace and punctuation: where offsets trimmed of whitespace show.
+ASCII_PROBE = "a b\n c\t\td  e\n\nf, (g)  \n"
+#: Text whose offsets the table must reproduce before it is used: ``ASCII_PROBE``, then two- to
+#: four-byte characters (split across tokens by a small vocabulary) and digits.
+PROBE = ASCII_PROBE + " x\u2192y caf\u00e9 \U0001f600! \u53f8\u9a6c 123\r\n"
 
 
 def byte_alphabet() -> dict[str, int]:
@@ -112,13 +114,14 @@ class StartTable:
     def encode(self, text: str, base: int) -> tuple[list[int], array] | None:
         """``text``'s ids and where each token starts (character offsets plus ``base``, ``array("I")``),
         or None when this text needs the library's offsets."""
-        if self._nfc and not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        ascii = text.isascii()
+        if self._nfc and not ascii and not unicodedata.is_normalized("NFC", text):
             return None
         ids: list[int] = self._tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
         begun = array("I", accumulate(map(self._begun.__getitem__, ids), initial=base))
         if begun[-1] != base + len(text):  # e.g. an added token that took the whitespace beside it
             return None
-        if text.isascii():  # no token begins inside a character
+        if ascii:  # no token begins inside a character
             del begun[-1]
             return ids, begun
         return ids, array("I", map(operator.sub, begun, map(self._inside.__getitem__, ids)))

@@ -34,7 +34,7 @@ from tokenization.chat_conversion import BILLING_HEADER_PREFIX
 from tokenization.edited import MIN_KEPT_CHARS, last_fresh_start
 from tokenization.hf_parts import Walk, message_parts
 from tokenization.hf_splice import splices
-from tokenization.hf_starts import StartTable, added_positions
+from tokenization.hf_starts import ASCII_PROBE, StartTable, added_positions
 from tokenization.hf_template import load_chat_template, render_chat, select_template
 from tokenization.text_size import TextSize
 
@@ -199,7 +199,7 @@ class HfTokenizer:
     def _offsets_tile(self) -> bool:
         """Whether token offsets cover the text edge to edge (a token's start is where its text
         starts; offsets trimmed of whitespace would not say which token starts at a cut)."""
-        probe = "a b\n c\t\td  e\n\nf, (g)  \n"
+        probe = ASCII_PROBE
         offsets = self._tok.encode_batch([probe], add_special_tokens=False)[0].offsets
         edges = [edge for span in offsets for edge in span]
         return (
