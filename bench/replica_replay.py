@@ -25,7 +25,7 @@ idle TTL and wait bound are learned from the traffic each replica sees (not conf
 follow the compressed replay. Each system's requests hit its own fresh fleet::
 
     python -m bench.replica_replay [--replicas 2] [--conversations 24] [--requests 8] [--pressure 1.25]
-        [--admission-policy cost|budget] [--stop-replica-at S] [--restart-redis-at S] [--rounds 1]
+        [--stop-replica-at S] [--restart-redis-at S] [--rounds 1]
         [--lockstep] [--redis server|cluster|sentinel] [--kv-events]
 
 Faults, in the N-replica run: ``--stop-replica-at`` sends one replica SIGTERM (a rolling restart or a
@@ -170,7 +170,7 @@ def run_system(
         if redis is not None:
             stack.enter_context(redis)  # started: its __enter__ starts it
         flags = ["--redis-url", redis.url] if redis is not None else []
-        flags += ["--admission-policy", args.admission_policy, "--log-level", "info"]  # moves logged
+        flags += ["--log-level", "info"]  # moves and parks logged
         flags += ["--kv-events", "auto"] if args.kv_events else []
         urls, processes = [], []
         for _ in range(replicas):
@@ -256,12 +256,6 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--think-scale", type=float, default=0.01, help="trace think times x this")
     parser.add_argument("--time-scale", type=float, default=0.2, help="the sim's model time x this")
     parser.add_argument("--pressure", type=float, default=1.25, help="mean working set / fleet pool")
-    parser.add_argument(
-        "--admission-policy",
-        choices=("cost", "budget"),
-        default="cost",
-        help="prefixgate's (budget: every new session waits for room within the budgets, or 429)",
-    )
     parser.add_argument(
         "--stop-replica-at", type=float, help="SIGTERM one replica this many seconds into the N-replica run"
     )

@@ -2,11 +2,12 @@
 
 From each session's latest admission record (``/admin/sessions/{id}``: ``at``, when it was admitted,
 ``waited_s`` and its ``decision``; its arrival is ``at - waited_s``), a session *i* that waited and
-a session *j* that arrived after it and took room within the budgets (decision ``room``) before *i*
-was admitted is one *overtake*. Admitted past a budget (``over_budget``, ``after_wait``) takes
-nobody's room and is no overtake. Within one replica the queue's head-of-line rule leaves none, so
-with N replicas on one machine (one clock) the overtakes counted are across replicas. The table
-keeps each session's latest admission: a session admitted anew after ending counts at its last.
+a session *j* that arrived after it and took a seat (``room``, ``released`` or ``rotated``) before *i*
+was seated is one *overtake*. A session whose latest record is its park (``parked``) is left out:
+that record says when it gave up its seat, not when it took one. Within one replica the queue's
+head-of-line rule leaves none, so with N replicas on one machine (one clock) the overtakes counted
+are across replicas. The table keeps each session's latest admission: a session admitted anew after
+ending counts at its last.
 """
 
 from __future__ import annotations
@@ -37,21 +38,22 @@ def admission_records(url: str) -> list[dict[str, Any]]:
 
 
 def overtakes(records: list[dict[str, Any]]) -> int:
-    """Pairs (earlier waiter, later arrival that took room within the budgets before it)."""
-    spans = [(r["at"] - r["waited_s"], r["at"], r["decision"], r["waited_s"]) for r in records]
+    """Pairs (earlier waiter, later arrival that took a seat before it)."""
+    seated = [r for r in records if r["decision"] != "parked"]
+    spans = [(r["at"] - r["waited_s"], r["at"], r["waited_s"]) for r in seated]
     count = 0
-    for arrived, admitted, _, waited in spans:
+    for arrived, admitted, waited in spans:
         if waited <= 0:
             continue
-        for other_arrived, other_admitted, decision, _ in spans:
-            if decision == "room" and arrived < other_arrived and other_admitted < admitted:
+        for other_arrived, other_admitted, _ in spans:
+            if arrived < other_arrived and other_admitted < admitted:
                 count += 1
     return count
 
 
 def wait_order(url: str) -> dict[str, Any]:
     """The figures of the replay behind ``url``: sessions, those that waited, overtakes, and the
-    latest decisions by kind (``room``, ``home``, ``over_budget``, ...) with the seconds waited."""
+    latest decisions by kind (``room``, ``released``, ``rotated``, ``parked``) with the seconds waited."""
     records = admission_records(url)
     decisions: dict[str, dict[str, float]] = {}
     for r in records:

@@ -34,8 +34,8 @@ from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
 #: enough think gaps of its own (``proxy.admission.think_gaps.MIN_SAMPLES``), a session quiet for
 #: longer has most likely ended.
 DEFAULT_IDLE_TTL_S = 300.0
-#: Until the traffic has shown enough request durations, a new session waits for room at most this
-#: long (then the learned bound: a long request's duration, see ``proxy/admission/timing.py``).
+#: Until the traffic has shown enough request durations, a session waits for a seat this long before
+#: one rotates to it (then the learned bound: a few long requests, ``proxy/admission/timing.py``).
 DEFAULT_WAIT_S = 30.0
 
 ENV_PREFIX = "PREFIXGATE_"
@@ -113,7 +113,7 @@ class Settings(BaseModel):
     debug_headers: bool = False
     # sessions and admission control (proxy/sessions.py, proxy/admission.py)
     no_admission: bool = False
-    admission_policy: Literal["cost", "budget"] = "cost"
+    admission_queue: int = Field(default=1024, ge=0)
     target_fraction: float = Field(default=0.8, gt=0, le=1.0)
     # None: learned from the traffic (think gaps, request durations); a value overrides
     session_idle_ttl: float | None = Field(default=None, gt=0)
@@ -246,10 +246,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("debug_headers", bool, "add x-prefixgate-canonical-rewrites (rules applied) to responses"),
     Option("no_admission", bool, "admit every new session (no per-rank KV budget, no queue, no 429)"),
     Option(
-        "admission_policy",
-        str,
-        "cost (admit past a rank's budget when that costs less than waiting, never refuse for lack of "
-        "room) or budget (hold every budget, 429 after the wait)",
+        "admission_queue",
+        int,
+        "most sessions waiting for a seat on this replica; one more is answered 429 with Retry-After "
+        "(0: no limit)",
     ),
     Option("target_fraction", float, "share of a rank's KV pool its active sessions may fill (its budget)"),
     Option(
@@ -262,8 +262,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "admission_wait",
         float,
-        "override: seconds a new session waits at most for room (unset: learned from requests' durations, "
-        "from the default; the cost policy stops sooner, when its first token would come sooner by going in)",
+        "override: seconds a session waits for a seat before quiet residents are parked for it (the "
+        "rotation bound; unset: learned from requests' durations, from the default)",
         starts_at=DEFAULT_WAIT_S,
     ),
     Option("max_sessions_per_rank", int, "most active sessions on one rank (0: no limit)"),

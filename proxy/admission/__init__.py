@@ -1,15 +1,16 @@
 """Stage 5, admit: per-rank session budgets against the KV pool (see ``gate.py``).
 
-- ``gate.py``: ``Admission``, the stage's face (admit, placed, finished, release, count, refresh);
+- ``gate.py``: ``Admission``, the stage's face (admit, placed, finished, release, count, refresh),
+  and the whole rule in its docstring;
 - ``accounting.py``: the pure count of each rank's active sessions and reservations;
-- ``room.py``: which ranks have room for a new session within their budgets, which session leaves a
-  rank that outgrew its pool (the ``budget`` policy);
-- ``cost.py``: the ``cost`` policy (the default): admit where it costs least, or wait when waiting
-  costs less;
-- ``queue.py``: the wait for room, by priority and weighted-fair across client keys;
+- ``room.py``: which ranks have room for a session within their budgets, which session leaves a
+  rank that outgrew its pool;
+- ``rotation.py``: which quiet residents are parked for a session waiting past the rotation bound;
+  ``seat.py``: the seat granted;
+- ``queue.py``: the wait for a seat, by priority and weighted-fair across client keys;
 - ``growth.py``, ``think_gaps.py``, ``timing.py``, ``rank_speed.py``: what the traffic and the ranks
-  teach (how far sessions grow, how long agents think, when a session has ended, how long a new one
-  may wait, how fast each rank computes);
+  teach (how far sessions grow, how long agents think, when a session has ended, the rotation
+  bound, how fast each rank computes);
 - ``turns.py``, ``moves.py``: a session's record as its turns come, fail and move;
 - ``explain.py``: each decision, said (the session's record, the metrics); ``refusals.py``: the 429s
   and the 400;
@@ -41,7 +42,7 @@ def admission_from_settings(
     order: WaitOrder | None = None,
     speeds: RankSpeeds | None = None,
 ) -> Admission:
-    """``Admission`` for ``no_admission``, ``admission_policy``, ``target_fraction``,
+    """``Admission`` for ``no_admission``, ``admission_queue``, ``target_fraction``,
     ``session_idle_ttl`` and ``admission_wait`` (None: learned), ... ."""
     config = AdmissionConfig(
         enabled=not settings.no_admission,
@@ -50,7 +51,7 @@ def admission_from_settings(
         wait=settings.admission_wait,
         max_sessions_per_rank=settings.max_sessions_per_rank or None,
         block_size=block_size,
-        policy=settings.admission_policy,
+        max_queue=settings.admission_queue or None,
     )
     return Admission(table, fleet, config, metrics, placement, claims, order, speeds)
 

@@ -21,10 +21,8 @@ RESERVATION_TTL_S = 30.0
 #: Without a token count (policies that skip the blocks stage) a prompt is estimated from its body.
 BYTES_PER_TOKEN = 4
 
-#: The admission policies: ``cost`` (the default) weighs admitting past a rank's budget against
-#: waiting for room (``cost.py``); ``budget`` holds every rank to its budget and answers 429 after
-#: the wait (``room.py``), for operators who want a hard memory cap.
-POLICIES = ("cost", "budget")
+#: Sessions waiting for a seat, per replica, past which a new one is answered 429 (Retry-After).
+DEFAULT_MAX_QUEUE = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,18 +31,16 @@ class AdmissionConfig:
     target_fraction: float = DEFAULT_TARGET_FRACTION
     #: Seconds after which a quiet session has ended; None: learned from the think gaps (``timing``).
     idle_ttl: float | None = DEFAULT_IDLE_TTL_S
-    #: Seconds a new session waits for room at most; None: learned from request durations.
+    #: Seconds a session waits for a seat before one rotates to it; None: learned from request
+    #: durations.
     wait: float | None = DEFAULT_WAIT_S
     max_sessions_per_rank: int | None = None
     block_size: int = 16
     release_factor: float = DEFAULT_RELEASE_FACTOR
     #: Fraction of ``idle_ttl``: the least idle time after which a session can be reclaimed.
     release_min_fraction: float = DEFAULT_RELEASE_MIN_FRACTION
-    policy: str = "cost"
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown admission policy {self.policy!r}; one of {', '.join(POLICIES)}")
+    #: Sessions waiting for a seat past which a new one is refused (None: no limit).
+    max_queue: int | None = DEFAULT_MAX_QUEUE
 
     def release_after(
         self, session: Session, typical_gap: float | None = None, idle_ttl: float | None = None

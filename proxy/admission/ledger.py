@@ -14,15 +14,15 @@ from typing import Protocol
 
 from proxy.admission.accounting import RankState, Reservation, count, log_over_pool
 from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
-from proxy.admission.cost import Choice
 from proxy.admission.explain import note_placed
 from proxy.admission.growth import PeakEstimator
 from proxy.admission.moves import Moves
 from proxy.admission.queue import WaitQueue
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.room import Room, find_room
+from proxy.admission.seat import Seat
 from proxy.admission.timing import LearnedTime
-from proxy.admission.turns import Before, lost_tokens, settle
+from proxy.admission.turns import Before, settle
 from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
 from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
@@ -59,8 +59,8 @@ class Admitted:
     before: Before | None = None
     #: This request admitted the session anew (new, or back after ending).
     fresh: bool = False
-    #: The decision that admitted it anew (None: active, homed, or admission off).
-    choice: Choice | None = None
+    #: The seat that admitted it anew (None: active, homed, or admission off).
+    seat: Seat | None = None
     waited_s: float = 0.0
 
 
@@ -93,8 +93,8 @@ class Ledger(Observer):
         self.queue = WaitQueue(self.poll_interval(), order)
         self._reservations: dict[str, Reservation] = {}
         self._over_pool: set[str] = set()
-        #: Ranks holding a session admitted past their budget, until they are back within it.
-        self._over_budget: set[str] = set()
+        #: Client keys' fair-share weights, by label, as their requests show them (who is parked).
+        self._weights: dict[str, float] = {}
         #: Peaks of the sessions that ended (idled out or deleted): how far sessions grow.
         self.peaks = PeakEstimator()
         #: Active sessions at the last refresh and their context: one missing next time has ended.
@@ -108,9 +108,8 @@ class Ledger(Observer):
         return self.time.typical_gap()
 
     def release_after(self, session: Session) -> float:
-        """Quiet seconds after its last answer from which ``session`` has most likely ended: for the
-        ``cost`` policy, once the traffic says enough, when its chance of coming back falls below
-        ``timing.P_ENDED``; else ``AdmissionConfig.release_after``'s think-gap rule."""
+        """Quiet seconds after its last answer from which ``session`` has most likely ended
+        (``AdmissionConfig.release_after``'s think-gap rule)."""
         return self.time.release_rule()(session)
 
     def poll_interval(self) -> float:
@@ -122,8 +121,6 @@ class Ledger(Observer):
         return {
             "idle_ttl_s": self.time.idle_ttl(),
             "wait_bound_s": self.time.wait_bound(),
-            "ended_after_s": self.time.quiet_ended(),
-            "turns_per_session": self.time.turns_per_session(),
             "learned": self.time.learned(),
         }
 
@@ -155,26 +152,20 @@ class Ledger(Observer):
         head_key: str | None = None,
         head_tokens: int = 0,
         *,
-        force: bool = False,
         queued: bool = False,
         place: str | None = None,
         entry: Entry | None = None,
-        past_budget: frozenset[str] = frozenset(),
     ) -> Reserved:
         """Reserve ``tokens`` for session ``key`` on the ranks of ``room`` that the claims still
         grant (another replica may have taken the room, or a rank's last session place, since this
-        count); ``force``: past their budgets, never past ``max_sessions_per_rank``; ``queued``: a
-        new session's room, which waits its turn behind every replica's waiters (``place``: its
-        own, while it waits; ``claims.Ask``); ``entry``: granted none, it takes its place in the
-        shared wait order in the same step (``Reserved.place``); ``past_budget``: ranks chosen past
-        their budgets (``Choice.past_budget``), asked without one. The ranks granted, empty when
-        none is."""
-        budgets = {name: None if name in past_budget else self._budget(name) for name in room.allowed}
+        count); ``queued``: a session's room that waits its turn behind every replica's waiters
+        (``place``: its own, while it waits; ``claims.Ask``); ``entry``: granted none, it takes its
+        place in the shared wait order in the same step (``Reserved.place``). The ranks granted,
+        empty when none is."""
+        budgets = {name: self._budget(name) for name in room.allowed}
         body = tokens - head_tokens if head_key is not None else tokens
         ttl, cap = self.time.idle_ttl(), self.config.max_sessions_per_rank
-        ask = Ask(
-            key, budgets, body, head_key, head_tokens, force, ttl, RESERVATION_TTL_S, cap, queued, place
-        )
+        ask = Ask(key, budgets, body, head_key, head_tokens, ttl, RESERVATION_TTL_S, cap, queued, place)
         reserved = self.claims.reserve_or_enter(ask, entry)
         if reserved.granted:
             # in the same step as the room check: the next waiter must see this session's claim
@@ -230,13 +221,6 @@ class Ledger(Observer):
         states = self._count(active, now)
         self.moves.counted(states)
         log_over_pool(states, self._over_pool)
-        self._over_budget = {
-            name
-            for name in self._over_budget
-            if (s := states.get(name)) is not None
-            and s.budget_tokens is not None
-            and s.projected_tokens > s.budget_tokens
-        }
         return states
 
     def projected(self, tokens: int) -> int:
@@ -244,44 +228,35 @@ class Ledger(Observer):
         return self.peaks.expected_peak(tokens)
 
     def _learn(self, active: list[Session]) -> None:
-        """What the table shows closed since the last refresh: each active session's new quiet spells
-        (the growth of its think-gap count; the latest gap's length joins the distribution) and its
-        newly answered request's duration. Learned from the table every replica shares, like the
-        spells that did not close (``_note_ended``), so N replicas learn what one serving everything
-        learns: a replica that counted only the returns it served against every end found N times
-        too many spells ending, and one that learned gaps and durations from its own requests alone
-        needed N times the traffic to learn its clocks."""
-        returned = sum(self._learn_from(session) for session in active)
+        """What the table shows closed since the last refresh: each active session's new think gaps
+        and its newly answered request's duration. Learned from the table every replica shares, so
+        N replicas learn what one serving everything learns (one that learned from its own requests
+        alone needed N times the traffic to learn its clocks)."""
+        for session in active:
+            self._learn_from(session)
         seen = self._seen
         while len(seen) > len(active) + GAP_COUNTS_KEPT:  # ended sessions, least recently seen first
             del seen[next(iter(seen))]
-        self.time.note_returns(returned)
 
-    def _learn_from(self, session: Session) -> int:
-        """Learn what ``session``'s record shows new since it was last seen; its new quiet spells."""
+    def _learn_from(self, session: Session) -> None:
+        """Learn what ``session``'s record shows new since it was last seen."""
         seen = self._seen
         gaps, answered = seen.pop(session.key, (0, 0.0))  # re-inserted: the order is last seen
         if session.answered_at > answered and session.served_s > 0:
             self.time.note_duration(session.served_s)
         seen[session.key] = (max(session.gaps, gaps), max(session.answered_at, answered))
-        if session.gaps <= gaps:
-            return 0
-        self.time.note_gap(session.gap_last)
-        return session.gaps - gaps
+        if session.gaps > gaps:
+            self.time.note_gap(session.gap_last)
 
     def _note_ended(self, live: dict[str, int]) -> None:
         """Sessions active at the last refresh and not now have ended: their last context is their
-        peak (unless admission released them: cut short, they may come back and grow on)."""
+        peak (unless admission parked or released them: cut short, they may come back and grow on)."""
         for key, tokens in self._live.items():
             if key not in live:
                 self.claims.release(key)
                 ended = self.table.get(key, breaks=False)
-                turns, lived = (ended.turns, ended.last_seen - ended.created) if ended else (None, None)
-                if ended is not None and ended.released:
-                    self.time.note_released(turns, lived)
-                else:
+                if ended is None or not ended.released:
                     self.peaks.add(tokens)
-                    self.time.note_end(turns, lived)
         self._live = live
 
     def _expire_reservations(self) -> None:
@@ -314,9 +289,7 @@ class Ledger(Observer):
                 if released is not None and released.released:
                     self.claims.release(victim)
         if admitted.fresh:
-            note_placed(session, rank.name, admitted.choice, self.metrics)
-            if admitted.choice is not None and admitted.choice.decision in ("over_budget", "after_wait"):
-                self._over_budget.add(rank.name)
+            note_placed(session, rank.name)
         moved = session.rank != rank.name
         self.moves.move(self.table, session, rank.name)
         if admitted.fresh or moved or reservation is not None:  # else its answer updates the claim
@@ -343,12 +316,6 @@ class Ledger(Observer):
         usage = outcome.usage
         if usage is not None:
             self.moves.track(rank, settle(session, usage, self.config.block_size))
-            before = admitted.before
-            lost = lost_tokens(before, usage, self.config.block_size)
-            if before is not None and before.context_tokens > 0 and usage.cached_tokens is not None:
-                session.kept_share = max(0.0, 1.0 - lost / before.context_tokens)
-            if lost and rank in self._over_budget and self.metrics is not None:
-                self.metrics.admission_later_misses.labels(rank).inc(lost)
         session.served_s = 0.0 if admitted.waited_s else time.perf_counter() - outcome.ctx.started
         session.answered_at = session.last_seen
         self.table.save(session)
@@ -380,8 +347,7 @@ class Ledger(Observer):
         session = self.table.delete(key)  # first: the claim's release wakes other replicas' waiters
         self.claims.release(key)
         if session is not None:
-            self.time.note_returns(self._learn_from(session))  # what no refresh saw of it yet
-            self.time.note_end()
+            self._learn_from(session)  # what no refresh saw of it yet
         self.queue.notify()
         return session
 

@@ -9,8 +9,7 @@ and a key arriving later is not stuck behind another key's whole backlog. Equal 
 first served.
 
 Only the waiter at the head checks for room (so a small later session cannot overtake a large
-earlier one); a waiter behind it checks only for what takes nobody's room (``attempt_behind``:
-admitted past a budget, which the head's wait does not change). Every change that may free room
+earlier one). Every change that may free room
 (an answer, a release, a waiter leaving, a rank's new figures) wakes the waiters, and a poll
 interval catches what no event signals (sessions idling out with time, and what other replicas do).
 
@@ -133,19 +132,15 @@ class WaitQueue:
     async def wait(
         self,
         attempt: Callable[[], T | None],
-        timeout: float,
         on_depth: Callable[[int], None],
         ticket: Ticket | None = None,
-        limit: Callable[[], float] | None = None,
-        attempt_behind: Callable[[], T | None] | None = None,
         on_place: Callable[[str | None], None] | None = None,
         entered: Place | None = None,
     ) -> T:
-        """``attempt()``'s first non-None result, tried whenever this waiter is at the head (and
-        ``attempt_behind()``'s while it is not); raises ``TimeoutError`` after ``timeout`` seconds,
-        or sooner when ``limit()`` (re-read as it waits: a bound learned meanwhile) says fewer.
-        ``on_depth(n)`` is told the queue's length as it changes; ``on_place(id)``, before the first
-        attempt, the waiter's place in the shared order (None: none), which its attempts name where
+        """``attempt()``'s first non-None result, tried whenever this waiter is at the head: it waits
+        until then, or until it is cancelled (its client left; admission's rotation is what bounds
+        the wait). ``on_depth(n)`` is told the queue's length as it changes; ``on_place(id)``, before
+        the first attempt, the waiter's place in the shared order (None: none), which its attempts name where
         room is taken (granted only if no replica has a waiter before it); ``entered``: the place
         it already took, in the step that found no room (``reserve_or_enter``)."""
         self._watch()
@@ -153,14 +148,11 @@ class WaitQueue:
         if on_place is not None:
             on_place(waiter.place.id if waiter.place is not None else None)
         on_depth(len(self._waiters))
-        started = time.monotonic()
-        deadline = started + timeout
         served = False
         try:
             while True:
-                check = attempt if self._waiters[0] is waiter else attempt_behind
-                if check is not None:
-                    found = check()
+                if self._waiters[0] is waiter:
+                    found = attempt()
                     if found is not None:
                         served = True
                         return found
@@ -168,14 +160,9 @@ class WaitQueue:
                 if waiter.place is not None and now - self._renewed >= LEASE_S / 3:
                     self._renewed = now
                     self.order.renew([w.place for w in self._waiters if w.place is not None], LEASE_S)
-                if limit is not None:
-                    deadline = min(deadline, started + limit())
-                left = deadline - now
-                if left <= 0:
-                    raise TimeoutError
                 changed = self._changed
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(left, self.poll_interval))
+                    await asyncio.wait_for(changed.wait(), self.poll_interval)
         finally:
             self._leave(waiter, served)
             on_depth(len(self._waiters))

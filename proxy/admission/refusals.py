@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from proxy.admission.accounting import RankState
-from proxy.admission.config import AdmissionConfig
 from proxy.errors import ProxyError, too_many_requests
 from proxy.state.sessions import Session
 
@@ -31,37 +29,13 @@ def client_at_cap(
     )
 
 
-def no_room(
-    tokens: int, states: dict[str, RankState], config: AdmissionConfig, now: float, wait_s: float
-) -> tuple[str, ProxyError]:
-    """(reason, the 429) for a new session of ``tokens`` that found no rank with room within
-    ``wait_s`` seconds."""
-    waits = [s.next_idle_at - now for s in states.values() if s.next_idle_at is not None]
-    retry_after = min(waits) if waits else wait_s
-    budget_full = any(s.budget_tokens is not None for s in states.values())
-    reason = "pool_full" if budget_full else "rank_sessions"
-    summary = ", ".join(
-        f"{s.name} {s.projected_tokens}/{s.budget_tokens} tokens as its sessions grow "
-        f"({s.working_set_tokens} now), {s.sessions} sessions"
-        for s in states.values()
-    )
-    log.info("429: no rank has room for a new session of %d tokens (%s)", tokens, summary)
-    return reason, too_many_requests(
-        f"no rank has room for a new session of {tokens} prompt tokens after waiting "
-        f"{wait_s:g} s: every rank's active sessions fill its KV cache budget "
-        f"({config.target_fraction:g} of its pool) or its session limit ({summary})",
-        "admission_" + reason,
-        retry_after,
-    )
-
-
-def overloaded(tokens: int, retry_after: float) -> ProxyError:
-    """The 429 when every rank's queue is saturated: waiting for room would not help."""
-    log.info("429: every rank's prefill queue is saturated (a new session of %d tokens)", tokens)
+def queue_full(waiting: int, retry_after: float) -> ProxyError:
+    """The 429 when ``waiting`` sessions already wait for a seat (``--admission-queue``)."""
+    log.warning("429: %d sessions already wait for a seat, the queue's limit", waiting)
     return too_many_requests(
-        f"every rank's prefill queue is saturated: a new session of {tokens} prompt tokens would wait "
-        f"about {retry_after:.0f} s behind it; retry later",
-        "admission_overload",
+        f"{waiting} sessions already wait for a seat on a rank, the most this proxy holds "
+        "(--admission-queue); retry later",
+        "admission_queue_full",
         retry_after,
     )
 

@@ -82,12 +82,3 @@ def settle(session: Session, usage: Usage, block_size: int) -> int:
     session.context_tokens = context
     session.context_blocks = -(-context // block_size)
     return delta
-
-
-def lost_tokens(before: Before | None, usage: Usage, block_size: int) -> int:
-    """Tokens of the session's previous context the rank no longer held (it recomputed them): the
-    full blocks of that context this prompt could have hit, minus the hit."""
-    if before is None or usage.cached_tokens is None:
-        return 0
-    hittable = min(before.context_tokens, usage.prompt_tokens - 1) // block_size * block_size
-    return max(hittable - usage.cached_tokens, 0)

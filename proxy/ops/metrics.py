@@ -216,53 +216,44 @@ class Metrics:
         )
         self.admission_queue_depth = Gauge(
             "prefixgate_admission_queue_depth",
-            "New sessions waiting for a rank with room (this replica's FIFO queue)",
+            "Sessions waiting for a seat on a rank (this replica's queue)",
             registry=r,
         )
         self.admission_queued = Counter(
             "prefixgate_admission_queued",
-            "New sessions that had to wait in the admission queue (admitted or refused later)",
+            "Sessions that had to wait for a seat in the admission queue",
             registry=r,
         )
         self.admission_rejected = Counter(
             "prefixgate_admission_rejected",
-            "New sessions answered 429 or 400, by reason (pool_full, rank_sessions, client_sessions, "
-            "overload, context_length)",
+            "Sessions answered 429 or 400 by admission, by reason (client_sessions, queue_full, "
+            "context_length)",
             ("reason",),
             registry=r,
         )
         self.admission_decisions = Counter(
             "prefixgate_admission_decisions",
-            "Admission decisions for new or returning sessions, by decision (room, home, over_budget, "
-            "after_wait)",
+            "Seats given to new or returning sessions, by decision (room: within a budget; released: "
+            "once sessions judged ended gave up theirs; rotated: once quiet residents were parked)",
             ("decision",),
             registry=r,
         )
         self.admission_wait = Histogram(
             "prefixgate_admission_wait_seconds",
-            "Time new sessions waited in the admission queue before admission (those that waited)",
+            "Time sessions waited for a seat (those that waited)",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.admission_over_budget = Counter(
-            "prefixgate_admission_over_budget",
-            "Sessions admitted past a rank's budget (evicting cost less than waiting, or the wait "
-            "bound passed), by the backend they went to",
+        self.admission_parked = Counter(
+            "prefixgate_admission_parked",
+            "Quiet sessions that gave up their seat for a session waiting past the rotation bound, by "
+            "the backend they were parked on",
             ("backend",),
             registry=r,
         )
-        self.admission_expected_recompute = Counter(
-            "prefixgate_admission_expected_recompute_tokens",
-            "Tokens of other sessions that over-budget admissions were expected to make the backend "
-            "recompute (evicted blocks weighted by their sessions' chance of coming back)",
-            ("backend",),
-            registry=r,
-        )
-        self.admission_later_misses = Counter(
-            "prefixgate_admission_later_miss_tokens",
-            "Tokens of their previous context that sessions found evicted on a backend while it held "
-            "sessions admitted past its budget (the realized cost of over-budget admissions)",
-            ("backend",),
+        self.admission_resumed = Counter(
+            "prefixgate_admission_resumed",
+            "Sessions seated again after they were parked or judged ended",
             registry=r,
         )
         self.admission_idle_ttl = Gauge(
@@ -273,7 +264,8 @@ class Metrics:
         )
         self.admission_wait_bound = Gauge(
             "prefixgate_admission_wait_bound_seconds",
-            "Longest wait of a new session for room (configured or learned from request durations)",
+            "Wait for a seat after which quiet residents are parked for it (configured or learned from "
+            "request durations)",
             registry=r,
         )
         self.rank_prefill_rate = Gauge(

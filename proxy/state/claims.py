@@ -36,17 +36,14 @@ class Ask:
     body: int
     head: str | None
     head_tokens: int
-    #: Past the budgets (the cost policy chose so): every rank asked is granted.
-    force: bool
     #: Claims untouched this long (seconds) have ended; the reservation lapses after ``expires_in``.
     idle_ttl: float
     expires_in: float
-    #: At most this many sessions claimed or reserved on one rank (None: no cap). A hard cap: even
-    #: ``force`` does not pass it.
+    #: At most this many sessions claimed or reserved on one rank (None: no cap).
     max_sessions: int | None = None
     #: A new session's room takes its turn in the wait order shared by replicas
     #: (``wait_order.py``): within the budgets, granted only to the first ``place`` there, or with
-    #: no place (not waiting) only while nobody waits. Past them (``force``) nobody's room is taken.
+    #: no place (not waiting) only while nobody waits.
     queued: bool = False
     place: str | None = None
 

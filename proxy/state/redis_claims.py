@@ -94,8 +94,8 @@ local function say_freed(channel)
 end
 """
 
-#: ARGV: now, reservation TTL s, idle TTL s, key, body, head ('-': none), head tokens, force (0/1),
-#: sessions per rank (-1: no cap; ``force`` does not pass it), the wait order's say (``0``: none;
+#: ARGV: now, reservation TTL s, idle TTL s, key, body, head ('-': none), head tokens,
+#: sessions per rank (-1: no cap), the wait order's say (``0``: none;
 #: ``-``: not waiting, granted while nobody waits; else the place, granted at the head), the place
 #: to enter when none is granted (``enter_place``'s lease s, id, client, priority, weight; a lease
 #: of ``-``: none, and the four after it unused), then rank, budget (-1: none) pairs. KEYS 8 to 11:
@@ -106,13 +106,13 @@ RESERVE = (
     + LAPSE
     + """
 local now, key = tonumber(ARGV[1]), ARGV[4]
-local body, head, head_tokens, force = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), ARGV[8] == '1'
-local cap = tonumber(ARGV[9])
+local body, head, head_tokens = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local cap = tonumber(ARGV[8])
 local Q, P, L, F = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local function none_granted()
-  if ARGV[11] == '-' then return {''} end
-  local member = enter_place(Q, P, L, F, now, tonumber(ARGV[11]), ARGV[12], ARGV[13], tonumber(ARGV[14]),
-    tonumber(ARGV[15]))
+  if ARGV[10] == '-' then return {''} end
+  local member = enter_place(Q, P, L, F, now, tonumber(ARGV[10]), ARGV[11], ARGV[12], tonumber(ARGV[13]),
+    tonumber(ARGV[14]))
   return {member}
 end
 for _, k in ipairs(redis.call('ZRANGEBYSCORE', E, '-inf', now, 'LIMIT', 0, %(batch)d)) do
@@ -123,17 +123,17 @@ for _, k in ipairs(redis.call('ZRANGEBYSCORE', S, '-inf', now - tonumber(ARGV[3]
 end
 drop_reservation(key)
 drop_claim(key)
-if not force and ARGV[10] ~= '0' and not first_place(Q, P, L, now, ARGV[10]) then
+if ARGV[9] ~= '0' and not first_place(Q, P, L, now, ARGV[9]) then
   return none_granted()
 end
 local granted, parts = {''}, {}
-for i = 16, #ARGV, 2 do
+for i = 15, #ARGV, 2 do
   local rank, budget = ARGV[i], tonumber(ARGV[i + 1])
   local total = tonumber(redis.call('HGET', T, rank) or '0')
   local need = body
   if head == '-' or redis.call('HEXISTS', H, rank .. '\\t' .. head) == 0 then need = need + head_tokens end
   local full = cap >= 0 and tonumber(redis.call('HGET', N, rank) or '0') >= cap
-  if not full and (force or budget < 0 or total <= 0 or total + need <= budget) then
+  if not full and (budget < 0 or total <= 0 or total + need <= budget) then
     granted[#granted + 1] = rank
     parts[#parts + 1] = rank
     parts[#parts + 1] = tostring(need)
@@ -245,7 +245,6 @@ class RedisClaims:
             max(ask.body, 0),
             ask.head or "-",
             ask.head_tokens if ask.head else 0,
-            1 if ask.force else 0,
             -1 if ask.max_sessions is None else ask.max_sessions,
             (ask.place or "-") if ask.queued else "0",
             *entering,

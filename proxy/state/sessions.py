@@ -77,11 +77,12 @@ class Session:
     #: (key: the hash of its last full block, hex); a rank holds it once whatever its sessions.
     head_key: str | None = None
     head_tokens: int = 0
-    #: Ended by admission (idle past its own think times while a new session needed its room).
+    #: Without a seat: ended by admission (quiet past its own think times while a new session needed
+    #: its room), or parked for a waiter (``parks`` counts those); its next turn waits for a seat.
     released: bool = False
-    #: The share of its previous context its rank still held at its last answered turn (1 for a
-    #: first turn): below half, its rank has lost it and keeping it there saves nothing.
-    kept_share: float = 1.0
+    #: When it last took a seat (wall clock): a seat just given is not taken back (``rotation.py``).
+    seated_at: float = 0.0
+    parks: int = 0
     #: Admission's last decision for it (``proxy/admission/explain.py``): why it waited, where it went,
     #: the costs it weighed.
     admission: dict[str, Any] | None = None

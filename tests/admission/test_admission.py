@@ -18,9 +18,9 @@ def sessions_of(url: str, **params: str) -> list[dict]:
     return answer.json()["data"]
 
 
-def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+def test_budget_accounting_fills_each_rank_to_its_budget_then_rotates(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(2)
-    proxy = gateway(ranks, admission_policy="budget", admission_wait=0.2, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_wait=0.3, session_idle_ttl=60)
     for n in range(4):
         assert chat(proxy.url, f"s{n}", 700).status_code == 200
     rows = sessions_of(proxy.url)
@@ -38,27 +38,47 @@ def test_budget_accounting_fills_each_rank_to_its_budget_then_refuses(rank_serve
         assert metric(proxy.url, "prefixgate_sessions_active", backend=name) == 2
         assert metric(proxy.url, "prefixgate_rank_pool_tokens", backend=name) == KV_TOKENS
 
-    refused = chat(proxy.url, "s4", 700)
-    assert refused.status_code == 429
-    assert int(refused.headers["retry-after"]) >= 1
-    error = refused.json()["error"]
-    assert error["type"] == "rate_limit_error" and error["code"] == "admission_pool_full"
-    assert "no rank has room" in error["message"]
-    assert metric(proxy.url, "prefixgate_admission_rejected_total", reason="pool_full") == 1
-
-    # an explicit end releases the budget at once
-    victim = rows[0]["id"]
-    assert httpx.delete(f"{proxy.url}/admin/sessions/{victim}", timeout=5).json()["deleted"] is True
-    assert httpx.get(f"{proxy.url}/admin/sessions/{victim}", timeout=5).status_code == 404
+    # a fifth session is not refused: it waits the rotation bound, then the resident quiet longest
+    # (s0, answered first) gives up its seat for it
     assert chat(proxy.url, "s4", 700).status_code == 200
-    assert {r["id"] for r in sessions_of(proxy.url)} == {"s1", "s2", "s3", "s4"} - {victim} | (
-        {"s0"} if victim != "s0" else set()
-    )
+    assert metric(proxy.url, "prefixgate_admission_queued_total") == 1
+    assert metric(proxy.url, "prefixgate_admission_rejected_total", reason="pool_full") is None
+    parked = httpx.get(f"{proxy.url}/admin/sessions/s0", timeout=5).json()
+    assert parked["admission"]["decision"] == "parked" and "for session s4" in parked["admission"]["reason"]
+    assert not parked["active"] and parked["parks"] == 1
+    seated = httpx.get(f"{proxy.url}/admin/sessions/s4", timeout=5).json()["admission"]
+    assert seated["decision"] == "rotated" and seated["parked"] == ["s0"] and seated["waited_s"] >= 0.3
+    assert metric(proxy.url, "prefixgate_admission_parked_total", backend=parked["rank"]) == 1
+    assert seated["rank"] == parked["rank"]  # the seat s0 gave up
+
+    # an explicit end releases the budget at once: the next session needs no rotation
+    assert httpx.delete(f"{proxy.url}/admin/sessions/s1", timeout=5).json()["deleted"] is True
+    assert httpx.get(f"{proxy.url}/admin/sessions/s1", timeout=5).status_code == 404
+    assert chat(proxy.url, "s5", 700).status_code == 200
+    assert httpx.get(f"{proxy.url}/admin/sessions/s5", timeout=5).json()["admission"]["decision"] == "room"
+    assert metric(proxy.url, "prefixgate_admission_queued_total") == 1
+
+
+def test_a_parked_session_waits_for_a_seat_and_resumes(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
+    proxy = gateway(ranks, admission_wait=0.3, session_idle_ttl=60)
+    for key in ("a", "b"):
+        assert chat(proxy.url, key, 700).status_code == 200
+    assert chat(proxy.url, "c", 700).status_code == 200  # a parked for it
+    assert httpx.get(f"{proxy.url}/admin/sessions/a", timeout=5).json()["admission"]["decision"] == "parked"
+    # a's next turn queues like a newcomer's; b is now quiet longest (c has not held its seat a
+    # bound yet, and a seat just given is not taken back)
+    assert chat(proxy.url, "a", 760).status_code == 200
+    record = httpx.get(f"{proxy.url}/admin/sessions/a", timeout=5).json()
+    assert record["admission"]["decision"] == "rotated" and record["admission"]["resumed"] is True
+    assert record["admission"]["parked"] == ["b"] and record["turns"] == 2 and record["active"]
+    assert metric(proxy.url, "prefixgate_admission_resumed_total") == 1
+    assert httpx.get(f"{proxy.url}/admin/sessions/c", timeout=5).json()["active"]
 
 
 def test_queued_session_is_admitted_when_one_idles_out(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_policy="budget", admission_wait=15, session_idle_ttl=2.0)
+    proxy = gateway(ranks, admission_wait=15, session_idle_ttl=2.0)
     assert chat(proxy.url, "a", 700).status_code == 200
     assert chat(proxy.url, "b", 700).status_code == 200
     answer = chat(proxy.url, "c", 700)  # queued until a and b idle out
@@ -71,7 +91,7 @@ def test_queued_session_is_admitted_when_one_idles_out(rank_servers, gateway) ->
 
 def test_queue_is_first_come_first_served(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_policy="budget", admission_wait=15, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_wait=15, session_idle_ttl=60)
     for key in ("a", "b"):
         assert chat(proxy.url, key, 700).status_code == 200
     first = Background(lambda: chat(proxy.url, "first", 700))
@@ -85,13 +105,14 @@ def test_queue_is_first_come_first_served(rank_servers, gateway) -> None:  # typ
     assert second.result().status_code == 200
 
 
-def test_a_sessions_own_turns_are_never_refused(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+def test_a_seated_sessions_own_turns_are_never_held(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_policy="budget", admission_wait=0.1, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_wait=30, session_idle_ttl=60)
     assert chat(proxy.url, "a", 700).status_code == 200
     assert chat(proxy.url, "b", 700).status_code == 200
-    assert chat(proxy.url, "c", 700).status_code == 429  # full
-    # a grows past the budget and b with it past the pool: both keep being served
+    waiting = Background(lambda: chat(proxy.url, "c", 700, timeout=1.0))  # full: c waits
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 1)
+    # a grows past the budget and b with it past the pool: both keep being served at once
     for tokens in (900, 1300, 1700):
         assert chat(proxy.url, "a", tokens).status_code == 200
     assert chat(proxy.url, "b", 760).status_code == 200
@@ -103,8 +124,28 @@ def test_a_sessions_own_turns_are_never_refused(rank_servers, gateway) -> None: 
     name = ranks[0].name
     assert metric(proxy.url, "prefixgate_rank_over_pool", backend=name) == 1
     assert metric(proxy.url, "prefixgate_rank_working_set_tokens", backend=name) == working_set
-    # an over-pool rank takes no new session, even a tiny one
-    assert chat(proxy.url, "tiny", 10).status_code == 429
+    try:
+        waiting.result()
+        raise AssertionError("c should still have been waiting for a seat when its client gave up")
+    except httpx.TimeoutException:
+        pass
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 0)
+    assert metric(proxy.url, "prefixgate_admission_rejected_total", reason="queue_full") is None
+
+
+def test_a_queue_past_its_length_is_refused_with_retry_after(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
+    proxy = gateway(ranks, admission_wait=30, admission_queue=1, session_idle_ttl=60)
+    for key in ("a", "b"):
+        assert chat(proxy.url, key, 700).status_code == 200
+    first = Background(lambda: chat(proxy.url, "c", 700, timeout=2.0))
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 1)
+    refused = chat(proxy.url, "d", 700)
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["code"] == "admission_queue_full"
+    assert metric(proxy.url, "prefixgate_admission_rejected_total", reason="queue_full") == 1
+    httpx.delete(f"{proxy.url}/admin/sessions/a", timeout=5)  # the waiter gets the seat
+    assert first.result().status_code == 200
 
 
 def test_client_key_session_cap_and_visibility(rank_servers, gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -138,26 +179,23 @@ def test_no_admission_admits_past_the_budget(rank_servers, gateway) -> None:  # 
 
 def test_two_replicas_share_sessions_through_redis(rank_servers, gateway, redis_server) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    options = {
-        "redis_url": redis_server.url,
-        "admission_policy": "budget",
-        "admission_wait": 0.2,
-        "session_idle_ttl": 60,
-    }
+    options = {"redis_url": redis_server.url, "admission_wait": 30, "session_idle_ttl": 60}
     one = gateway(ranks, **options)
     two = gateway(ranks, **options)
     assert chat(one.url, "a", 700).status_code == 200
     assert chat(one.url, "b", 700).status_code == 200
-    # the other replica sees the rank full through the shared table
+    # the other replica sees the rank full through the shared table: c waits there
     assert {r["id"] for r in sessions_of(two.url)} == {"a", "b"}
-    assert chat(two.url, "c", 700).status_code == 429
+    waiting = Background(lambda: chat(two.url, "c", 700))
+    wait_until(lambda: metric(two.url, "prefixgate_admission_queue_depth") == 1)
     # a turn of a on the other replica continues the same record
     assert chat(two.url, "a", 750).status_code == 200
     record = httpx.get(f"{one.url}/admin/sessions/a", timeout=5).json()
     assert record["turns"] == 2 and record["rank"] == ranks[0].name
-    # an end on one replica frees the budget for the other
-    assert httpx.delete(f"{two.url}/admin/sessions/b", timeout=5).status_code == 200
-    assert chat(one.url, "c", 700).status_code == 200
+    # an end on one replica frees the seat for the other's waiter
+    assert httpx.delete(f"{one.url}/admin/sessions/b", timeout=5).status_code == 200
+    assert waiting.result().status_code == 200
+    assert httpx.get(f"{one.url}/admin/sessions/c", timeout=5).json()["admission"]["decision"] == "room"
 
 
 def test_hit_rate_gauges_follow_what_the_ranks_report(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
@@ -197,7 +235,7 @@ def test_admin_list_sorts_and_paginates(rank_servers, gateway) -> None:  # type:
 
 def test_a_client_that_leaves_the_queue_frees_its_place(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_policy="budget", admission_wait=30, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_wait=30, session_idle_ttl=60)
     for key in ("a", "b"):
         assert chat(proxy.url, key, 700).status_code == 200
     impatient = Background(lambda: chat(proxy.url, "c", 700, timeout=1.0))

@@ -30,7 +30,7 @@ async def serve_in_order(tickets: list[Ticket]) -> list[int]:
         return attempt
 
     waiters = [
-        asyncio.ensure_future(queue.wait(attempt_for(i), 30.0, lambda depth: None, ticket))
+        asyncio.ensure_future(queue.wait(attempt_for(i), lambda depth: None, ticket))
         for i, ticket in enumerate(tickets)
     ]
     for _ in range(3):
@@ -81,25 +81,25 @@ def test_the_keys_file_gives_priority_and_weight(tmp_path: Path) -> None:
             read_keys_file(keys)
 
 
-async def test_a_waiter_behind_the_head_is_admitted_past_a_budget_without_waiting_for_it() -> None:
+async def test_only_the_head_looks_for_room_and_a_cancelled_waiter_leaves() -> None:
     queue = WaitQueue(poll_interval=10.0)
-    head = asyncio.ensure_future(queue.wait(lambda: None, 30.0, lambda depth: None))
+    depths: list[int] = []
+    head = asyncio.ensure_future(queue.wait(lambda: None, depths.append))
     for _ in range(3):
         await asyncio.sleep(0)
-    past_budget: list[str] = []
-    behind = asyncio.ensure_future(
-        queue.wait(
-            lambda: "room",
-            30.0,
-            lambda depth: None,
-            attempt_behind=lambda: past_budget.pop() if past_budget else None,
-        )
-    )
+    looked: list[str] = []
+
+    def behind_attempt() -> str:
+        looked.append("behind")
+        return "room"
+
+    behind = asyncio.ensure_future(queue.wait(behind_attempt, depths.append))
     for _ in range(3):
         await asyncio.sleep(0)
-    assert len(queue) == 2 and not behind.done()  # behind the head: room is not its to take
-    past_budget.append("over_budget")
     queue.notify()
-    assert await asyncio.wait_for(behind, 5) == "over_budget"
-    assert not head.done() and len(queue) == 1
-    head.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(queue) == 2 and not behind.done() and looked == []  # room is the head's to take first
+    head.cancel()  # its client left: it leaves the queue, and the next waiter looks at once
+    assert await asyncio.wait_for(behind, 5) == "room" and looked == ["behind"]
+    assert len(queue) == 0 and depths[-1] == 0

@@ -9,7 +9,7 @@ import pytest
 
 from tests.admission.conftest import chat, metric, prompt_of
 
-STRICT = {"admission_policy": "budget", "admission_wait": 5.0, "session_idle_ttl": 60}
+STRICT = {"admission_wait": 5.0, "session_idle_ttl": 60}
 
 
 def active_sessions(url: str) -> list[dict]:

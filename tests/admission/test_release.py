@@ -3,6 +3,7 @@ sessions idle past their own think times released when (and only when) a new ses
 
 from __future__ import annotations
 
+import asyncio
 import time
 from array import array
 
@@ -13,7 +14,6 @@ from starlette.datastructures import Headers
 from proxy.admission import Admission, AdmissionConfig
 from proxy.apis import CHAT
 from proxy.context import Outcome, RequestContext
-from proxy.errors import ProxyError
 from proxy.stages.usage import Usage
 from proxy.state.memory import MemorySessionStore
 from proxy.state.sessions import Session, SessionTable
@@ -38,14 +38,8 @@ def make(ranks: int = 1, **config: object) -> tuple[Admission, Clock]:
     clock = Clock()
     table = SessionTable(MemorySessionStore(), TTL, clock)
     pool = Fleet(Rank(f"r{i}", f"http://r{i}", pool_tokens=POOL) for i in range(ranks))
-    # the strict budget these tests were written for (tests/admission/test_cost.py: the default)
-    options: dict[str, object] = {
-        "idle_ttl": TTL,
-        "wait": 0.0,
-        "block_size": BLOCK,
-        "policy": "budget",
-        **config,
-    }
+    # a long rotation bound: these tests are about room and release, not rotation (test_rotation.py)
+    options: dict[str, object] = {"idle_ttl": TTL, "wait": 3600.0, "block_size": BLOCK, **config}
     return Admission(table, pool, AdmissionConfig(**options), None), clock  # type: ignore[arg-type]
 
 
@@ -74,6 +68,13 @@ async def turn(adm: Admission, key: str, tokens: int, **head: object) -> Request
     adm.placed(ctx, placed)
     adm.finished(Outcome(ctx, rank, 200, Usage(tokens, 16, 0)))
     return ctx
+
+
+async def waits(adm: Admission, key: str, tokens: int) -> None:
+    """``key``'s request finds no seat: it waits in the queue (it is never refused for lack of room)."""
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(adm.admit(ctx_for(key, tokens)), 0.2)
+    assert len(adm.queue) == 0  # the cancelled waiter left the queue
 
 
 async def two_idle_sessions() -> tuple[Admission, Clock]:
@@ -147,8 +148,7 @@ async def test_sessions_in_flight_or_within_their_think_times_are_not_released()
     await adm.admit(ctx_for("busy", 700))  # never answered: in flight
     clock.now += 90  # thinker is within 2 x its gap, busy is in flight
     assert adm.refresh()["r0"].reclaimable == []
-    with pytest.raises(ProxyError):
-        await adm.admit(ctx_for("new", 700))
+    await waits(adm, "new", 700)
     clock.now += 20  # thinker is past 100 s now
     new = ctx_for("new", 700)
     new.admitted = await adm.admit(new)
@@ -177,8 +177,7 @@ async def test_pending_victims_are_not_claimed_twice() -> None:
     second.admitted = await adm.admit(second)  # a is claimed by c's reservation: d needs b
     assert adm.reservation("c").victims == {"r0": ("a",)}  # type: ignore[union-attr]
     assert adm.reservation("d").victims == {"r0": ("b",)}  # type: ignore[union-attr]
-    with pytest.raises(ProxyError):  # nothing reclaimable is left
-        await adm.admit(ctx_for("e", 700))
+    await waits(adm, "e", 700)  # nothing reclaimable is left
 
 
 async def test_a_shared_head_counts_once_per_rank() -> None:
@@ -201,8 +200,7 @@ async def test_a_shared_head_counts_once_per_rank() -> None:
 async def test_without_a_head_every_session_counts_in_full() -> None:
     adm, _ = make()
     await turn(adm, "a", 1000)
-    with pytest.raises(ProxyError):
-        await adm.admit(ctx_for("b", 1000))
+    await waits(adm, "b", 1000)
     assert adm.refresh()["r0"].working_set_tokens == 1016
 
 
@@ -211,7 +209,7 @@ async def test_without_a_head_every_session_counts_in_full() -> None:
 
 def test_shared_system_prompt_counts_once_on_a_real_rank(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_policy="budget", admission_wait=0.2, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_wait=30, session_idle_ttl=60)
     system = {"role": "system", "content": "Follow the house rules. " * 120}  # ~600 tokens, shared
 
     def ask(session: str) -> httpx.Response:
@@ -233,13 +231,19 @@ def test_shared_system_prompt_counts_once_on_a_real_rank(rank_servers, gateway) 
     heads = {r["head_key"] for r in rows}
     assert len(heads) == 1 and None not in heads
     assert all(r["head_tokens"] >= 512 for r in rows)
-    assert ask("d").status_code == 429  # the rest still has to fit
+    with pytest.raises(httpx.TimeoutException):  # the rest still has to fit: d waits for a seat
+        httpx.post(
+            proxy.url + "/v1/chat/completions",
+            json={"model": "sim", "messages": [system, {"role": "user", "content": prompt_of("d", 300)}]},
+            headers={"x-session-id": "d"},
+            timeout=1.0,
+        )
 
 
 def test_finished_sessions_make_room_before_the_idle_ttl(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    # the queue gives up after 1 s, long before the 5 s TTL: only a release can admit c
-    proxy = gateway(ranks, admission_wait=1.0, session_idle_ttl=5.0)
+    # the rotation bound is far past the 5 s TTL: only a release can seat c soon
+    proxy = gateway(ranks, admission_wait=60.0, session_idle_ttl=5.0)
     for session in ("a", "b"):
         assert chat(proxy.url, session, 700).status_code == 200
         assert chat(proxy.url, session, 700).status_code == 200  # a short think gap

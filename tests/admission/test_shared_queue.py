@@ -40,7 +40,7 @@ from tests.helpers.wait import wait_until, wait_until_async
 POOL = 2000  # budget 1,600 tokens at the default 0.8: two 700-token sessions fit, a third does not
 TOKENS = 700
 TTL = 300.0
-#: The wait bound: far longer than any test waits, so that no waiter gives up on its own.
+#: The rotation bound: far longer than any test waits, so that no seat rotates on its own.
 BOUND = 120.0
 #: How long a test waits for a condition before failing (never an assert on a duration).
 PATIENCE = 30.0
@@ -54,7 +54,7 @@ class Replica:
         self.order_states: list[bool] = []
         self.order = RedisWaitOrder(self.link, on_state=self.order_states.append)
         fleet = Fleet([Rank("r0", "http://r0", pool_tokens=POOL)])
-        config = AdmissionConfig(idle_ttl=TTL, wait=BOUND, block_size=16, policy="budget")
+        config = AdmissionConfig(idle_ttl=TTL, wait=BOUND, block_size=16)
         table = SessionTable(RedisSessionStore(url, link=self.link), TTL)
         self.admission = Admission(table, fleet, config, None, None, RedisClaims(self.link), self.order)
 
@@ -177,7 +177,7 @@ from routing.redis_link import RedisLink, fail_fast_client
 order = RedisWaitOrder(RedisLink(fail_fast_client(sys.argv[1], 0.5)))
 queue = WaitQueue(0.25, order)
 # a waiter that never finds room: it stands first in the shared order and renews its lease
-asyncio.run(queue.wait(lambda: None, 3600.0, lambda depth: print("waiting", flush=True)))
+asyncio.run(queue.wait(lambda: None, lambda depth: print("waiting", flush=True)))
 """
 
 
@@ -270,7 +270,7 @@ class DeniedHook:
 
 def newcomer(key: str) -> Ask:
     """What a new session's first reservation asks (not waiting: granted only while nobody waits)."""
-    return Ask(key, {"r0": BUDGET}, TOKENS, None, 0, False, TTL, 30.0, queued=True)
+    return Ask(key, {"r0": BUDGET}, TOKENS, None, 0, TTL, 30.0, queued=True)
 
 
 async def test_a_later_arrival_between_a_failed_reservation_and_its_wait_cannot_take_the_room(

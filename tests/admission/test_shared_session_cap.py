@@ -22,11 +22,10 @@ def ask(
     key: str,
     ranks: tuple[str, ...] = ("r0",),
     cap: int | None = CAP,
-    force: bool = False,
     budgets: dict[str, int | None] | None = None,
 ) -> Ask:
     """An ``Ask`` for 100 tokens on ``ranks`` (no budget on them unless ``budgets`` gives one)."""
-    return Ask(key, budgets or dict.fromkeys(ranks), 100, None, 0, force, 60.0, 5.0, cap)
+    return Ask(key, budgets or dict.fromkeys(ranks), 100, None, 0, 60.0, 5.0, cap)
 
 
 @pytest.fixture
@@ -109,14 +108,13 @@ def test_a_reservation_takes_a_place_on_each_rank_asked_and_its_claim_keeps_one(
     assert claims.sessions() == {"r0": 1, "r1": 1}
 
 
-def test_the_cap_holds_past_a_forced_admission_and_only_binds_when_set(links: list[RedisLink]) -> None:
-    """``force`` goes past the budgets (the cost policy chose so), never past the session cap."""
+def test_the_cap_holds_within_the_budget_and_only_binds_when_set(links: list[RedisLink]) -> None:
     claims = RedisClaims(links[0])
     budgets: dict[str, int | None] = {"r0": 50}
     assert claims.reserve(ask("a", cap=2, budgets=budgets)) == {"r0"}  # empty rank
-    assert claims.reserve(ask("b", cap=2, budgets=budgets)) == frozenset()
-    assert claims.reserve(ask("b", cap=2, force=True, budgets=budgets)) == {"r0"}
-    assert claims.reserve(ask("c", cap=2, force=True, budgets=budgets)) == frozenset()
+    assert claims.reserve(ask("b", cap=2, budgets=budgets)) == frozenset()  # past the budget
+    assert claims.reserve(ask("b", cap=2)) == {"r0"}  # no budget
+    assert claims.reserve(ask("c", cap=2)) == frozenset()  # the cap
     assert claims.reserve(ask("c", cap=None)) == {"r0"}  # no cap
     assert claims.sessions() == {"r0": 3}
 

@@ -20,8 +20,9 @@ def test_served_in_arrival_order_is_none() -> None:
     assert overtakes([record(0.0, 1.0), record(2.0, 0.0)]) == 0  # it arrived after the wait ended
 
 
-def test_admitted_past_a_budget_takes_nobodys_room() -> None:
-    assert overtakes([record(0.0, 5.0), record(1.0, 0.0, "over_budget")]) == 0
+def test_a_seat_taken_by_rotation_overtakes_too_a_park_does_not() -> None:
+    assert overtakes([record(0.0, 5.0), record(1.0, 0.5, "rotated")]) == 1
+    assert overtakes([record(0.0, 5.0), record(1.0, 0.0, "parked")]) == 0
 
 
 def test_each_earlier_waiter_overtaken_counts() -> None:

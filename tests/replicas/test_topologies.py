@@ -112,15 +112,15 @@ def test_a_failed_reservation_enters_the_order_and_room_freed_is_said_on_the_top
         claims_a.claim("held", "r0", 1500, None, 0)
         links[0].flush()
         room = {"r0": 1600}
-        ask = Ask("early", room, 700, None, 0, False, 300.0, 30.0, queued=True)
+        ask = Ask("early", room, 700, None, 0, 300.0, 30.0, queued=True)
         reserved = claims_b.reserve_or_enter(ask, Entry(None, 0, 1.0, 30.0))
         assert reserved.granted == frozenset() and reserved.place is not None
         subscribed = len(wakes)
         claims_a.release("held")
         wait_until(lambda: len(wakes) > subscribed, "the release was never said on the room channel", 20)
-        late = Ask("late", room, 700, None, 0, False, 300.0, 30.0, queued=True)
+        late = Ask("late", room, 700, None, 0, 300.0, 30.0, queued=True)
         assert claims_a.reserve(late) == frozenset()  # room now, but the early session waits for it
-        early = Ask("early", room, 700, None, 0, False, 300.0, 30.0, queued=True, place=reserved.place.id)
+        early = Ask("early", room, 700, None, 0, 300.0, 30.0, queued=True, place=reserved.place.id)
         assert claims_b.reserve(early) == frozenset({"r0"})  # first in the order: the room is its
         order_b.leave(reserved.place, served=True)
     finally:

@@ -1,0 +1,116 @@
+"""Which resident sessions to park so that a waiter past the rotation bound gets a seat: a pure
+function over a count (``accounting.count``).
+
+On each healthy rank, the sessions that may be parked are the quiet ones (their latest request
+answered) that have held their seat at least ``hold_s`` and been answered since they took it
+(hysteresis: a seat just given is not taken back before it served). They go in order: quiet longest
+since their last answer first; on a tie (the same poll interval), the one that has had the most
+service for its client key's weight. On each rank, as few as free the waiter's need (tokens within
+the budget, and a session place under ``max_sessions_per_rank``); among the ranks, the one that
+parks the fewest, then the one holding most of the waiter's prompt, then the one whose parked session
+has been quiet longest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from proxy.admission.accounting import RankState
+from proxy.state.sessions import Session
+from routing.ranks import Rank
+
+
+@dataclass(frozen=True, slots=True)
+class Parking:
+    """The sessions to park on one rank for one waiter."""
+
+    rank: str
+    keys: tuple[str, ...]
+
+
+def parkable(session: Session, now: float, hold_s: float) -> bool:
+    """Whether ``session`` may give up its seat now: quiet, answered since it was seated, and seated
+    at least ``hold_s`` seconds."""
+    seated = max(session.seated_at, session.created)
+    return session.answered and session.answered_at >= seated and now - seated >= hold_s
+
+
+def choose_parked(
+    healthy: Sequence[Rank],
+    states: Mapping[str, RankState],
+    need: int,
+    head_key: str | None,
+    head_tokens: int,
+    max_sessions_per_rank: int | None,
+    now: float,
+    hold_s: float,
+    tie_s: float,
+    hits: Mapping[str, int],
+    weight: Callable[[str | None], float],
+) -> Parking | None:
+    """The sessions to park for a waiter needing ``need`` projected tokens (see the module
+    docstring); None when no rank can free enough with the sessions parkable now."""
+    best: tuple[tuple[int, int, float], Parking] | None = None
+    for rank in healthy:
+        state = states.get(rank.name)
+        if state is None:
+            continue
+        chosen = _park_on(
+            state, need, head_key, head_tokens, max_sessions_per_rank, now, hold_s, tie_s, weight
+        )
+        if chosen is None:
+            continue
+        quiet = max(now - session.answered_at for session in state_sessions(state, chosen))
+        score = (len(chosen), -hits.get(rank.name, 0), -quiet)
+        if best is None or score < best[0]:
+            best = (score, Parking(rank.name, chosen))
+    return best[1] if best is not None else None
+
+
+def state_sessions(state: RankState, keys: tuple[str, ...]) -> list[Session]:
+    """The sessions of ``state``'s rank named by ``keys``."""
+    wanted = set(keys)
+    return [session for session, _ in state.lru if session.key in wanted]
+
+
+def _park_on(
+    state: RankState,
+    need: int,
+    head_key: str | None,
+    head_tokens: int,
+    cap: int | None,
+    now: float,
+    hold_s: float,
+    tie_s: float,
+    weight: Callable[[str | None], float],
+) -> tuple[str, ...] | None:
+    """The fewest sessions of ``state``'s rank whose parking seats the waiter there, or None."""
+    wanted = need - head_tokens if head_key is not None and head_key in state.heads else need
+    missing_tokens = 0
+    if state.budget_tokens is not None:
+        missing_tokens = state.projected_tokens + state.reserved_tokens + wanted - state.budget_tokens
+    if state.pool_tokens is not None:  # a rank past its pool takes nobody until it is back within
+        missing_tokens = max(missing_tokens, state.working_set_tokens - state.pool_tokens + 1)
+    seated = state.sessions + state.reserved_sessions
+    missing_seats = seated - cap + 1 if cap is not None else 0
+    if missing_tokens <= 0 and missing_seats <= 0:
+        return None  # it has room: nothing to park here (the room check would have found it)
+
+    def order(item: tuple[Session, int]) -> tuple[int, float]:
+        session = item[0]
+        quiet_ticks = int((now - session.answered_at) / tie_s) if tie_s > 0 else 0
+        return (-quiet_ticks, -session.turns / max(weight(session.client), 1e-9))
+
+    candidates = sorted((item for item in state.lru if parkable(item[0], now, hold_s)), key=order)
+    chosen: list[str] = []
+    for session, freed in candidates:
+        if missing_tokens <= 0 and missing_seats <= 0:
+            break
+        chosen.append(session.key)
+        missing_tokens -= freed
+        missing_seats -= 1
+    emptied = len(chosen) == state.sessions and state.reserved_sessions == 0
+    if (missing_tokens <= 0 and missing_seats <= 0) or (chosen and emptied):
+        return tuple(chosen)  # an emptied rank always has room (``room.find_room``)
+    return None

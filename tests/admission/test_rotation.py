@@ -1,0 +1,136 @@
+"""Seats rotate: a session waiting past the rotation bound gets the seat of the resident quiet
+longest (``rotation.choose_parked``), never one just seated or one in flight; a parked session's
+next turn waits like a newcomer's and is seated again the same way."""
+
+from __future__ import annotations
+
+import asyncio
+
+from proxy.admission.accounting import RankState
+from proxy.admission.rotation import choose_parked, parkable
+from proxy.context import Outcome
+from proxy.stages.usage import Usage
+from proxy.state.sessions import Session
+from routing.ranks import Rank
+from tests.admission.test_release import ctx_for, make, turn
+
+HOLD = 5.0
+
+
+def resident(key: str, answered_at: float, *, turns: int = 3, client: str | None = None) -> Session:
+    session = Session(key, created=0.0, last_seen=answered_at, rank="r0", turns=turns, client=client)
+    session.answered_at = answered_at
+    session.seated_at = 1.0
+    return session
+
+
+def full_rank(name: str, sessions: list[Session], size: int = 500, budget: int = 1000) -> RankState:
+    state = RankState(name, 2000, budget)
+    for session in sessions:
+        state.lru.append((session, size))
+        state.sessions += 1
+        state.projected_tokens += size
+        state.working_set_tokens += size
+    return state
+
+
+def choose(states: dict[str, RankState], need: int = 400, now: float = 100.0, cap: int | None = None, **kw):  # type: ignore[no-untyped-def]
+    ranks = [Rank(name, f"http://{name}") for name in states]
+    return choose_parked(
+        ranks,
+        states,
+        need,
+        None,
+        0,
+        cap,
+        now,
+        HOLD,
+        kw.get("tie", 0.5),
+        kw.get("hits", {}),
+        kw.get("weight", lambda c: 1.0),
+    )
+
+
+def test_the_resident_quiet_longest_is_parked() -> None:
+    parking = choose({"r0": full_rank("r0", [resident("a", 90.0), resident("b", 60.0)])})
+    assert parking is not None and (parking.rank, parking.keys) == ("r0", ("b",))
+
+
+def test_as_few_as_free_the_need_and_none_when_nothing_can() -> None:
+    state = full_rank("r0", [resident("a", 90.0), resident("b", 60.0), resident("c", 80.0)], size=300)
+    parking = choose({"r0": state}, need=500)  # 900 + 500 past a 1,000 budget: two must go
+    assert parking is not None and parking.keys == ("b", "c")
+    busy = resident("d", 50.0)
+    busy.last_seen = 99.0  # a request in flight
+    assert choose({"r0": full_rank("r0", [busy, resident("e", 98.0)])}, need=800) is None
+
+
+def test_a_seat_just_given_or_not_yet_served_is_not_taken_back() -> None:
+    now = 100.0
+    fresh = resident("fresh", 99.0)
+    fresh.seated_at = now - HOLD / 2  # seated less than the bound ago
+    unserved = resident("unserved", 40.0)
+    unserved.seated_at = 50.0  # seated after its last answer: not answered since
+    assert not parkable(fresh, now, HOLD) and not parkable(unserved, now, HOLD)
+    assert parkable(resident("old", 95.0), now, HOLD)
+    assert choose({"r0": full_rank("r0", [fresh, unserved])}) is None
+
+
+def test_ties_go_to_the_most_service_for_the_client_keys_weight() -> None:
+    light = resident("light", 60.2, turns=4, client="batch")
+    heavy = resident("heavy", 60.4, turns=9, client="ide")  # quiet as long, within one 0.5 s tick
+    parking = choose({"r0": full_rank("r0", [light, heavy])})
+    assert parking is not None and parking.keys == ("heavy",)
+    weights = {"ide": 4.0, "batch": 1.0}.get  # ide weighs 4: 9 / 4 is less service than 4 / 1
+    parking = choose({"r0": full_rank("r0", [light, heavy])}, weight=lambda c: weights(c or "", 1.0))
+    assert parking is not None and parking.keys == ("light",)
+
+
+def test_among_ranks_the_fewest_parked_then_what_the_waiter_holds() -> None:
+    two_needed = full_rank("r0", [resident(k, 10.0) for k in ("a", "b", "c")], size=300)
+    one_needed = full_rank("r1", [resident("x", 90.0), resident("y", 80.0)])
+    parking = choose({"r0": two_needed, "r1": one_needed}, need=500)
+    assert parking is not None and parking.rank == "r1" and parking.keys == ("y",)
+    other = full_rank("r2", [resident("p", 95.0), resident("q", 94.0)])
+    parking = choose({"r1": one_needed, "r2": other}, hits={"r2": 30})
+    assert parking is not None and parking.rank == "r2"  # it holds the waiter's prompt
+
+
+def test_a_rank_at_its_session_cap_parks_for_a_place() -> None:
+    state = full_rank("r0", [resident("a", 90.0), resident("b", 70.0)], size=100)
+    parking = choose({"r0": state}, need=100, cap=2)  # tokens fit, places do not
+    assert parking is not None and parking.keys == ("b",)
+    assert choose({"r0": state}, need=100, cap=3) is None  # room as is: nothing to park
+
+
+async def test_waiters_past_the_bound_each_get_a_seat_and_a_parked_session_resumes() -> None:
+    adm, clock = make(wait=0.05)  # one rank, budget 1,600 tokens: two 700-token sessions
+    for key in ("a", "b"):
+        await turn(adm, key, 700)
+        clock.now += 1
+    clock.now += 10  # both quiet, both past the hold
+    waiters = [asyncio.ensure_future(adm.admit(ctx_for(key, 700))) for key in ("c", "d")]
+    done = await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    assert [d.seat.decision for d in done] == ["rotated", "rotated"]  # type: ignore[union-attr]
+    assert [d.seat.parked for d in done] == [("a",), ("b",)]  # type: ignore[union-attr]
+    for ctx_key, admitted in zip(("c", "d"), done, strict=True):
+        ctx = ctx_for(ctx_key, 700)
+        ctx.admitted = admitted
+        adm.placed(ctx, adm.fleet.get("r0"))  # type: ignore[arg-type]
+    a = adm.table.get("a")
+    assert a is not None and a.released and a.parks == 1 and a.admission["decision"] == "parked"  # type: ignore[index]
+    assert {s.key for s in adm.table.active()} == {"c", "d"}
+    # a comes back: c and d were seated a moment ago and have not been answered: nobody is parked
+    back = asyncio.ensure_future(adm.admit(ctx_for("a", 760)))
+    await asyncio.sleep(0.2)
+    assert not back.done() and len(adm.queue) == 1
+    for key in ("c", "d"):
+        ctx = ctx_for(key, 700)
+        ctx.admitted = next(d for d in done if d.session is not None and d.session.key == key)
+        adm.finished(Outcome(ctx, "r0", 200, Usage(700, 16, 0)))
+        clock.now += 1
+    clock.now += 10  # answered, quiet and held a bound: c (answered first) gives its seat back
+    adm.queue.notify()
+    resumed = await asyncio.wait_for(back, 5)
+    assert resumed.seat is not None and resumed.seat.decision == "rotated" and resumed.seat.parked == ("c",)
+    assert resumed.session is not None and resumed.session.admission["resumed"] is True  # type: ignore[index]
