@@ -176,3 +176,13 @@ def test_the_image_is_the_one_the_kustomization_names() -> None:
     image = container("Deployment", "prefixgate")["image"]
     (entry,) = [i for i in kustomization["images"] if i["name"] == image.split(":")[0]]
     assert entry["newTag"] == image.split(":")[1]
+
+
+def test_the_readme_shows_the_probe_timings_the_deployment_uses() -> None:
+    section = (ROOT / "README.md").read_text().split("In Kubernetes, probe the same two endpoints", 1)[1]
+    shown = yaml.safe_load(section.split("```yaml", 1)[1].split("```", 1)[0])
+    deployed = container("Deployment", "prefixgate")
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert shown[probe]["httpGet"]["path"] == deployed[probe]["httpGet"]["path"]
+        for timing in ("periodSeconds", "failureThreshold", "timeoutSeconds", "initialDelaySeconds"):
+            assert shown[probe].get(timing) == deployed[probe].get(timing), (probe, timing)
