@@ -52,3 +52,33 @@ def test_two_replicas_behind_nginx_share_redis_and_the_ranks_kv_events(profile: 
     for rank in ranks:  # every rank publishes the KV events the replicas subscribe to
         command = " ".join(services[rank]["command"])
         assert "kv-events" in command or "kv_cache_events" in command, rank
+
+
+@pytest.mark.parametrize(("profile", "balancer"), [("gpu", "prefixgate"), ("cpu", "prefixgate-cpu")])
+def test_each_service_starts_after_what_it_needs_is_healthy(profile: str, balancer: str) -> None:
+    services = in_profile(profile)
+    replicas = sorted(n for n, s in services.items() if s.get("command", [None])[0] == "serve")
+    needs: dict[str, set[str]] = {balancer: set(replicas)}
+    for name in replicas:
+        settings = read_environment(services[name]["environment"])
+        ranks = {b["url"].removeprefix("http://").split(":")[0] for b in settings["backends"]}
+        needs[name] = {"redis"} | ranks  # the ranks a replica routes to and the Redis it shares
+    for name, wanted in needs.items():
+        depends_on = services[name]["depends_on"]
+        assert isinstance(depends_on, dict), f"{name}: depends_on without a condition"
+        assert wanted <= depends_on.keys(), (name, wanted - depends_on.keys())
+        for dependency, condition in depends_on.items():
+            assert condition == {"condition": "service_healthy"}, (name, dependency)
+            assert profile in SERVICES[dependency]["profiles"]
+            check = SERVICES[dependency]["healthcheck"]["test"]
+            assert check[0] == "CMD" and len(check) > 1, dependency
+    for name in needs.keys() - {balancer}:  # what nginx waits for answers only once ready
+        assert "/ready" in services[name]["healthcheck"]["test"][-1]
+
+
+def test_a_vllm_rank_may_load_its_model_for_minutes_before_its_health_counts() -> None:
+    for name in ("vllm-0", "vllm-1"):
+        check = SERVICES[name]["healthcheck"]
+        assert "/health" in check["test"][-1]
+        start_period = re.fullmatch(r"(\d+)m", check["start_period"])
+        assert start_period is not None and int(start_period.group(1)) >= 10

@@ -1,23 +1,26 @@
 """deploy/kubernetes: every manifest valid against the Kubernetes schemas, and consistent with what
-prefixgate itself accepts and serves (its config file, its flags, its probe endpoints)."""
+prefixgate itself accepts and serves (its config file, its flags, its probe endpoints), with the vLLM
+ranks it ships and with the session headers prefixgate reads."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import kubernetes_validate
 import pytest
 import yaml
 
 from proxy.app import create_app
 from proxy.cli import serve as serve_cmd
 from proxy.config import load_settings
+from proxy.stages.identify import DEFAULT_SESSION_HEADERS
+from tests.helpers.manifests import k8s_bytes, redis_bytes, redis_option, validate_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
-KUBERNETES_VERSION = "1.37.0"
 
 
 def resources() -> list[dict[str, Any]]:
@@ -34,9 +37,27 @@ def one(kind: str, name: str) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("resource", resources(), ids=lambda r: f"{r['kind']}/{r['metadata']['name']}")
-def test_each_manifest_is_valid_against_the_kubernetes_schema(resource: dict[str, Any]) -> None:
-    kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+def every_manifest() -> list[tuple[str, dict[str, Any]]]:
+    """Every document of every manifest in deploy/kubernetes, listed by the kustomization or not."""
+    return [
+        (path.name, doc)
+        for path in sorted(DEPLOY.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "resource"), every_manifest(), ids=lambda x: x if isinstance(x, str) else x["kind"]
+)
+def test_each_manifest_is_valid_against_the_kubernetes_schema(path: str, resource: dict[str, Any]) -> None:
+    validate_manifest(resource)
+
+
+def test_the_kustomization_lists_files_that_exist() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert all((DEPLOY / name).is_file() for name in kustomization["resources"])
 
 
 def test_the_kustomization_covers_deployment_service_config_redis_and_a_disruption_budget() -> None:
@@ -87,3 +108,81 @@ def test_the_container_runs_serve_with_flags_it_knows_and_probes_paths_it_serves
     assert container["livenessProbe"]["httpGet"]["path"] == "/health" in routes
     mount = container["volumeMounts"][0]
     assert Path(args.config).parent == Path(mount["mountPath"])
+
+
+def container(kind: str, name: str) -> dict[str, Any]:
+    (found,) = one(kind, name)["spec"]["template"]["spec"]["containers"]
+    return found
+
+
+def test_redis_evicts_only_rebuildable_keys_before_its_memory_limit_kills_it() -> None:
+    redis = container("Deployment", "prefixgate-redis")
+    limit = k8s_bytes(redis["resources"]["limits"]["memory"])
+    maxmemory = redis_bytes(redis_option(redis["args"], "maxmemory"))
+    # Redis counts only its data: fragmentation, client buffers and Lua come on top of maxmemory
+    assert 0 < maxmemory <= 0.8 * limit
+    # keys with a TTL (the prefix index, session records, the response map) go; admission's claims
+    # and wait order, which carry none, stay
+    assert redis_option(redis["args"], "maxmemory-policy") == "volatile-lru"
+
+
+def test_the_ranks_of_the_config_map_are_the_pods_of_the_vllm_stateful_set_it_ships(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(one("ConfigMap", "prefixgate-config")["data"]["config.yaml"])
+    settings = load_settings(config, environ={})
+    vllm = one("StatefulSet", "vllm")
+    service = one("Service", vllm["spec"]["serviceName"])
+    assert service["spec"]["clusterIP"] == "None"  # headless: one DNS name per pod
+    assert service["spec"]["selector"].items() <= vllm["spec"]["template"]["metadata"]["labels"].items()
+    pods = {f"{vllm['metadata']['name']}-{i}.{service['metadata']['name']}" for i in range(2)}
+    assert vllm["spec"]["replicas"] == len(settings.backends)
+    assert {urlsplit(b.url).hostname for b in settings.backends} == pods
+    (rank,) = vllm["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in rank["ports"]}
+    assert {urlsplit(b.url).port for b in settings.backends} == {ports["http"]}
+    # the rank publishes KV events (and answers replays) on ports its Service exposes
+    (events_arg,) = [a for a in rank["args"] if a.startswith("--kv-events-config=")]
+    events = json.loads(events_arg.split("=", 1)[1])
+    assert events["enable_kv_cache_events"] is True and events["publisher"] == "zmq"
+    service_ports = {p["port"] for p in service["spec"]["ports"]}
+    for key in ("endpoint", "replay_endpoint"):
+        assert int(events[key].rsplit(":", 1)[1]) in set(ports.values()) & service_ports
+    assert "--enable-prefix-caching" in rank["args"] and "--enable-prompt-tokens-details" in rank["args"]
+    assert rank["resources"]["limits"]["nvidia.com/gpu"] == 1
+    # a model takes minutes to load: the startup probe, not liveness, waits for it
+    startup = rank["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+
+
+def test_the_ingress_hashes_each_session_to_one_replica_on_every_session_header() -> None:
+    ingress = yaml.safe_load((DEPLOY / "ingress.yaml").read_text())
+    annotations = ingress["metadata"]["annotations"]
+    key = annotations["nginx.ingress.kubernetes.io/upstream-hash-by"]
+    assert key == "".join("$http_" + h.replace("-", "_") for h in DEFAULT_SESSION_HEADERS)
+    assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    assert (
+        int(annotations["nginx.ingress.kubernetes.io/proxy-read-timeout"])
+        > load_settings(environ={}).read_timeout
+    )
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    backend = path["backend"]["service"]
+    service = one("Service", backend["name"])
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_the_image_is_the_one_the_kustomization_names() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    image = container("Deployment", "prefixgate")["image"]
+    (entry,) = [i for i in kustomization["images"] if i["name"] == image.split(":")[0]]
+    assert entry["newTag"] == image.split(":")[1]
+
+
+def test_the_readme_shows_the_probe_timings_the_deployment_uses() -> None:
+    section = (ROOT / "README.md").read_text().split("In Kubernetes, probe the same two endpoints", 1)[1]
+    shown = yaml.safe_load(section.split("```yaml", 1)[1].split("```", 1)[0])
+    deployed = container("Deployment", "prefixgate")
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert shown[probe]["httpGet"]["path"] == deployed[probe]["httpGet"]["path"]
+        for timing in ("periodSeconds", "failureThreshold", "timeoutSeconds", "initialDelaySeconds"):
+            assert shown[probe].get(timing) == deployed[probe].get(timing), (probe, timing)
