@@ -26,15 +26,16 @@ prefill tokens/s per rank, ``slow``: 2,500; or a number). Presets:
           over (1.25x) and heavy (1.9x), time compressed 100x: about 25 minutes with the peers
   seats   issue 45's cells: fleets x shapes x speeds (fast, slow) x pressures (fits 0.5x, over
           1.25x, heavy 1.9x), outputs of the trace's length up to 512 tokens, time compressed
-          100x: about a minute per cell with 4 systems and 1 round (24 cells)
+          200x: 1-2 minutes per cell with 4 systems and 1 round (24 cells)
 
 Fleets (``--fleet``): ``seed`` is one rank like the seed deployment's, a 181,777-token pool in
 256-token blocks and 8 seats (``--max-num-seqs 8``: at most 8 sequences run at once, the rest wait
 in the rank); ``several`` is ``--ranks`` ranks (2) of 16-token blocks and 256 seats. Shapes
-(``--shapes``): ``whole`` conversations arriving over time (``--over-concurrency`` at a time, twice
-as many in all, each whole), or ``sessions`` starting together, each cut to ``--session-turns``
-requests (40). A pressure is always the mean working set over the fleet's total pools: on the seed
-rank set by how many sessions run at once, on several ranks by the pools' size (``bench/cells.py``).
+(``--shapes``): ``whole`` conversations arriving over time (``--over-concurrency`` at a time,
+twice as many in all, each whole, of at most ``--whole-turns`` requests: 24), or ``sessions``
+starting together, each cut to ``--session-turns`` requests (40). A pressure is always the mean
+working set over the fleet's total pools: on the seed rank set by how many sessions run at once,
+on several ranks by the pools' size (``bench/cells.py``).
 Cells are named ``FLEET-SHAPE-SPEED-SCENARIO``; pick a subset with ``--fleet``, ``--shapes``,
 ``--speeds`` and ``--scenarios``.
 
@@ -170,6 +171,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--session-turns", type=int, default=None, help="requests per session of the sessions shape (40)"
+    )
+    parser.add_argument(
+        "--whole-turns",
+        type=int,
+        default=None,
+        help="the whole shape takes only conversations of at most N requests, uncut (seats: 24)",
     )
     parser.add_argument(
         "--max-retry-wait",

@@ -62,6 +62,8 @@ class Preset:
     shapes: tuple[str, ...] = ("whole",)
     #: Requests per session of the ``sessions`` shape.
     session_turns: int = 40
+    #: The ``whole`` shape takes only conversations of at most this many requests; None: any.
+    whole_turns: int | None = None
     #: Each request asks the trace's output length capped at this; None: ``max_tokens`` for all.
     max_output_tokens: int | None = None
     #: Longest wait (s) the client honours of a 429's Retry-After before its retry.
@@ -104,26 +106,29 @@ PRESETS: dict[str, Preset] = {
         sizing="pressure",
     ),
     # Issue 45's cells: fleets (the seed's one rank of 8 seats; 2 ranks) x shapes (whole
-    # conversations arriving over time, 8 at a time; sessions of at most 40 requests starting
-    # together) x fast and slow ranks x pressures 0.5, 1.25 and 1.9 (mean working set over the
-    # fleet's total pools: on the seed rank by how many sessions run at once, on 2 ranks by the
-    # pools' size). The trace's output lengths, capped at 512, decode behind prefill. A 429's
-    # Retry-After is honoured up to 60 s, as the openai SDK does. Time compressed 100x; one cell
-    # with 4 systems and 1 round takes about a minute on 2 cores.
+    # conversations of at most 24 requests arriving over time, 8 at a time; sessions of at most
+    # 40 requests starting together) x fast and slow ranks x pressures 0.5, 1.25 and 1.9 (mean
+    # working set over the fleet's total pools: on the seed rank by how many sessions run at once,
+    # on 2 ranks by the pools' size). The trace's output lengths, capped at 512, decode behind
+    # prefill. A 429's Retry-After is honoured up to 60 s, as the openai SDK does. Think times and
+    # the ranks' time compressed 200x alike (the matrix's 100x: --time-scale 0.01
+    # --sim-time-scale 0.01, about 1.6x longer), so that one cell with 4 systems and 1 round takes
+    # about 1-2 minutes on 2 cores (the slow, heavy cells the longest).
     "seats": Preset(
         conversations=None,
         max_requests=None,
         scenarios=("fits", "over", "heavy"),
         over_concurrency=8,
         ranks=2,
-        sim_time_scale=0.01,
-        time_scale=0.01,
+        sim_time_scale=0.005,
+        time_scale=0.005,
         speeds=("fast", "slow"),
         sizing="pressure",
         fleets=("seed", "several"),
         shapes=("whole", "sessions"),
         max_output_tokens=512,
         max_retry_wait_s=60.0,
+        whole_turns=24,
     ),
 }
 
@@ -146,6 +151,7 @@ def resolve(args: argparse.Namespace) -> Preset:
         "max_tokens",
         "sizing",
         "session_turns",
+        "whole_turns",
     ):
         value = getattr(args, field)
         if value is not None:
@@ -253,6 +259,7 @@ def preset_cells(preset: Preset, sessions: list[TraceSession]) -> list[Cell]:
                         concurrency=preset.over_concurrency,
                         session_turns=preset.session_turns,
                         time_scale=preset.time_scale,
+                        whole_turns=preset.whole_turns,
                     )
                     cells.append(
                         Cell(

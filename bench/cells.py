@@ -12,7 +12,9 @@ Fleets (``FLEETS``):
 Shapes (``SHAPES``):
 
 - ``whole``: whole conversations arriving over time (the ``matrix`` preset's traffic): ``n`` run
-  at once, and twice as many are queued, each starting when one ends.
+  at once, and as many again wait, each starting when one ends. Only conversations of at most
+  ``whole_turns`` requests are taken (uncut), so that a cell's longest chain of turns, and its wall
+  time, stays short.
 - ``sessions``: ``n`` sessions starting together, each cut to its first ``session_turns`` requests
   (about 40): they start at once and end.
 
@@ -71,13 +73,22 @@ class CellPlan:
 def shaped(
     shape: str, candidates: Sequence[TraceSession], count: int, session_turns: int
 ) -> tuple[list[TraceSession], int]:
-    """The sessions a shape replays with ``count`` at once, and its concurrency."""
+    """The sessions a shape replays with ``count`` at once, and its concurrency (``candidates`` of
+    the whole shape: already those short enough, see ``whole_candidates``)."""
     if shape == "sessions":
         chosen = [session.first_requests(session_turns) for session in candidates[:count]]
         return chosen, len(chosen)
     if shape == "whole":
         return list(candidates[: 2 * count]), count
     raise ValueError(f"unknown shape {shape!r}: {', '.join(SHAPES)}")
+
+
+def whole_candidates(candidates: Sequence[TraceSession], whole_turns: int | None) -> list[TraceSession]:
+    """The conversations the whole shape may take: those of at most ``whole_turns`` requests (each of
+    its sessions, sub-agents included), in order; every one without a bound."""
+    if whole_turns is None:
+        return list(candidates)
+    return [c for c in candidates if all(len(s.requests) <= whole_turns for s in c.all_sessions())]
 
 
 def _closest(counts: range, pressure_of: Callable[[int], float], pressure: float) -> int:
@@ -95,10 +106,13 @@ def plan_cell(
     concurrency: int,
     session_turns: int,
     time_scale: float,
+    whole_turns: int | None = None,
 ) -> CellPlan:
     """The sessions, concurrency and fleet of one cell (see the module docstring); ``ranks`` and
     ``concurrency`` are the preset's, for the ``several`` fleet."""
     fleet = FLEETS[fleet_name]
+    if shape == "whole":
+        candidates = whole_candidates(candidates, whole_turns)
     if fleet.kv_tokens is not None:  # the pool is fixed: pressure is how many run at once
         pool = fleet.kv_tokens * (fleet.ranks or ranks)
         most = len(candidates) if shape == "sessions" else max(1, len(candidates) // 2)

@@ -130,6 +130,14 @@ def test_the_whole_shape_queues_as_many_whole_conversations_again() -> None:
     assert all(len(s.requests) == 8 for s in sessions)
 
 
+def test_the_whole_shape_takes_only_conversations_short_enough_and_keeps_them_whole() -> None:
+    candidates = [_session(f"s{i}", turns) for i, turns in enumerate([30, 5, 25, 10, 24, 8, 40, 3])]
+    plan = plan_cell("several", "whole", 1.25, candidates, **_PRESET, whole_turns=24)
+    assert [s.key for s in plan.sessions] == ["s1", "s3", "s4", "s5", "s7"]
+    assert [len(s.requests) for s in plan.sessions] == [5, 10, 24, 8, 3]
+    assert plan.concurrency == 3
+
+
 def test_on_the_seed_fleet_pressure_is_how_many_sessions_run_at_once() -> None:
     candidates = [_session(f"s{i}", 4, tokens=10_240) for i in range(30)]
     counts = {}
