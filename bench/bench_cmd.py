@@ -282,7 +282,7 @@ def cell_title(cell: Cell) -> str:
         else f"{cell.concurrency} concurrent conversations"
         + (f" of {len(cell.sessions)}" if cell.shape == "whole" else "")
     )
-    fleet = f"{cell.ranks} ranks x {cell.kv_tokens:,} KV tokens"
+    fleet = f"{cell.ranks} rank{'' if cell.ranks == 1 else 's'} x {cell.kv_tokens:,} KV tokens"
     if cell.fleet is not None:
         fleet += f" in {cell.block_size}-token blocks, {cell.max_num_seqs} seats"
     pressure = f", pressure {cell.pressure_planned:.2f}x planned" if cell.pressure_planned is not None else ""

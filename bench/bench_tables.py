@@ -37,7 +37,10 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
         "429s",
         "CPU ms/req",
     ):
-        table.add_column(column, justify="left" if column == "system" else "right")
+        if column == "system":  # the one column that must stay readable when the rest squeeze
+            table.add_column(column, justify="left", no_wrap=True)
+        else:
+            table.add_column(column, justify="right")
     base = rr_baseline(results)
     for name, r in results.items():
         if "failed" in r:
@@ -63,7 +66,7 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
             retried(r),
             f"{cpu:.2f}" if cpu is not None else "-",
         )
-    console = Console(width=None if sys.stdout.isatty() else 210)
+    console = Console(width=None if sys.stdout.isatty() else 250)
     console.print(table)
     done = [r for r in results.values() if "failed" not in r]
     if done:
