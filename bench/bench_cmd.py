@@ -24,6 +24,20 @@ prefill tokens/s per rank, ``slow``: 2,500; or a number). Presets:
           about 7 minutes on 2 cores, see docs/benchmarks.md
   matrix  the same 40 conversations, 20 at a time, 2 ranks, fast and slow ranks x pressures fits,
           over (1.25x) and heavy (1.9x), time compressed 100x: about 25 minutes with the peers
+  seats   issue 45's cells: fleets x shapes x speeds (fast, slow) x pressures (fits 0.5x, over
+          1.25x, heavy 1.9x), outputs of the trace's length up to 512 tokens, time compressed
+          200x: 1-2 minutes per cell with 4 systems and 1 round (24 cells)
+
+Fleets (``--fleet``): ``seed`` is one rank like the seed deployment's, a 181,777-token pool in
+256-token blocks and 8 seats (``--max-num-seqs 8``: at most 8 sequences run at once, the rest wait
+in the rank); ``several`` is ``--ranks`` ranks (2) of 16-token blocks and 256 seats. Shapes
+(``--shapes``): ``whole`` conversations arriving over time (``--over-concurrency`` at a time,
+twice as many in all, each whole, of at most ``--whole-turns`` requests: 24), or ``sessions``
+starting together, each cut to ``--session-turns`` requests (40). A pressure is always the mean
+working set over the fleet's total pools: on the seed rank set by how many sessions run at once,
+on several ranks by the pools' size (``bench/cells.py``).
+Cells are named ``FLEET-SHAPE-SPEED-SCENARIO``; pick a subset with ``--fleet``, ``--shapes``,
+``--speeds`` and ``--scenarios``.
 
 Mooncake JSONL (``--trace mooncake-conversation|mooncake-synthetic``) has no session ids: requests
 re-sending an earlier one are grouped into conversations, and ``--conversations`` (default 300,
@@ -33,8 +47,17 @@ Time is compressed: think times (cut to 60 s) x ``--time-scale``, the ranks' mod
 ``--sim-time-scale``. prefixgate runs with its defaults: its idle TTL and wait bound learn the
 replay's pace from the traffic; ``--scaled-clocks`` adds ``prefixgate prefix_affinity (scaled
 clocks)``, the same with both compressed by hand like the replay (the comparison of learned and
-hand-set clocks). Requests are streamed with ``--max-tokens`` output tokens (the trace's own output
-is in the next request's ids); a 429/503 is retried like an agent would (counted in the table).
+hand-set clocks). Requests are streamed with ``--max-tokens`` output tokens, or (``seats``, or
+``--max-output-tokens N``) the trace's own output length capped at N, so the ranks decode behind
+their prefills; the next request is the trace's either way (its ids hold the answer the trace
+recorded). A 429/503 is retried like an agent would, honouring Retry-After up to
+``--max-retry-wait`` seconds (each 429 counted in the table).
+
+Besides hit rate and prefill, each table gives generated tokens/s (the ranks' completion tokens over
+the cell's wall time), TTFT p50/p99 of first turns and of returning turns apart, the p99 seat
+wait (from the client's send to the rank receiving the request: what the system in front held it,
+429 retries included) and the p99 rank queue (from the rank receiving it to scheduling it: the
+wait for one of its seats), both read from the simulated ranks' own clock (``sim --report-timing``).
 After each scenario a verdict says, per measure, whether prefixgate is ahead of every peer, and
 whether it met issue 17's targets. One run of a cell is noisy (the machine, and a peer's hash
 placement): ``--rounds N`` runs every system N times in a rotated order and reports each figure's
@@ -61,10 +84,10 @@ from typing import TYPE_CHECKING, Any
 
 from bench.bench_presets import (
     PRESETS,
+    Cell,
     load_sessions,
-    prefill_rate,
+    preset_cells,
     resolve,
-    scenario_fleet,
     time_scaled_prefixgate_flags,
 )
 from bench.bench_tables import markdown_table, print_table
@@ -96,7 +119,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="trace to replay (default: the preset's, claude-code)",
     )
     parser.add_argument("--traces", type=Path, default=None, help="trace folder or Mooncake JSONL file")
-    parser.add_argument("--scenarios", default=None, help="fits,over[,heavy] (default: the preset's)")
+    parser.add_argument(
+        "--scenarios", default=None, help="fits,over[,heavy] or a pressure like x1.5 (default: the preset's)"
+    )
     parser.add_argument(
         "--sizing",
         choices=["concurrency", "pressure"],
@@ -122,6 +147,43 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--time-scale", type=float, default=None, help="factor on the trace's think times (default 0.005)"
     )
     parser.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default 8)")
+    parser.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=None,
+        help="each request asks the trace's own output length capped at N (seats: 512); 0: --max-tokens",
+    )
+    parser.add_argument(
+        "--fleet",
+        "--fleets",
+        dest="fleets",
+        default=None,
+        help="cells on these fleets: seed (1 rank, 181,777 tokens in 256-token blocks, 8 seats), "
+        "several (--ranks ranks); comma-separated (default: the preset's; seats: seed,several)",
+    )
+    parser.add_argument(
+        "--shapes",
+        "--shape",
+        dest="shapes",
+        default=None,
+        help="traffic shapes with --fleet: whole (conversations arriving over time), sessions "
+        "(capped sessions starting together); comma-separated (seats: whole,sessions)",
+    )
+    parser.add_argument(
+        "--session-turns", type=int, default=None, help="requests per session of the sessions shape (40)"
+    )
+    parser.add_argument(
+        "--whole-turns",
+        type=int,
+        default=None,
+        help="the whole shape takes only conversations of at most N requests, uncut (seats: 24)",
+    )
+    parser.add_argument(
+        "--max-retry-wait",
+        type=float,
+        default=None,
+        help="longest Retry-After (s) the client honours before retrying a 429 (default 1; seats: 60)",
+    )
     parser.add_argument(
         "--systems",
         default=None,
@@ -212,6 +274,21 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
     return systems, notes
 
 
+def cell_title(cell: Cell) -> str:
+    """What a cell ran, for its table's title."""
+    at_once = (
+        f"{len(cell.sessions)} sessions starting together"
+        if cell.shape == "sessions"
+        else f"{cell.concurrency} concurrent conversations"
+        + (f" of {len(cell.sessions)}" if cell.shape == "whole" else "")
+    )
+    fleet = f"{cell.ranks} rank{'' if cell.ranks == 1 else 's'} x {cell.kv_tokens:,} KV tokens"
+    if cell.fleet is not None:
+        fleet += f" in {cell.block_size}-token blocks, {cell.max_num_seqs} seats"
+    pressure = f", pressure {cell.pressure_planned:.2f}x planned" if cell.pressure_planned is not None else ""
+    return f"{at_once}, {fleet}, prefill {cell.prefill_rate:,.0f} tokens/s{pressure}"
+
+
 def _git_head() -> str | None:
     import subprocess
 
@@ -253,11 +330,17 @@ def run(args: argparse.Namespace) -> int:
         if preset.sizing == "pressure"
         else f"{preset.kv_tokens:,} KV tokens"
     )
+    fleets = (
+        f"fleets {', '.join(preset.fleets)} x shapes {', '.join(preset.shapes)} "
+        f"x {', '.join(preset.scenarios)}"
+        if preset.fleets
+        else f"{preset.ranks} ranks x {sizes}"
+    )
     print(
         f"prefixgate bench: {preset.trace}, {len(sessions)} conversations "
         f"({len(all_sessions)} sessions counting sub-agents, {n_requests} requests, "
         f"trace block reuse {trace_block_reuse(all_sessions):.3f}); "
-        f"{preset.ranks} ranks x {sizes}; speeds {', '.join(preset.speeds)}; "
+        f"{fleets}; speeds {', '.join(preset.speeds)}; "
         f"systems: {', '.join(s.name for s in systems)}",
         flush=True,
     )
@@ -295,55 +378,63 @@ def run(args: argparse.Namespace) -> int:
     report["git_head"] = _git_head()
     started = time.perf_counter()
     failed = False
-    for speed in preset.speeds:
-        for scenario in preset.scenarios:
-            name = scenario if len(preset.speeds) == 1 else f"{speed}-{scenario}"
-            concurrency, kv_tokens, pressure = scenario_fleet(preset, scenario, sessions, 16)
-            fleet = FleetConfig(
-                ranks=preset.ranks,
-                kv_tokens=kv_tokens,
-                time_scale=preset.sim_time_scale,
-                prefill_rate=prefill_rate(speed),
-            )
-            replay_config = TraceReplayConfig(
-                model=fleet.model,
-                concurrency=concurrency,
-                time_scale=preset.time_scale,
-                max_tokens=preset.max_tokens,
-                block_tokens=block_tokens,
-                kv_block_size=fleet.block_size,
-                seed=args.seed,
-            )
-            rounds: list[dict[str, dict[str, Any]]] = []
-            for index in range(args.rounds):
-                order = rotation(systems, index)
-                run = ScenarioRun(name, order, sessions, fleet, replay_config, n_requests, args)
-                found_round, scenario_failed = run.run(prefixgate_args)
-                rounds.append(found_round)
-                failed = failed or scenario_failed
-            results = rounds[0] if len(rounds) == 1 else combine_all(rounds)
-            title = (
-                f"{name} ({concurrency} concurrent conversations, {fleet.ranks} ranks x {kv_tokens:,} KV "
-                f"tokens, prefill {fleet.prefill_rate:,.0f} tokens/s)"
-            )
-            print_table(title, results, notes)
-            found = verdict(name, results)
-            for line in verdict_lines(found) if found is not None else ():
-                print(line)
-            report["scenarios"][name] = {
-                "concurrency": concurrency,
-                "kv_tokens": kv_tokens,
-                "prefill_rate": fleet.prefill_rate,
-                "pressure_aimed": pressure,
-                "results": results,
-                "verdict": found,
-            }
-            if not args.no_plots:
-                run.plots(results)
+    for cell in preset_cells(preset, sessions):
+        fleet = FleetConfig(
+            ranks=cell.ranks,
+            kv_tokens=cell.kv_tokens,
+            time_scale=preset.sim_time_scale,
+            block_size=cell.block_size,
+            prefill_rate=cell.prefill_rate,
+            max_num_seqs=cell.max_num_seqs,
+            report_timing=True,
+        )
+        replay_config = TraceReplayConfig(
+            model=fleet.model,
+            concurrency=cell.concurrency,
+            time_scale=preset.time_scale,
+            max_tokens=preset.max_tokens,
+            max_output_tokens=preset.max_output_tokens,
+            block_tokens=block_tokens,
+            kv_block_size=fleet.block_size,
+            seed=args.seed,
+            max_retry_wait_s=preset.max_retry_wait_s,
+        )
+        cell_requests = sum(len(s.requests) for top in cell.sessions for s in top.all_sessions())
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for index in range(args.rounds):
+            order = rotation(systems, index)
+            run = ScenarioRun(cell.name, order, cell.sessions, fleet, replay_config, cell_requests, args)
+            found_round, scenario_failed = run.run(prefixgate_args)
+            rounds.append(found_round)
+            failed = failed or scenario_failed
+        results = rounds[0] if len(rounds) == 1 else combine_all(rounds)
+        title = f"{cell.name} ({cell_title(cell)})"
+        print_table(title, results, notes)
+        found = verdict(cell.name, results)
+        for line in verdict_lines(found) if found is not None else ():
+            print(line)
+        report["scenarios"][cell.name] = {
+            "title": cell_title(cell),
+            "concurrency": cell.concurrency,
+            "kv_tokens": cell.kv_tokens,
+            "ranks": cell.ranks,
+            "block_size": cell.block_size,
+            "max_num_seqs": cell.max_num_seqs,
+            "fleet": cell.fleet,
+            "shape": cell.shape,
+            "sessions": len(cell.sessions),
+            "requests": cell_requests,
+            "prefill_rate": cell.prefill_rate,
+            "pressure_aimed": cell.pressure_aimed,
+            "pressure_planned": cell.pressure_planned,
+            "results": results,
+            "verdict": found,
+        }
+        if not args.no_plots:
+            run.plots(results)
     report["wall_s"] = time.perf_counter() - started
     tables = [
-        f"### {name} ({sc['concurrency']} concurrent conversations, {sc['kv_tokens']:,} KV tokens per rank, "
-        f"prefill {sc['prefill_rate']:,.0f} tokens/s)\n\n{markdown_table(sc['results'])}\n"
+        f"### {name} ({sc['title']})\n\n{markdown_table(sc['results'])}\n"
         + "".join(f"- {line}\n" for line in (verdict_lines(sc["verdict"]) if sc["verdict"] else ()))
         for name, sc in report["scenarios"].items()
     ]

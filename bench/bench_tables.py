@@ -1,7 +1,9 @@
 """The tables of a ``prefixgate bench`` scenario: on the terminal (rich) and in Markdown (the docs).
 
 Both read the per-system summaries of ``bench.system_run.summarize`` (a ``failed`` key for a system
-that did not finish); ``/ RR`` is prefill against the round-robin baseline (``rr_baseline``).
+that did not finish); ``/ RR`` is prefill against the round-robin baseline (``rr_baseline``). The
+columns of ``bench.turn_figures`` (generated tokens/s, TTFT of first and returning turns, seat wait,
+rank queue) read ``-`` in a summary that lacks them (one written before they existed).
 """
 
 from __future__ import annotations
@@ -28,17 +30,21 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
         "e2e p50",
         "e2e p99",
         "mean turn",
+        *NEW_COLUMNS,
         "completion",
         "sessions",
         "errors",
         "429s",
         "CPU ms/req",
     ):
-        table.add_column(column, justify="left" if column == "system" else "right")
+        if column == "system":  # the one column that must stay readable when the rest squeeze
+            table.add_column(column, justify="left", no_wrap=True)
+        else:
+            table.add_column(column, justify="right")
     base = rr_baseline(results)
     for name, r in results.items():
         if "failed" in r:
-            table.add_row(name, *["-"] * 14, r["failed"][:40])
+            table.add_row(name, *["-"] * (14 + len(NEW_COLUMNS)), r["failed"][:40])
             continue
         cpu = r["proxy_cpu_ms_per_request"]
         table.add_row(
@@ -53,13 +59,14 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
             f"{r['latency_p50_ms']:.0f}ms",
             f"{r['latency_p99_ms']:.0f}ms",
             f"{r.get('latency_mean_ms', 0):.0f}ms",
+            *new_cells(r, "ms"),
             f"{r['wall_s']:.1f}s",
             str(r["completed_sessions"]),
             str(r["errors"]),
-            str(r["rejections"]),
+            retried(r),
             f"{cpu:.2f}" if cpu is not None else "-",
         )
-    console = Console(width=None if sys.stdout.isatty() else 150)
+    console = Console(width=None if sys.stdout.isatty() else 250)
     console.print(table)
     done = [r for r in results.values() if "failed" not in r]
     if done:
@@ -70,6 +77,37 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
         )
     for note in notes:
         console.print(f"note: {note}")
+
+
+#: The columns of ``bench.turn_figures``, after "mean turn".
+NEW_COLUMNS = ("gen tok/s", "TTFT 1st p50/p99", "TTFT ret p50/p99", "seat wait p99", "rank queue p99")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def new_cells(r: dict[str, Any], unit: str) -> list[str]:
+    """The ``NEW_COLUMNS`` cells of summary ``r`` (``unit``: how milliseconds are written)."""
+    tok_s = r.get("generated_tok_s")
+    first = (r.get("ttft_first_p50_ms"), r.get("ttft_first_p99_ms"))
+    returning = (r.get("ttft_returning_p50_ms"), r.get("ttft_returning_p99_ms"))
+    return [
+        "-" if tok_s is None else f"{tok_s:.0f}",
+        f"{_ms(first[0])}/{_ms(first[1])}{unit}",
+        f"{_ms(returning[0])}/{_ms(returning[1])}{unit}",
+        f"{_ms(r.get('seat_wait_p99_ms'))}{unit}",
+        f"{_ms(r.get('rank_queue_p99_ms'))}{unit}",
+    ]
+
+
+def retried(r: dict[str, Any]) -> str:
+    """The 429s column: every 429 answer, then ``+N`` other answers retried (502/503/504, a refused
+    connection) when there were; a summary without the 429 count gives every retried answer."""
+    if "rate_limited" not in r:
+        return str(r["rejections"])
+    others = r["rejections"] - r["rate_limited"]
+    return f"{r['rate_limited']}" + (f" +{others}" if others > 0 else "")
 
 
 def rr_baseline(results: dict[str, dict[str, Any]]) -> int | None:
@@ -86,12 +124,14 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
     base = rr_baseline(results)
     lines = [
         "| system | hit rate | / bound | prefill Mtok | prefill / RR | preemptions | TTFT p50 | TTFT p99 "
-        "| e2e p50 | e2e p99 | mean turn | completion | sessions | errors | 429s | CPU ms/req |",
-        "|---|" + "---:|" * 15,
+        "| e2e p50 | e2e p99 | mean turn | "
+        + " | ".join(NEW_COLUMNS)
+        + " | completion | sessions | errors | 429s | CPU ms/req |",
+        "|---|" + "---:|" * (15 + len(NEW_COLUMNS)),
     ]
     for name, r in results.items():
         if "failed" in r:
-            lines.append(f"| {name} | failed: {r['failed'][:60]} |" + " |" * 14)
+            lines.append(f"| {name} | failed: {r['failed'][:60]} |" + " |" * (14 + len(NEW_COLUMNS)))
             continue
         cpu = r["proxy_cpu_ms_per_request"]
         ratio = f"{r['prefill_tokens'] / base:.2f}" if base else "-"
@@ -99,8 +139,9 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
             f"| {name} | {r['hit_rate']:.3f} | {r['hit_rate'] / r['bound']:.3f} | "
             f"{r['prefill_tokens'] / 1e6:.2f} | {ratio} | {r['preemptions']} | {r['ttft_p50_ms']:.0f} ms | "
             f"{r['ttft_p99_ms']:.0f} ms | {r['latency_p50_ms']:.0f} ms | {r['latency_p99_ms']:.0f} ms | "
-            f"{r.get('latency_mean_ms', 0):.0f} ms | {r['wall_s']:.1f} s | "
-            f"{r['completed_sessions']} | {r['errors']} | {r['rejections']} | "
+            f"{r.get('latency_mean_ms', 0):.0f} ms | "
+            + "".join(f"{cell} | " for cell in new_cells(r, " ms"))
+            + f"{r['wall_s']:.1f} s | {r['completed_sessions']} | {r['errors']} | {retried(r)} | "
             + (f"{cpu:.1f}" if cpu is not None else "-")
             + " |"
         )

@@ -17,7 +17,8 @@ import aiohttp
 import orjson
 
 from bench.common import median, percentile
-from bench.traces import BlockText, ChatBuilder, TraceSession, UnitCacheBound
+from bench.traces import BlockText, ChatBuilder, TraceRequest, TraceSession, UnitCacheBound
+from bench.turn_figures import turn_figures
 from bench.workload import Session
 from tokenization.block_hash import BlockHasher
 from tokenization.chatml import render_segments
@@ -38,6 +39,14 @@ class TurnResult:
     sent_s: float = 0.0
     #: The infinite-cache bound's hit tokens for this request (trace replays only).
     bound_hit_tokens: int = 0
+    #: Tokens the rank generated (its ``usage.completion_tokens``).
+    completion_tokens: int = 0
+    #: Seconds from the client sending the request (its first attempt) to the rank receiving it: how
+    #: long the system in front held it, 429 retries included; None when the rank does not tell.
+    held_s: float | None = None
+    #: Seconds from the rank receiving the request to scheduling it (a seat among its running
+    #: sequences, and room in its pool); None when the rank does not tell.
+    rank_queue_s: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The turn as ``results.json`` keeps it (``backend``: the rank; ``session`` last)."""
@@ -50,6 +59,9 @@ class TurnResult:
             "backend": self.rank,
             "sent_s": self.sent_s,
             "bound_hit_tokens": self.bound_hit_tokens,
+            "completion_tokens": self.completion_tokens,
+            "held_s": self.held_s,
+            "rank_queue_s": self.rank_queue_s,
             "session": self.session,
         }
 
@@ -66,6 +78,8 @@ class ReplayResult:
     working_set: list[int] = field(default_factory=list)
     #: 429/503 answers that a retry later got past.
     rejections: int = 0
+    #: 429 answers, each one counted (retried or not).
+    rate_limited: int = 0
     #: Requests answered 429 or 503 and not retried (each also in ``errors``; its session stopped).
     refused: int = 0
 
@@ -79,6 +93,7 @@ class ReplayResult:
             "requests": len(self.turns),
             "errors": len(self.errors),
             "rejections": self.rejections,
+            "rate_limited": self.rate_limited,
             "refused": self.refused,
             "prompt_tokens": prompt,
             "cached_tokens": cached,
@@ -90,6 +105,7 @@ class ReplayResult:
             "latency_p99_ms": percentile(latencies, 99) * 1000,
             "latency_mean_ms": sum(latencies) / len(latencies) * 1000 if latencies else 0.0,
             "wall_s": self.wall_s,
+            **turn_figures(self.turns, self.wall_s),
         }
 
 
@@ -104,6 +120,12 @@ class StreamOutcome:
     #: The rank that answered (``x-prefixgate-backend``).
     rank: str
     content: str
+    #: Tokens generated (``usage.completion_tokens``).
+    completion_tokens: int = 0
+    #: When the rank received the request and first scheduled it (``time.time()``), from the
+    #: ``sim_timing`` a simulated rank started with ``--report-timing`` sends with its usage.
+    arrived_at: float | None = None
+    scheduled_at: float | None = None
 
 
 async def post_chat_stream(
@@ -114,6 +136,7 @@ async def post_chat_stream(
     ttft = None
     content: list[str] = []
     usage: dict[str, Any] = {}
+    timing: dict[str, float] = {}
     headers = {"content-type": "application/json", "x-session-id": session_key}
     try:
         response = await http.post(url + "/v1/chat/completions", data=orjson.dumps(body), headers=headers)
@@ -140,10 +163,20 @@ async def post_chat_stream(
                     content.append(delta)
             if event.get("usage"):
                 usage = event["usage"]
+            if event.get("sim_timing"):
+                timing = event["sim_timing"]
     latency = time.perf_counter() - start
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return StreamOutcome(
-        usage.get("prompt_tokens", 0), cached, ttft or latency, latency, rank, "".join(content)
+        usage.get("prompt_tokens", 0),
+        cached,
+        ttft or latency,
+        latency,
+        rank,
+        "".join(content),
+        usage.get("completion_tokens") or 0,
+        timing.get("arrived_at"),
+        timing.get("scheduled_at"),
     )
 
 
@@ -159,6 +192,7 @@ class Rejected(RuntimeError):
 
     def __init__(self, status: int, retry_after_s: float, detail: bytes) -> None:
         super().__init__(f"HTTP {status}: {detail[:200]!r}")
+        self.status = status
         self.retry_after_s = retry_after_s
 
 
@@ -169,15 +203,19 @@ async def post_with_retries(
     session_key: str,
     attempts: int,
     max_wait_s: float,
+    on_rejected: Callable[[Rejected], None] | None = None,
 ) -> tuple[StreamOutcome, int]:
     """``post_chat_stream``, retried on 429/502/503/504 and on a connection that failed before any
     answer, like agents do (honouring ``Retry-After``, capped at ``max_wait_s``); TTFT and latency
-    count from the first attempt. Returns the outcome and the number of rejections before it."""
+    count from the first attempt. Returns the outcome and the number of rejections before it;
+    ``on_rejected`` hears of each rejection (the last one too, when no attempt is left)."""
     start = time.perf_counter()
     for attempt in range(attempts):
         try:
             out = await post_chat_stream(http, url, body, session_key)
         except Rejected as exc:
+            if on_rejected is not None:
+                on_rejected(exc)
             if attempt + 1 == attempts:
                 raise
             await asyncio.sleep(min(exc.retry_after_s, max_wait_s))
@@ -219,6 +257,7 @@ def turn_result(
         out.rank,
         sent_s,
         bound_hit_tokens,
+        out.completion_tokens,
     )
 
 
@@ -275,8 +314,12 @@ class TraceReplayConfig:
     model: str
     concurrency: int = 8
     time_scale: float = 0.01
-    #: Output tokens asked per request (the trace's own output is already in the next request's ids).
+    #: Output tokens asked per request when ``max_output_tokens`` is None.
     max_tokens: int = 16
+    #: When set, each request asks the trace's own output length (its ``out``), capped at this: the
+    #: rank decodes what the agent's model did. The next request is still the trace's (its ids hold
+    #: the answer as the trace recorded it), whatever text the rank generated.
+    max_output_tokens: int | None = None
     #: Token length of one trace block (64 for Claude Code, 512 for Mooncake).
     block_tokens: int = 64
     #: KV block size of the ranks (for the infinite-cache bound).
@@ -370,24 +413,41 @@ async def send_trace_request(
     bound's hits and the working set, or its error (False; the trace fixes the next request
     regardless). ``active``: each active session's latest prompt tokens."""
     builder, key, index = send.builder, send.key, send.index
-    body = builder.body(index, config.model, config.max_tokens)
+    body = builder.body(index, config.model, output_tokens(builder.session.requests[index], config))
     prompt, bound_hits = bound.add(builder.units())
     active[key] = prompt
     result.working_set.append(sum(active.values()))
     sent = time.perf_counter() - start
+    sent_at = time.time()  # the clock a simulated rank reports its own times on (``sim_timing``)
+
+    def count(rejected: Rejected) -> None:
+        result.rate_limited += rejected.status == 429
+
     try:
         out, rejections = await post_with_retries(
-            send.http, send.url, body, key, config.attempts, config.max_retry_wait_s
+            send.http, send.url, body, key, config.attempts, config.max_retry_wait_s, count
         )
     except Exception as exc:  # recorded
         result.errors.append(f"{key} request {index}: {exc}")
         return False
     result.rejections += rejections
     turn = turn_result(key, index, out, sent, bound_hits)
+    if out.arrived_at is not None:
+        turn.held_s = max(0.0, out.arrived_at - sent_at)
+        if out.scheduled_at is not None:
+            turn.rank_queue_s = max(0.0, out.scheduled_at - out.arrived_at)
     result.turns.append(turn)
     if on_turn is not None:
         on_turn(turn)
     return True
+
+
+def output_tokens(request: TraceRequest, config: TraceReplayConfig) -> int:
+    """``max_tokens`` of a trace request: its own output length capped at ``max_output_tokens``
+    (at least 1: a rank answers at least one token), or the fixed ``max_tokens``."""
+    if config.max_output_tokens is None:
+        return config.max_tokens
+    return max(1, min(request.output_tokens, config.max_output_tokens))
 
 
 def bound_hit_rate(result: ReplayResult) -> float:

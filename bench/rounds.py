@@ -22,7 +22,7 @@ _T = TypeVar("_T")
 #: Summary entries that are not figures: carried from the median round, never combined.
 _CARRIED = ("turns", "rank_counters", "first_errors", "rounds")
 #: Failures, reported from the worst round: a median would hide a round that lost requests.
-_WORST = ("errors", "rejections", "refused")
+_WORST = ("errors", "rejections", "rate_limited", "refused")
 
 
 def rotation(systems: Sequence[_T], round_index: int) -> list[_T]:

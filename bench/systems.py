@@ -51,6 +51,10 @@ class FleetConfig:
     prefill_rate: float = DEFAULT_PREFILL_RATE
     #: Each rank publishes KV events (ZMQ, a free port each, named by its ``/kv_event_sources``).
     kv_events: bool = False
+    #: Sequences a rank runs at once (vLLM's ``--max-num-seqs``): its seats.
+    max_num_seqs: int = 256
+    #: Streams tell when the rank got the request and first scheduled it (``sim --report-timing``).
+    report_timing: bool = False
 
 
 #: Tries to start a server whose port another process took between its choice and its bind.
@@ -107,7 +111,9 @@ class SimFleetProcess:
         args += ["--ranks", str(c.ranks), "--base-port", str(self.base_port)]
         args += ["--kv-tokens", str(c.kv_tokens), "--time-scale", str(c.time_scale)]
         args += ["--block-size", str(c.block_size), "--model", c.model]
-        args += ["--prefill-rate", str(c.prefill_rate)]
+        args += ["--prefill-rate", str(c.prefill_rate), "--max-num-seqs", str(c.max_num_seqs)]
+        if c.report_timing:
+            args += ["--report-timing"]
         if c.kv_events:
             args += ["--kv-events"]
         if self.log is not None:

@@ -108,6 +108,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="append every POST request (path, headers, body) to FILE",
     )
+    g.add_argument(
+        "--report-timing",
+        action="store_true",
+        help="a stream's usage chunk also carries sim_timing: the wall-clock times the request reached "
+        "the rank and was first scheduled (for a benchmark's seat wait)",
+    )
     g = parser.add_argument_group("agents")
     _opt(
         g,
@@ -176,6 +182,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         scripted_tool_calls=args.scripted_tools,
         scripted_subagents=args.scripted_subagents,
         record_path=args.record,
+        report_timing=args.report_timing,
         faults=FaultConfig(
             latency_s=args.fault_latency,
             error_rate=args.fault_error_rate,

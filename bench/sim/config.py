@@ -134,6 +134,10 @@ class SimConfig:
     scripted_subagents: bool = False
     #: Append every POST request (path, headers, body) to this JSONL file; None: off.
     record_path: str | None = None
+    #: A stream's usage chunk also carries ``sim_timing``: the wall-clock times (``time.time()``) the
+    #: request reached the rank and was first scheduled, from which a benchmark on the same machine
+    #: reads how long the system in front held it and how long it waited for a seat in the rank.
+    report_timing: bool = False
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __post_init__(self) -> None:

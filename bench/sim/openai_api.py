@@ -85,6 +85,7 @@ class OpenAIApi:
             return bad_request(str(exc))
 
     async def _inference(self, request: Request, kind: str) -> Response:
+        arrived_at = time.time()  # before the body is read and tokenized: when the rank got it
         rank = self.rank
         cfg = rank.config
         try:
@@ -133,7 +134,8 @@ class OpenAIApi:
                 request, reqs, out, script.call, rid, created, model, stream, include_usage
             )
         if stream:
-            gen = self._stream(request.scope, kind, reqs, out, rid, created, model, include_usage)
+            timing = arrived_at if cfg.report_timing else None
+            gen = self._stream(request.scope, kind, reqs, out, rid, created, model, include_usage, timing)
             return StreamingResponse(gen, media_type="text/event-stream")
         return await self._complete(request, kind, reqs, out, rid, created, model)
 
@@ -246,7 +248,10 @@ class OpenAIApi:
         created: int,
         model: str,
         include_usage: bool,
+        arrived_at: float | None = None,
     ) -> AsyncIterator[bytes]:
+        """The SSE stream of a request's tokens; with ``arrived_at`` (``report_timing``) its usage
+        chunk also carries ``sim_timing``."""
         chat = kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
         dumps = orjson.dumps
@@ -316,10 +321,20 @@ class OpenAIApi:
                     await drop_connection(scope)
                     return
             if include_usage:
-                yield chunk([], usage=self._usage(reqs))
+                extra = {"sim_timing": sim_timing(arrived_at, reqs[0])} if arrived_at is not None else {}
+                yield chunk([], usage=self._usage(reqs), **extra)
             yield b"data: [DONE]\n\n"
         finally:
             self.rank.engine.abort(reqs)  # frees the blocks of sequences still running when the client left
+
+
+def sim_timing(arrived_at: float, req: SimRequest) -> dict[str, float]:
+    """When a request reached the rank and when it was first scheduled (a seat in the running batch
+    and its first blocks), both as ``time.time()`` so that a client on the same machine can set them
+    against its own send time. ``scheduled_at`` is the engine's monotonic clock, moved onto the wall
+    clock's."""
+    scheduled_wall = time.time() - (time.monotonic() - req.scheduled_at)
+    return {"arrived_at": arrived_at, "scheduled_at": scheduled_wall}
 
 
 def _text(req: SimRequest) -> str:

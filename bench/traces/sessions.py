@@ -40,6 +40,16 @@ class TraceSession:
             for sub in subs:
                 yield from sub.all_sessions()
 
+    def first_requests(self, count: int) -> TraceSession:
+        """A copy holding this session's first ``count`` requests, and the sub-agents started before
+        them (each cut the same way); it starts at the trace's time 0. The trace is left as it is."""
+        children = {
+            index: [sub.first_requests(count) for sub in subs]
+            for index, subs in self.children.items()
+            if index < count
+        }
+        return TraceSession(self.key, self.requests[:count], self.head_blocks, 0.0, children)
+
     @property
     def max_input_tokens(self) -> int:
         """The longest request of this session (its sub-agents not included)."""
