@@ -48,6 +48,9 @@ class RequestContext:
     # -- identify session
     session_key: str | None = None
     session_source: str | None = None
+    #: The client says this is the session's last request (``identify.SESSION_END_HEADERS``): its
+    #: seat is freed once it is answered.
+    session_ends: bool = False
     #: What this process keeps for the session between its turns (``proxy/state/local.py``).
     local: SessionLocal | None = None
     # -- threads: the conversation of the session this request continues (``proxy.stages.threads``)

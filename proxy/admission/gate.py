@@ -10,13 +10,16 @@ The whole rule:
   has room, or room once sessions quiet past their own think times (judged ended) give up theirs.
 - Else it waits, in order: priority, then fair across client keys, then arrival (``queue.py``). It
   is never refused for lack of room; the client is told nothing until it is seated.
-- **Rotation.** Once a waiter has waited the rotation bound, quiet residents are parked for it
-  (``rotation.py``: quiet longest since their last answer first, then the most service): each gives
-  up its seat, and its blocks are left to age out of the rank's cache; its next turn waits for a
-  seat like a newcomer's. A seat is not taken back before it has served one answer and been held
-  one bound (so seats do not flap).
-- The bound is learned from the traffic: ``WAIT_REQUESTS`` long requests' durations (``timing.py``),
-  so a replay compressed 100x gets a bound 100x shorter; ``--admission-wait`` sets it in seconds.
+- **Rotation.** Once a waiter has waited as long as parking a quiet resident would cost that
+  resident, the resident is parked for it (``rotation.py``: quiet longest since its last answer
+  first, then the most service). That cost, the resident's *patience*, is the time its rank takes
+  to compute its context again, at the prefill speed the rank's own metrics measure, and never more
+  than the rotation bound. Parking gives up the seat and leaves the blocks to age out of the rank's
+  cache; the session's next turn waits for a seat like a newcomer's. A seat is not taken back
+  before it has served one answer and been held its patience (so seats do not flap).
+- The rotation bound is learned from the traffic: ``WAIT_REQUESTS`` long requests' durations
+  (``timing.py``), so a replay compressed 100x gets a bound 100x shorter (and so do the ranks'
+  measured speeds); ``--admission-wait`` sets it in seconds.
 - 429 only for a client key's ``max_sessions`` and a queue longer than ``--admission-queue``, with
   Retry-After; 400 at once for a prompt larger than any rank can hold.
 - A request that fails releases what was counted for it; ``DELETE /admin/sessions/{id}`` frees a
@@ -36,6 +39,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from proxy.admission.accounting import RankState
 from proxy.admission.explain import decision_record, note_decision, note_parked
 from proxy.admission.ledger import Admitted, Ledger, Placement
 from proxy.admission.queue import Ticket
@@ -52,6 +56,10 @@ __all__ = ["Admission", "Admitted", "Guard", "Placement"]
 
 log = logging.getLogger("prefixgate.admission")
 
+#: A waiter waits this many times a resident's recompute time (its context at its rank's measured
+#: prefill speed) before the resident is parked for it: waiting longer costs the waiter more than
+#: the recompute parking makes the resident pay on its return.
+PATIENCE_RECOMPUTES = 1.0
 #: Wraps a wait so that something outside admission can cancel it (the client going away).
 Guard = Callable[[Awaitable[Seat]], Awaitable[Seat]]
 
@@ -211,8 +219,10 @@ class Admission(Ledger):
             states = self.refresh()
             room = self._room(tokens, head_key, head_tokens, states)
             parking: Parking | None = None
-            if not room.allowed and time.monotonic() - started >= self.time.wait_bound():
-                parking = self._rotation(states, need, head_key, head_tokens, hits)
+            if not room.allowed:
+                parking = self._rotation(
+                    states, need, head_key, head_tokens, hits, time.monotonic() - started
+                )
                 if parking is not None:
                     self._park(parking, key, time.monotonic() - started)
                     room = self._room(tokens, head_key, head_tokens, self.refresh())
@@ -247,10 +257,21 @@ class Admission(Ledger):
         return seat, time.monotonic() - started
 
     def _rotation(
-        self, states: dict, need: int, head_key: str | None, head_tokens: int, hits: dict[str, int]
+        self,
+        states: dict[str, RankState],
+        need: int,
+        head_key: str | None,
+        head_tokens: int,
+        hits: dict[str, int],
+        waited: float,
     ) -> Parking | None:
-        """The residents to park for a waiter past the bound (``rotation.choose_parked``)."""
+        """The residents to park for a waiter that has waited ``waited`` seconds
+        (``rotation.choose_parked``)."""
         bound = self.time.wait_bound()
+
+        def patience(session: Session, rank: str) -> float:
+            return bound
+
         return choose_parked(
             self.fleet.healthy(),
             states,
@@ -259,7 +280,8 @@ class Admission(Ledger):
             head_tokens,
             self.config.max_sessions_per_rank,
             self.table.clock(),
-            bound,
+            waited,
+            patience,
             self.poll_interval(),
             hits,
             lambda label: self._weights.get(label or "", 1.0),

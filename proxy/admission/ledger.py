@@ -7,6 +7,7 @@ changed: expired reservations, ended sessions, the learned idle TTL, pool overru
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from proxy.state.sessions import Session, SessionTable
 from proxy.state.wait_order import Entry, WaitOrder
 from routing.rank_metrics import RankSample
 from routing.ranks import Fleet, Rank
+
+log = logging.getLogger("prefixgate.admission")
 
 #: Think-gap counts and answer times kept for sessions no longer active, so that one coming back is
 #: not counted from zero again (the least recently seen go first).
@@ -318,6 +321,9 @@ class Ledger(Observer):
             self.moves.track(rank, settle(session, usage, self.config.block_size))
         session.served_s = 0.0 if admitted.waited_s else time.perf_counter() - outcome.ctx.started
         session.answered_at = session.last_seen
+        if outcome.ctx.session_ends:
+            self._end(session, "the client said the session ended (its last request was answered)")
+            return
         self.table.save(session)
         self._claim(session, rank)
         if len(self.queue):
@@ -339,6 +345,18 @@ class Ledger(Observer):
         else:
             self._claim(session, session.rank)
         self.moves.forget_counts()
+        self.queue.notify()
+
+    def _end(self, session: Session, reason: str) -> None:
+        """``session`` has ended: its seat is free at once for whoever waits; its record stays, marked
+        ended, until it idles out (a request under its key later starts it again)."""
+        session.released = True
+        record = session.admission or {}
+        session.admission = {**record, "decision": "ended", "reason": reason, "at": self.table.clock()}
+        self.table.save(session)
+        self.claims.release(session.key)
+        self.peaks.add(session.context_tokens)  # its last context is its peak
+        log.info("session %s ended after %d turns: %s", session.key, session.turns, reason)
         self.queue.notify()
 
     def release(self, key: str) -> Session | None:

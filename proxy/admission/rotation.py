@@ -2,8 +2,11 @@
 function over a count (``accounting.count``).
 
 On each healthy rank, the sessions that may be parked are the quiet ones (their latest request
-answered) that have held their seat at least ``hold_s`` and been answered since they took it
-(hysteresis: a seat just given is not taken back before it served). They go in order: quiet longest
+answered) that have been answered since they took their seat and held it at least their
+``patience``, once the waiter has waited that long too (hysteresis: a seat just given is not taken
+back before it served). A session's patience is what parking it is expected to cost it: the time its
+rank takes to compute its context again (``gate.Admission._patience``), so seats rotate fast where
+the ranks compute fast, and slowly where a recompute is dear. They go in order: quiet longest
 since their last answer first; on a tie (the same poll interval), the one that has had the most
 service for its client key's weight. On each rank, as few as free the waiter's need (tokens within
 the budget, and a session place under ``max_sessions_per_rank``); among the ranks, the one that
@@ -44,7 +47,8 @@ def choose_parked(
     head_tokens: int,
     max_sessions_per_rank: int | None,
     now: float,
-    hold_s: float,
+    waited: float,
+    patience: Callable[[Session, str], float],
     tie_s: float,
     hits: Mapping[str, int],
     weight: Callable[[str | None], float],
@@ -57,7 +61,7 @@ def choose_parked(
         if state is None:
             continue
         chosen = _park_on(
-            state, need, head_key, head_tokens, max_sessions_per_rank, now, hold_s, tie_s, weight
+            state, need, head_key, head_tokens, max_sessions_per_rank, now, waited, patience, tie_s, weight
         )
         if chosen is None:
             continue
@@ -81,7 +85,8 @@ def _park_on(
     head_tokens: int,
     cap: int | None,
     now: float,
-    hold_s: float,
+    waited: float,
+    patience: Callable[[Session, str], float],
     tie_s: float,
     weight: Callable[[str | None], float],
 ) -> tuple[str, ...] | None:
@@ -102,7 +107,11 @@ def _park_on(
         quiet_ticks = int((now - session.answered_at) / tie_s) if tie_s > 0 else 0
         return (-quiet_ticks, -session.turns / max(weight(session.client), 1e-9))
 
-    candidates = sorted((item for item in state.lru if parkable(item[0], now, hold_s)), key=order)
+    def due(session: Session) -> bool:
+        wait = patience(session, state.name)
+        return waited >= wait and parkable(session, now, wait)
+
+    candidates = sorted((item for item in state.lru if due(item[0])), key=order)
     chosen: list[str] = []
     for session, freed in candidates:
         if missing_tokens <= 0 and missing_seats <= 0:

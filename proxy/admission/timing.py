@@ -30,7 +30,7 @@ DURATION_WINDOW = 1000
 MIN_DURATIONS = 5
 #: The request duration that bounds a wait: a long request's (its 90th percentile), this many times.
 WAIT_QUANTILE = 0.9
-WAIT_REQUESTS = 4.0
+WAIT_REQUESTS = 2.0
 #: The learned idle TTL never goes below this (seconds). Traffic of back-to-back requests teaches
 #: gaps of milliseconds, and the sessions it shows would end the moment they pause (a build, a test
 #: run). Quiet sessions still give up their seats by their own think times when one is needed.

@@ -23,6 +23,11 @@ from proxy.context import RequestContext
 from proxy.state.local import SessionLocals
 from proxy.tenants import safe_key, tenant_key
 
+#: Headers by which a client says a request is its session's last: prefixgate's own, and Dynamo's
+#: (which agents' harnesses send on a dedicated minimal request when the session ends).
+SESSION_END_HEADERS: tuple[str, ...] = ("x-prefixgate-session-end", "x-dynamo-session-final")
+TRUE_VALUES = frozenset({"1", "true", "yes"})
+
 DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "x-session-id",
     "x-claude-code-session-id",
@@ -60,7 +65,7 @@ def fingerprint(head: Any, model: str | None = None) -> str | None:
 
 
 class Identify:
-    """Sets ``ctx.session_key``, ``ctx.session_source`` and ``ctx.local``."""
+    """Sets ``ctx.session_key``, ``ctx.session_source``, ``ctx.session_ends`` and ``ctx.local``."""
 
     def __init__(self, locals_: SessionLocals, headers: Sequence[str] = DEFAULT_SESSION_HEADERS) -> None:
         self.locals = locals_
@@ -72,6 +77,9 @@ class Identify:
             return
         key = tenant_key(ctx.client_label, safe_key(found[0]))
         ctx.session_key, ctx.session_source = key, found[1]
+        ctx.session_ends = any(
+            (ctx.headers.get(name) or "").strip().lower() in TRUE_VALUES for name in SESSION_END_HEADERS
+        )
         ctx.local = self.locals.open(key)
 
     def key_of(self, ctx: RequestContext) -> tuple[str, str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.admission.conftest import KV_TOKENS, Background, chat, metric
 from tests.helpers.wait import wait_until
@@ -247,3 +248,20 @@ def test_a_client_that_leaves_the_queue_frees_its_place(rank_servers, gateway) -
         pass
     wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 0)
     assert httpx.get(f"{proxy.url}/admin/sessions/c", timeout=5).status_code == 404
+
+
+@pytest.mark.parametrize("header", ["x-prefixgate-session-end", "x-dynamo-session-final"])
+def test_a_session_that_says_it_ended_frees_its_seat_at_once(rank_servers, gateway, header: str) -> None:  # type: ignore[no-untyped-def]
+    ranks = rank_servers.sim(1)
+    proxy = gateway(ranks, admission_wait=600, session_idle_ttl=600)  # nothing rotates or idles out
+    for key in ("a", "b"):
+        assert chat(proxy.url, key, 700).status_code == 200
+    waiting = Background(lambda: chat(proxy.url, "c", 700))
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 1)
+    assert chat(proxy.url, "a", 720, {header: "false"}).status_code == 200  # not its last: no change
+    assert metric(proxy.url, "prefixgate_admission_queue_depth") == 1
+    assert chat(proxy.url, "a", 740, {header: "true"}).status_code == 200  # its last request
+    assert waiting.result().status_code == 200  # c takes the seat a freed
+    ended = httpx.get(f"{proxy.url}/admin/sessions/a", timeout=5).json()
+    assert ended["admission"]["decision"] == "ended" and not ended["active"] and ended["turns"] == 3
+    assert httpx.get(f"{proxy.url}/admin/sessions/c", timeout=5).json()["admission"]["decision"] == "room"
