@@ -155,13 +155,14 @@ class FactBook:
         """The health checker's ``on_up``: ``rank`` just became healthy; its facts are read now (in a
         task of their own: the health round goes on), unless a reading is already under way."""
         if not self._reading(rank):
-            self._learning[rank.name] = asyncio.create_task(self._learn_quietly(rank))
+            self._learning[rank.name] = asyncio.create_task(self._learn_in_background(rank))
 
     def _reading(self, rank: Rank) -> bool:
         running = self._learning.get(rank.name)
         return running is not None and not running.done()
 
-    async def _learn_quietly(self, rank: Rank) -> None:
+    async def _learn_in_background(self, rank: Rank) -> None:
+        """``learn`` as a task's body (its facts are kept here, not returned)."""
         await self.learn(rank)
 
     async def run(self, interval: float) -> None:
