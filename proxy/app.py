@@ -111,9 +111,19 @@ def create_app(settings: Settings) -> LeanApp:
     @app.get("/ready")
     async def ready(request: Request) -> Response:
         """Readiness: 503 until at least one rank is healthy (a load balancer sends nothing here
-        that could only be answered 503)."""
+        that could only be answered 503); then 200, ``ready`` once every healthy rank's facts are
+        known, else ``degraded`` with each rank's missing facts (``Gateway.degraded``).
+
+        Degraded is 200, not 503: such a replica routes every request correctly, only less well (no
+        pool size: no admission budget for that rank; the embedded tokenizer: approximate blocks),
+        and it learns the rest by itself as the ranks answer. Some gaps last as long as the rank's
+        setup does (a vLLM started without KV events never reports a source): a 503 would then take
+        every replica out of the Service at once and serve nothing instead of serving degraded."""
         healthy = [r.name for r in gateway.fleet if r.healthy]
         if healthy and gateway.pipeline is not None:
+            missing = gateway.degraded()
+            if missing:
+                return json_response({"status": "degraded", "healthy_backends": healthy, "missing": missing})
             return json_response({"status": "ready", "healthy_backends": healthy})
         admin = (request.scope.get("state") or {}).get("is_admin")
         # the ranks' errors name their addresses: the admin's to see, as in /health

@@ -59,9 +59,7 @@ class BackendConfig(BaseModel):
     pool_tokens: int | None = Field(
         default=None, gt=0, description="KV pool size in tokens; learned from vllm:cache_config_info if unset"
     )
-    block_size: int | None = Field(
-        default=None, gt=0, description="KV block size; learned from the rank if unset"
-    )
+    block_size: int | None = Field(default=None, gt=0, description="KV block size; learned if unset")
 
     @field_validator("url")
     @classmethod
@@ -85,11 +83,13 @@ class Settings(BaseModel):
     state: str | None = None
     redis_url: str | None = None
     index_ttl: float = Field(default=3600.0, gt=0)
+    index_namespace: str | None = Field(default=None, min_length=1)
     redis_timeout: float = Field(default=0.25, gt=0)
     kv_events: str | None = None
     max_body_bytes: int = Field(default=32 * MiB, gt=0)
     health_interval: float = Field(default=2.0, gt=0)
     health_timeout: float = Field(default=2.0, gt=0)
+    rank_facts_interval: float = Field(default=60.0, gt=0)
     connect_timeout: float = Field(default=5.0, gt=0)
     read_timeout: float = Field(default=300.0, gt=0)
     retries: int = Field(default=1, ge=0)
@@ -208,6 +208,7 @@ OPTIONS: tuple[Option, ...] = (
         "replicas (sessions, prefix index, response ids, admission's claims)",
     ),
     Option("index_ttl", float, "seconds an unused prefix-index entry lives in Redis"),
+    Option("index_namespace", str, "the shared prefix index's namespace (unset: agreed through Redis)"),
     Option(
         "redis_timeout", float, "seconds a Redis call may take before routing falls back to the local mirror"
     ),
@@ -219,6 +220,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_body_bytes", int, "largest request body accepted, in bytes (larger: 413)"),
     Option("health_interval", float, "seconds between health checks of each backend"),
     Option("health_timeout", float, "seconds a health check may take before the backend counts as down"),
+    Option("rank_facts_interval", float, "seconds between readings of each rank's model, pool and KV source"),
     Option("connect_timeout", float, "seconds to connect to a backend before trying another"),
     Option(
         "read_timeout",
@@ -313,9 +315,7 @@ OPTIONS: tuple[Option, ...] = (
         "most client connections open at once; past it the longest-idle one is closed, or the new one "
         "refused with a 503 (0: what the open-files limit holds, with a connection to a backend each)",
     ),
-    Option(
-        "trusted_proxies", str, "reverse proxies (addresses, comma-separated) whose X-Forwarded-For counts"
-    ),
+    Option("trusted_proxies", str, "reverse proxies (comma-separated addresses) trusted for X-Forwarded-For"),
 )
 
 

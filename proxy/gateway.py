@@ -1,8 +1,11 @@
 """One prefixgate process: its state, its ranks and the pipeline's stages, assembled from the settings.
 
-``Gateway.start`` (the app's lifespan) opens the upstream client, probes every rank once, learns
-block and pool sizes from ``vllm:cache_config_info``, builds the tokenizer, the router (policy,
-prefix index from the state backend, KV-event feeds), admission and the pipeline; ``stop`` undoes it.
+``Gateway.start`` (the app's lifespan) opens the upstream client, probes every rank once, learns the
+healthy ones' facts (``routing.rank_facts``: model, block and pool sizes, KV-event source), builds
+the tokenizer, the router (policy, prefix index from the state backend, KV-event feeds), admission and
+the pipeline; ``stop`` undoes it. The ranks' facts are learned again each time a rank becomes healthy
+and every ``--rank-facts-interval``: what follows from them (the tokenizer, the KV-event feeds, the
+index's namespace and bounds) follows (``degraded`` says what is still missing).
 """
 
 from __future__ import annotations
@@ -11,21 +14,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
-import httpx
 
 from proxy.admission import Admission, RankSpeeds, admission_from_settings
 from proxy.admission.config import DEFAULT_IDLE_TTL_S
 from proxy.config import Settings
 from proxy.explain import Explainer
+from proxy.fleet_tokenizer import FleetTokenizer
 from proxy.loop_lag import LoopLag
 from proxy.ops.auth import upstream_auth_headers
 from proxy.ops.dashboard import Dashboard
 from proxy.ops.limits import Bounds
 from proxy.ops.metrics import Metrics
-from proxy.ops.models import fetch_models
 from proxy.pipeline import Pipeline
 from proxy.stages.blocks import Blocks
 from proxy.stages.canonicalize import Canonicalize
@@ -37,19 +38,17 @@ from proxy.stages.pin import Pins
 from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
 from proxy.stages.threads import Threads
 from proxy.state import StateBackend, open_state
-from proxy.state.kv_feeds import start_kv_event_feeds
+from proxy.state.index_namespace import IndexNamespace
+from proxy.state.kv_feeds import KVFeeds, wait_caught_up
 from proxy.state.load_share import LoadShare, LocalShare, share_interval
 from proxy.state.local import SessionLocal, SessionLocals
 from proxy.state.sessions import Session, SessionTable
 from routing.health import HealthChecker
 from routing.kv_events import KVEventSubscriber
 from routing.policies import make_policy, needs_of
+from routing.rank_facts import FactBook, RankFacts
 from routing.rank_metrics import poll_all, run_metrics_polls
 from routing.ranks import Fleet, Rank
-from tokenization.backend_info import block_size_of, parse_cache_config_info
-from tokenization.config import TokenizerConfig
-from tokenization.discover import discover
-from tokenization.factory import build_incremental
 from tokenization.prompt import IncrementalTokenizer
 
 log = logging.getLogger("prefixgate")
@@ -90,12 +89,13 @@ class Gateway:
         self.admission: Admission | None = None
         self.pins: Pins | None = None
         self.pipeline: Pipeline | None = None
-        self._kv_feeds: list[KVEventSubscriber] = []
+        self.kv: KVFeeds | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._load_share: LoadShare | None = None
-        self._tokenizer_client: httpx.AsyncClient | None = None
         self.health: HealthChecker | None = None
-        self._tokenizer_pool: ThreadPoolExecutor | None = None
+        self.facts: FactBook | None = None
+        self.tokenizer: FleetTokenizer | None = None
+        self.namespace = IndexNamespace(settings.index_namespace, self.state)
 
     async def start(self) -> None:
         """Open the upstream client (it needs the running loop), probe every rank, build the stages."""
@@ -107,13 +107,20 @@ class Gateway:
         self._fresh_client = upstream_session(settings.connect_timeout, settings.read_timeout, auth, None)
         self.health = HealthChecker(self.fleet, settings.health_timeout, auth)
         await self.health.check_all()
-        await asyncio.gather(*(self._learn_cache_config(r) for r in self.fleet if r.healthy))
-        incremental = await self._incremental_tokenizer()
+        kv_auto = (settings.kv_events or "").strip() == "auto"
+        self.facts = facts = FactBook(self.fleet, client, settings.health_timeout, kv_sources=kv_auto)
+        await facts.learn_all(self.fleet.healthy())
+        model = next((f.model for r in self.fleet.healthy() if (f := facts.facts(r.name)) and f.model), None)
+        incremental = None
+        if needs_of(settings.policy).blocks:
+            self.tokenizer = FleetTokenizer(settings.tokenization, facts, settings.health_timeout)
+            incremental = await self.tokenizer.start(self._block_size(), model)
         block_size = (incremental.block_size if incremental is not None else self._block_size()) or (
             DEFAULT_BLOCK_SIZE
         )
         algo = incremental.hasher.algo if incremental is not None else "none"
-        index = self.state.prefix_index(await self._model_name(), block_size, algo, self._index_state)
+        namespace = await self.namespace.first(model)
+        self.namespace.index = index = self.state.prefix_index(namespace, block_size, algo, self._index_state)
         if self.state.name == "redis":
             self.metrics.index_redis_up.set(1)
             self.metrics.admission_shared_up.set(1)
@@ -144,8 +151,7 @@ class Gateway:
             from proxy.ops.redis_check import log_redis_problem
 
             await asyncio.to_thread(log_redis_problem, settings.redis_url, max(settings.redis_timeout, 1.0))
-        hasher = incremental.hasher if incremental is not None else None
-        self._kv_feeds = await start_kv_event_feeds(settings.kv_events, client, router, hasher, self.metrics)
+        await self._start_kv_feeds(router, incremental)
         self.admission = admission = admission_from_settings(
             settings,
             self.sessions,
@@ -170,7 +176,7 @@ class Gateway:
             Identify(self.locals),
             threads,
             Canonicalize.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
-            Blocks(incremental, self.locals, lambda: local_index and not router.exact),
+            blocks := Blocks(incremental, self.locals, lambda: local_index and not router.exact),
             admission,
             router,
             Forwarder(
@@ -195,8 +201,15 @@ class Gateway:
             self.metrics,
             debug_headers=settings.debug_headers,
         )
+        if self.tokenizer is not None:  # a tokenizer found later replaces the one the stage has
+            self.tokenizer.on_replace = lambda found: setattr(blocks, "incremental", found)
+            facts.follow(self.tokenizer)
+        facts.follow(self.namespace)
+        facts.follow(_IndexBounds(router))
+        self.health.on_up = facts.rank_up  # from now on: a rank that comes up is learned then
         self._tasks = [
             asyncio.create_task(self.health.run(settings.health_interval)),
+            asyncio.create_task(facts.run(settings.rank_facts_interval)),
             asyncio.create_task(self._refresh_admission(admission)),
             asyncio.create_task(
                 run_metrics_polls(
@@ -242,11 +255,21 @@ class Gateway:
     @property
     def kv_feeds(self) -> tuple[KVEventSubscriber, ...]:
         """The ranks' KV-event subscriptions of this replica (a read, for inspection)."""
-        return tuple(self._kv_feeds)
+        return tuple(self.kv.subscribers.values()) if self.kv is not None else ()
+
+    def degraded(self) -> dict[str, list[str]]:
+        """What is still missing, per healthy rank: facts not learned yet, or not followed yet (the
+        tokenizer, the KV-event subscription, ...); empty when everything is known."""
+        if self.facts is None:
+            return {}
+        missing = {rank.name: self.facts.missing(rank) for rank in self.fleet.healthy()}
+        return {name: gaps for name, gaps in missing.items() if gaps}
 
     async def stop(self) -> None:
-        for feed in self._kv_feeds:
-            feed.stop()
+        if self.facts is not None:
+            self.facts.stop()
+        if self.kv is not None:
+            self.kv.stop()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -258,10 +281,8 @@ class Gateway:
         for client in (self.client, self._fresh_client):
             if client is not None:
                 await client.close()
-        if self._tokenizer_client is not None:
-            await self._tokenizer_client.aclose()
-        if self._tokenizer_pool is not None:
-            self._tokenizer_pool.shutdown(wait=False, cancel_futures=True)
+        if self.tokenizer is not None:
+            await self.tokenizer.close()
         self.state.close()
 
     def end_session(self, key: str) -> Session | None:
@@ -309,65 +330,44 @@ class Gateway:
             await asyncio.sleep(admission.poll_interval())
             admission.refresh()
 
-    async def _learn_cache_config(self, rank: Rank) -> None:
-        """Block size and pool size from the rank's ``vllm:cache_config_info``, where not configured."""
-        assert self.client is not None
-        timeout = aiohttp.ClientTimeout(total=self.settings.health_timeout)
-        try:
-            async with self.client.get(f"{rank.url}/metrics", timeout=timeout) as response:
-                info = parse_cache_config_info((await response.read()).decode("utf-8", "replace"))
-        except (aiohttp.ClientError, TimeoutError):
-            return
-        block_size = block_size_of(info)
-        if rank.block_size is None and block_size is not None:
-            rank.block_size = block_size
-        blocks = info.get("num_gpu_blocks", "")
-        if rank.pool_tokens is None and blocks.isdigit() and rank.block_size:
-            rank.pool_tokens = int(blocks) * rank.block_size
-
     def _block_size(self) -> int | None:
         sizes = {r.block_size for r in self.fleet if r.block_size}
         if len(sizes) > 1:
             log.warning("ranks report different block sizes %s: using %d", sorted(sizes), min(sizes))
         return min(sizes) if sizes else None
 
-    async def _model_name(self) -> str:
-        """The served model's name (namespaces the shared index), from the first rank that says."""
-        assert self.client is not None
+    async def _start_kv_feeds(self, router: Router, incremental: IncrementalTokenizer | None) -> None:
+        """Subscribe to the KV events the ``kv_events`` setting names, or under ``auto`` to the healthy
+        ranks' sources (the others' once they come up: ``KVFeeds`` follows the facts), and wait for
+        them to catch up (off the event loop)."""
+        spec = self.settings.kv_events
+        if not spec:
+            return
+        if incremental is None:
+            log.warning("kv_events needs the blocks stage (a prefix-aware policy): not subscribing")
+            return
+        assert self.facts is not None
+        self.kv = kv = KVFeeds(spec, router, incremental.hasher, self.metrics)
+        kv.start_configured()
         for rank in self.fleet.healthy():
-            cards = await fetch_models(self.client, rank, self.settings.health_timeout)
-            if cards and isinstance(cards[0], dict) and isinstance(cards[0].get("id"), str):
-                return str(cards[0]["id"])
-        return "default"
+            await kv.learned(rank, self.facts.facts(rank.name) or RankFacts())
+        self.facts.follow(kv)
+        await asyncio.to_thread(wait_caught_up, list(kv.subscribers.values()))
+        for rank in self.fleet if kv.auto else ():
+            if not rank.healthy:  # not vLLM's flags: the rank is not up yet
+                log.info(
+                    "kv_events auto: rank %s is not up yet; its KV events are followed once it is", rank.name
+                )
 
-    async def _incremental_tokenizer(self) -> IncrementalTokenizer | None:
-        """The tokenizer of the blocks stage, when the routing policy uses prefix blocks: as
-        configured, or (``kind: auto``) the served model's, found at start (one log line says which)."""
-        if not needs_of(self.settings.policy).blocks:
-            return None
-        config = TokenizerConfig.model_validate(self.settings.tokenization)
-        healthy = self.fleet.healthy()
-        rank = healthy[0] if healthy else next(iter(self.fleet), None)
-        self._tokenizer_client = client = httpx.AsyncClient(trust_env=False)
-        model = None
-        if config.kind == "auto":
-            url = healthy[0].url if healthy else None
-            found = await discover(config, client, url, timeout=self.settings.health_timeout)
-            config, model = found.config, found.model
-            (log.warning if found.warn else log.info)("tokenizer: %s", found.reason)
-        else:
-            log.info("tokenizer: %s, as configured (tokenization.kind)", config.kind)
-        base_url = rank.url if rank is not None else None
-        # First turns' encoding in threads of their own, one per core (tiktoken and HF tokenizers
-        # release the GIL while encoding): never queued behind other blocking work.
-        self._tokenizer_pool = pool = ThreadPoolExecutor(
-            config.worker_threads, thread_name_prefix="prefixgate-tokenize"
-        )
-        return build_incremental(
-            config,
-            block_size=self._block_size(),
-            client=client,
-            base_url=base_url,
-            model=model,
-            executor=pool,
-        )
+
+class _IndexBounds:
+    """Keeps the prefix index's bound on each rank at its pool, as the pool is learned or changes."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def learned(self, rank: Rank, facts: RankFacts) -> None:
+        self.router.set_exact(rank.name, rank.name in self.router.exact)  # sets the bound again
+
+    def missing(self, rank: Rank) -> list[str]:
+        return []

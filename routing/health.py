@@ -8,6 +8,10 @@ round. A thread's socket timeouts measure the rank alone; the verdict is applied
 A rank going down and coming back is logged by the rank itself (``Rank.mark_down``/``mark_up``),
 whoever noticed (this checker, or forwarding on a refused connection); the checker's part is a reason
 an operator can act on: the connection error, the timeout, or the status and body the rank answered.
+
+``on_up(rank)`` is told each time a rank becomes healthy: at its first good probe, and after it was
+down (whoever marked it down): what prefixgate knows of a rank is learned then
+(``routing.rank_facts``), since a rank that comes back may have restarted with another model or pool.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import asyncio
 import http.client
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -103,6 +107,10 @@ class HealthChecker:
         self.fleet = fleet
         self.timeout = timeout
         self.headers = dict(headers or {})
+        #: Told on the event loop each time a rank becomes healthy (see the module docstring).
+        self.on_up: Callable[[Rank], None] | None = None
+        #: The ranks up at their last probe by this checker.
+        self._up: set[str] = set()
         threads = max(1, min(MAX_PROBE_THREADS, len(fleet)))
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="prefixgate-health")
 
@@ -118,7 +126,16 @@ class HealthChecker:
         except Exception as exc:
             log.exception("health check of rank %s failed unexpectedly", rank.name)
             found = Probe(failure=f"health check failed: {type(exc).__name__}: {exc}")
-        return apply(rank, found)
+        # a rank starts out healthy until probed, and forwarding may mark it down between probes
+        was_up = rank.healthy and rank.name in self._up
+        up = apply(rank, found)
+        if not up:
+            self._up.discard(rank.name)
+        elif not was_up:
+            self._up.add(rank.name)
+            if self.on_up is not None:
+                self.on_up(rank)
+        return up
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(rank) for rank in self.fleet))

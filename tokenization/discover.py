@@ -19,6 +19,7 @@ corrects the index, so prefixgate looks for the rank's own tokens, in order:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Sequence
@@ -175,7 +176,8 @@ async def discover(
     names = [n for c in cards[:1] for n in (c.get("root"), c.get("id")) if isinstance(n, str) and n]
     for name in dict.fromkeys(names):
         path = model_directory(name, hub_caches() if caches is None else caches)
-        tokenizer = _hf(path) if path is not None else None
+        # loading a tokenizer takes a second or more: off the event loop, which may be serving
+        tokenizer = await asyncio.to_thread(_hf, path) if path is not None else None
         if path is None or tokenizer is None:
             continue
         if expected is not None and not await _agrees(tokenizer, expected):

@@ -69,14 +69,16 @@ class Blocks:
         thread = ctx.conversation
         if thread is not None and thread.landing is not None:
             await asyncio.shield(thread.landing)  # the previous turn, this one's base, is landing
-        previous = thread.prompt if thread is not None else None
+        # a memo is a base only for the tokenizer that made it (the fleet's may be replaced when a
+        # rank tells more: ``proxy.fleet_tokenizer``)
+        previous = thread.prompt if thread is not None and thread.prompt_by is incremental else None
         try:
             if ctx.api.prompt_kind == "text":
                 blocks = await incremental.completion_blocks(prompt, previous)
             elif previous is None:
                 first = await incremental.first_chat_blocks(prompt)
                 if isinstance(first, PromptHead):
-                    self._go_on_head(ctx, thread, first)
+                    self._go_on_head(ctx, thread, first, incremental)
                     return
                 blocks = first
             else:
@@ -84,7 +86,7 @@ class Blocks:
                     prompt, previous, on_loop=self.tails_on_loop()
                 )
                 if isinstance(later, PromptHead):
-                    self._go_on_head(ctx, thread, later, previous)
+                    self._go_on_head(ctx, thread, later, incremental, previous)
                     return
                 blocks = later
         except UnsupportedRequest as exc:
@@ -93,15 +95,20 @@ class Blocks:
         except BackendTokenizeError as exc:
             log.warning("backend tokenizer failed, routing without blocks: %s", exc)
             return
-        self._land(ctx, blocks, previous, prompt)
+        self._land(ctx, blocks, previous, prompt, incremental)
 
     def _land(
-        self, ctx: RequestContext, blocks: PromptBlocks, previous: PromptMemo | None, prompt: dict[str, Any]
+        self,
+        ctx: RequestContext,
+        blocks: PromptBlocks,
+        previous: PromptMemo | None,
+        prompt: dict[str, Any],
+        made_by: IncrementalTokenizer,
     ) -> None:
         thread = ctx.conversation
         if thread is not None:
             ctx.cached_answer = answer_blocks(thread.answer, previous, blocks, prompt, thread.verbatim)
-            self.remember(ctx, blocks)
+            self.remember(ctx, blocks, made_by)
         ctx.prompt_blocks = blocks
         ctx.prompt_tokens = blocks.num_tokens
         ctx.block_hashes = blocks.block_hashes
@@ -111,6 +118,7 @@ class Blocks:
         ctx: RequestContext,
         thread: ThreadLocal | None,
         head: PromptHead,
+        made_by: IncrementalTokenizer,
         previous: PromptMemo | None = None,
     ) -> None:
         """Route and admit a turn on its head (a first turn's, or the blocks a returning turn keeps of
@@ -118,7 +126,7 @@ class Blocks:
         ctx.prompt_blocks = head.blocks
         ctx.prompt_tokens = head.estimated_tokens
         ctx.block_hashes = head.blocks.block_hashes
-        task = asyncio.create_task(self._rest(ctx, head, previous))
+        task = asyncio.create_task(self._rest(ctx, head, made_by, previous))
         ctx.landing, ctx.landing_on_loop = task, head.on_loop
         if thread is not None:
             thread.landing = task
@@ -133,7 +141,13 @@ class Blocks:
         if ctx.landing_on_loop and ctx.landing is not None and not ctx.landing.done():
             await asyncio.shield(ctx.landing)
 
-    async def _rest(self, ctx: RequestContext, head: PromptHead, previous: PromptMemo | None) -> None:
+    async def _rest(
+        self,
+        ctx: RequestContext,
+        head: PromptHead,
+        made_by: IncrementalTokenizer,
+        previous: PromptMemo | None,
+    ) -> None:
         """The whole prompt of a turn routed on its head, on its context and its thread's memo. Never
         raises: a prompt that cannot be rendered leaves the request without blocks, as on the path."""
         prompt = ctx.prompt
@@ -152,17 +166,18 @@ class Blocks:
                 log.exception("tokenizing a turn routed on its head failed")
             ctx.prompt_blocks, ctx.prompt_tokens, ctx.block_hashes = None, None, ()
         else:
-            self._land(ctx, blocks, previous, prompt)
+            self._land(ctx, blocks, previous, prompt, made_by)
         finally:
             thread = ctx.conversation
             if thread is not None and thread.landing is ctx.landing:
                 thread.landing = None
 
-    def remember(self, ctx: RequestContext, blocks: PromptBlocks) -> None:
-        """Keep this turn as the session's base for its next one."""
+    def remember(self, ctx: RequestContext, blocks: PromptBlocks, made_by: IncrementalTokenizer) -> None:
+        """Keep this turn as the session's base for its next one (``made_by``'s)."""
         thread, local = ctx.conversation, ctx.local
         assert thread is not None and local is not None
         thread.prompt, thread.prompt_bytes = blocks.memo, blocks.memo_bytes
+        thread.prompt_by = made_by
         self.locals.charge(local)
 
 

@@ -53,6 +53,12 @@ class StateBackend(Protocol):
         ``hash_algo``; ``on_state(up)`` is told when a shared index becomes unreachable and back."""
         ...
 
+    def agree_index_namespace(self, proposal: str | None) -> str | None:
+        """The prefix index's namespace every replica uses: the one agreed first (``proposal`` when no
+        replica proposed one before; a shared store keeps the first, whoever starts when), None when
+        none is agreed yet and ``proposal`` is None. Blocking (a round trip to a shared store)."""
+        ...
+
     def backlog(self) -> tuple[int, float] | None:
         """Writes queued for a shared store now and how long the latest one run had waited (how
         late other replicas see this one's writes); None without a shared store."""

@@ -3,21 +3,27 @@
 ``kv_events`` settings: ``auto`` (ask every rank's ``GET /kv_event_sources``), or comma-separated
 ``NAME=tcp://HOST:PORT`` entries, each optionally followed by ``|tcp://HOST:PORT`` for the replay
 socket. A rank fed by events is mirrored exactly (no speculative records or corrections).
+
+Under ``auto`` a rank's source is one of its facts (``routing.rank_facts``), learned each time the
+rank becomes healthy and every re-check: ``KVFeeds`` follows them, subscribing to a rank that came up
+after prefixgate and again to one that restarted publishing elsewhere. A healthy rank that reports
+no source is warned about once (vLLM reports one only when started with ``--kv-events-config``); a
+rank that is not up yet is not (it is subscribed when it comes up).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from urllib.parse import urlsplit
 
 import aiohttp
-import orjson
 
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
 from routing.kv_events import KVEventSubscriber, RankMirror
-from routing.kv_sources import EventSource, parse_kv_event_specs
+from routing.kv_sources import EventSource, discover_source, parse_kv_event_specs
+from routing.rank_facts import RankFacts
 from routing.ranks import Rank
 from tokenization.hashers import ChainHasher
 
@@ -27,46 +33,94 @@ log = logging.getLogger("prefixgate.routing")
 CATCH_UP_S = 5.0
 
 
-async def discover_source(client: aiohttp.ClientSession, rank: Rank) -> EventSource | None:
-    """The rank's own answer at ``GET /kv_event_sources``, reachable from here (vLLM reports the
-    endpoint it bound, ``tcp://*:5557``)."""
-    try:
-        async with client.get(f"{rank.url}/kv_event_sources", timeout=aiohttp.ClientTimeout(total=3)) as r:
-            if r.status != 200:
-                return None
-            sources = orjson.loads(await r.read())
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-        return None
-    if not isinstance(sources, list) or not sources or not isinstance(sources[0], dict):
-        return None
-    first = sources[0]
-    endpoint = first.get("endpoint")
-    if not isinstance(endpoint, str):
-        return None
-    replay = first.get("replay_endpoint")
-    host = urlsplit(rank.url).hostname or "127.0.0.1"
-    return EventSource(
-        rank.name,
-        reachable(endpoint, host),
-        reachable(replay, host) if isinstance(replay, str) else None,
-        first.get("topic") or "",
-    )
+class KVFeeds:
+    """This replica's KV-event subscriptions, one per rank, following the ranks' facts under ``auto``."""
+
+    def __init__(self, spec: str, router: Router, hasher: ChainHasher, metrics: Metrics) -> None:
+        self.auto = spec.strip() == "auto"
+        self.router = router
+        self.hasher = hasher
+        self.metrics = metrics
+        self.subscribers: dict[str, KVEventSubscriber] = {}
+        self._sources: dict[str, EventSource] = {}
+        #: Healthy ranks already warned about for reporting no source.
+        self._warned: set[str] = set()
+        self._configured = [] if self.auto else parse_kv_event_specs(spec)
+
+    def start_configured(self) -> list[KVEventSubscriber]:
+        """Subscribe to the sources the ``kv_events`` setting names (none under ``auto``)."""
+        started = []
+        for source in self._configured:
+            if self.router.fleet.get(source.rank) is None:
+                log.warning("kv_events names unknown rank %s: ignored", source.rank)
+                continue
+            started.append(self.subscribe(source))
+        return started
+
+    def subscribe(self, source: EventSource) -> KVEventSubscriber:
+        """Follow ``source`` from now on: its rank's mirror becomes exact (a previous subscription
+        of the rank must be stopped first)."""
+        metrics, rank = self.metrics, source.rank
+
+        def count(kind: str) -> None:
+            metrics.kv_events.labels(rank, kind).inc()
+
+        def fault(kind: str, count: int) -> None:
+            metrics.kv_event_faults.labels(rank, kind).inc(count)
+
+        # stored blocks are mirrored from then on, no longer in flight
+        confirm = self.router.inflight_blocks.confirm
+        mirror = RankMirror(rank, self.router.index, self.hasher, on_event=count, on_stored=confirm)
+        subscriber = KVEventSubscriber(
+            mirror, source.endpoint, source.replay_endpoint, source.topic, on_fault=fault
+        )
+        self.router.set_exact(rank)
+        self.subscribers[rank] = subscriber.start(wait_s=0)
+        self._sources[rank] = source
+        log.info("rank %s: KV events from %s", rank, source.endpoint)
+        return subscriber
+
+    async def learned(self, rank: Rank, facts: RankFacts) -> None:
+        """Under ``auto``: subscribe to the rank's source once known, again when it moved."""
+        if not self.auto:
+            return
+        source = facts.kv_source
+        if source is None:
+            if rank.healthy and rank.name not in self.subscribers and rank.name not in self._warned:
+                self._warned.add(rank.name)
+                log.warning(
+                    "kv_events auto: rank %s is up but reports no KV-event source (GET /kv_event_sources "
+                    "answered none; vLLM reports one when started with --kv-events-config and endpoint "
+                    "tcp://*:0), so it is not mirrored exactly",
+                    rank.name,
+                )
+            return
+        if self._sources.get(rank.name) == source:
+            return
+        previous = self.subscribers.pop(rank.name, None)
+        if previous is not None:  # the rank restarted publishing elsewhere: its thread ends within 0.1 s
+            await asyncio.to_thread(previous.stop)
+        self._warned.discard(rank.name)
+        self.subscribe(source)
+
+    def missing(self, rank: Rank) -> list[str]:
+        if not self.auto or rank.name in self.subscribers:
+            return []
+        return ["KV-event subscription"]
+
+    def stop(self) -> None:
+        for subscriber in self.subscribers.values():
+            subscriber.stop()
 
 
-#: Hosts a rank binds to that say "every interface", not where to connect.
-_WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "::", "[::]", ""})
-
-
-def reachable(endpoint: str, host: str) -> str:
-    """``endpoint`` as another machine connects to it: a rank that bound ``tcp://*:5557`` (vLLM's
-    default) or ``tcp://0.0.0.0:5557`` is reached at its own URL's ``host``."""
-    scheme, sep, rest = endpoint.partition("://")
-    bound, colon, port = rest.rpartition(":")
-    if not sep or not colon or bound not in _WILDCARD_HOSTS:
-        return endpoint
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # an IPv6 literal
-    return f"{scheme}://{host}:{port}"
+def wait_caught_up(subscribers: list[KVEventSubscriber]) -> None:
+    """Wait for every subscriber's replay at once: a fleet's start waits for its slowest, not their
+    sum (at most ``CATCH_UP_S`` in all)."""
+    deadline = time.monotonic() + CATCH_UP_S
+    for subscriber in subscribers:
+        if not subscriber.connected.wait(max(0.0, deadline - time.monotonic())):
+            rank = subscriber.mirror.rank
+            log.warning("rank %s: KV events still catching up after %.0f s", rank, CATCH_UP_S)
 
 
 async def start_kv_event_feeds(
@@ -76,52 +130,17 @@ async def start_kv_event_feeds(
     hasher: ChainHasher | None,
     metrics: Metrics,
 ) -> list[KVEventSubscriber]:
-    """Subscribe to the ranks' KV events named by ``spec`` (the ``kv_events`` setting); each
-    subscribed rank's mirror becomes exact."""
-    if not spec:
+    """Subscribe to the ranks' KV events named by ``spec`` (the ``kv_events`` setting; ``auto``: the
+    sources the ranks report now) and wait for them to catch up; for a fleet whose ranks may come up
+    later, the gateway follows their facts with ``KVFeeds`` instead."""
+    if not spec or hasher is None:
         return []
-    if hasher is None:
-        log.warning("kv_events needs the blocks stage (a prefix-aware policy): not subscribing")
-        return []
-    if spec.strip() == "auto":
-        found = [await discover_source(client, b) for b in router.fleet]
-        sources = [s for s in found if s is not None]
-        silent = [rank.name for rank, source in zip(router.fleet, found, strict=True) if source is None]
-        if silent:
-            # without events a rank's mirror is prefixgate's own guess: say so, once, at start
-            log.warning(
-                "kv_events auto: no KV-event source from %s (GET /kv_event_sources answered none; vLLM "
-                "reports one when started with --kv-events-config and endpoint tcp://*:0): %s",
-                ", ".join(silent),
-                "no rank is mirrored exactly" if not sources else "those ranks are not mirrored exactly",
-            )
-    else:
-        sources = parse_kv_event_specs(spec)
-    subscribers = []
-    for source in sources:
-        if router.fleet.get(source.rank) is None:
-            log.warning("kv_events names unknown rank %s: ignored", source.rank)
-            continue
-
-        def count(kind: str, rank: str = source.rank) -> None:
-            metrics.kv_events.labels(rank, kind).inc()
-
-        def fault(kind: str, count: int, rank: str = source.rank) -> None:
-            metrics.kv_event_faults.labels(rank, kind).inc(count)
-
-        # stored blocks are mirrored from then on, no longer in flight
-        confirm = router.inflight_blocks.confirm
-        mirror = RankMirror(source.rank, router.index, hasher, on_event=count, on_stored=confirm)
-        subscriber = KVEventSubscriber(
-            mirror, source.endpoint, source.replay_endpoint, source.topic, on_fault=fault
-        )
-        router.set_exact(source.rank)
-        subscribers.append(subscriber.start(wait_s=0))
-        log.info("rank %s: KV events from %s", source.rank, source.endpoint)
-    # Every rank catches up at once: a fleet's start waits for its slowest replay, not their sum.
-    deadline = time.monotonic() + CATCH_UP_S
-    for subscriber in subscribers:
-        if not subscriber.connected.wait(max(0.0, deadline - time.monotonic())):
-            rank = subscriber.mirror.rank
-            log.warning("rank %s: KV events still catching up after %.0f s", rank, CATCH_UP_S)
-    return subscribers
+    feeds = KVFeeds(spec, router, hasher, metrics)
+    started = feeds.start_configured()
+    if feeds.auto:
+        for rank in router.fleet:
+            source = await discover_source(client, rank.name, rank.url)
+            if source is not None:
+                started.append(feeds.subscribe(source))
+    wait_caught_up(started)
+    return started

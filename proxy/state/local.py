@@ -82,6 +82,8 @@ class ThreadLocal:
     #: The tokenizer's previous turn (``tokenization.prompt``), and its bytes.
     prompt: Any = None
     prompt_bytes: int = 0
+    #: The tokenizer that made ``prompt``: a memo is no base for another one.
+    prompt_by: Any = None
     #: The blocks of a first turn still being tokenized (``RequestContext.landing``): the next turn
     #: awaits them, its base.
     landing: asyncio.Task[None] | None = None

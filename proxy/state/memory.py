@@ -90,6 +90,9 @@ class MemoryState:
     ) -> PrefixIndex:
         return MemoryPrefixIndex()
 
+    def agree_index_namespace(self, proposal: str | None) -> str | None:
+        return proposal  # one process: nothing to agree with
+
     def backlog(self) -> tuple[int, float] | None:
         return None
 

@@ -18,6 +18,7 @@ from proxy.state.responses import RedisResponseRanks, ResponseRanks
 from proxy.state.sessions import SessionStore
 from proxy.state.wait_order import WaitOrder
 from routing.index import PrefixIndex
+from routing.index.namespace import NAMESPACE_KEY, agree
 from routing.index.redis_store import RedisPrefixIndex
 from routing.redis_link import RedisLink, fail_fast_client
 
@@ -66,6 +67,12 @@ class RedisState:
             on_state=on_state,
             link=self.link,
         )
+
+    def agree_index_namespace(self, proposal: str | None) -> str | None:
+        """First writer wins (``SET NX``): replicas started at different moments, each first asking
+        whichever rank was up, all use the namespace proposed first. Redis unreachable: ``proposal``
+        for now (the caller asks again when it learns more)."""
+        return self.link.call(lambda: agree(self.client, NAMESPACE_KEY, proposal)) or proposal
 
     def backlog(self) -> tuple[int, float] | None:
         return self.link.backlog()

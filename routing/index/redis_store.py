@@ -1,44 +1,43 @@
 """The Redis prefix index: one mirror shared by every prefixgate replica.
 
-Layout, namespaced per model, block size and block hash algorithm
-(``{prefix}:{model}:{block_size}:{hash_algo}:``, so replicas hashing differently never share keys):
-- ``lru:{rank}``: a sorted set per rank; member = a block's 8-byte key (``_keys_blob``),
-  score = its last use in microseconds (a shared monotonic tick, so a request's blocks get distinct
-  scores, head highest: past capacity ``ZPOPMIN`` drops the tail of the least recent chain first,
-  and entries older than the TTL are dropped and never matched);
-- ``tick``: that clock; ``sess:{key}``: a session's rank, with the same TTL, bound first writer
-  wins (``redis_scripts.BIND``: two replicas placing one new session at once agree on the first's).
+Layout, namespaced per model (agreed by the replicas: ``routing.index.namespace``, ``move_to``), block
+size and block hash algorithm (``{prefix}:{model}:{block_size}:{hash_algo}:``: no shared keys between
+replicas hashing differently):
+- ``lru:{rank}``: a sorted set per rank; member = a block's 8-byte key (``_keys_blob``), score = its
+  last use in microseconds (a shared monotonic tick, so a request's blocks get distinct scores, head
+  highest: past capacity ``ZPOPMIN`` drops the tail of the least recent chain first, and entries older
+  than the TTL are dropped and never matched);
+- ``tick``: that clock; ``sess:{key}``: a session's rank, with the same TTL, bound first writer wins
+  (``redis_scripts.BIND``: two replicas placing one new session at once agree on the first's).
 
-A lookup is ONE round trip: a Lua script finds, per rank, the longest held (and unexpired)
-prefix by galloping then bisecting over block positions (about 2 log2(n) ``ZSCORE`` probes instead
-of n), and reads the session's rank. Bisection assumes each rank's blocks form prefixes, which
-the mirror maintains: blocks are evicted tail first and corrections trim a chain's suffix; a hole
-in the middle of a chain (rare) can make the match overstate that chain.
+A lookup is ONE round trip: a Lua script finds, per rank, the longest held (and unexpired) prefix by
+galloping then bisecting over block positions (about 2 log2(n) ``ZSCORE`` probes instead of n), and
+reads the session's rank. Bisection assumes each rank's blocks form prefixes, which the mirror keeps:
+blocks are evicted tail first and corrections trim a chain's suffix; a hole in the middle of a chain
+(rare) can make the match overstate that chain.
 
-A record is one round trip too, off the request's path, and costs O(new blocks): a returning
-session's chain, whose leading blocks this replica wrote before, gets only its new tail written,
-scored just below its last held block (``redis_scripts.EXTEND``); the whole chain is rewritten when
-Redis lost that block or the chain sank past a quarter of the rank's capacity or of the TTL, so
-the LRU order stays within a quarter of the pool's turnover of the truth.
+A record is one round trip too, off the request's path, and costs O(new blocks): a returning session's
+chain, whose leading blocks this replica wrote before, gets only its new tail written, scored just below
+its last held block (``redis_scripts.EXTEND``); the whole chain is rewritten when Redis lost that block
+or the chain sank past a quarter of the rank's capacity or of the TTL, so the LRU order stays within a
+quarter of the pool's turnover of the truth.
 
-An event-fed rank (``--kv-events``: every replica subscribes to every rank and keeps its own exact
-mirror) is written to Redis by ONE replica, the holder of the rank's lease (``events:{rank}``,
-``EVENTS_LEASE_S``, renewed by its writes, ``redis_scripts.LEASE``): the other replicas apply the
-same events to their local mirrors only, so each event costs Redis one write, not one per replica
-(and a run of evictions, one event per block from vLLM, one write: ``RankMirror.apply``).
-The shared copy is what a replica that started after the rank (its subscription cannot map chains
-begun before it) or whose subscription failed learns from. A replica taking a lapsed lease over
-pushes its mirror of the rank first (it wrote nothing meanwhile). The writer also pushes its mirror
-again every quarter of the TTL while events flow: a block the rank keeps serving from its cache gets
-no new event, and must not expire from the shared copy (a chain whose first block expired matches
-nothing) while the rank still holds it.
+An event-fed rank (``--kv-events``: every replica subscribes to every rank and keeps its own exact mirror)
+is written to Redis by ONE replica, the holder of the rank's lease (``events:{rank}``, ``EVENTS_LEASE_S``,
+renewed by its writes, ``redis_scripts.LEASE``): the other replicas apply the same events to their local
+mirrors only, so each event costs Redis one write, not one per replica (and a run of evictions, one
+event per block from vLLM, one write: ``RankMirror.apply``).
+The shared copy is what a replica that started after the rank (its subscription cannot map chains begun
+before it) or whose subscription failed learns from. A replica taking a lapsed lease over pushes its
+mirror of the rank first (it wrote nothing meanwhile). The writer pushes its mirror again every quarter
+of the TTL while events flow: a block the rank keeps serving from its cache gets no new event, and must
+not expire from the shared copy (a chain whose first block expired matches nothing) while it is held.
 
-Redis is never on a request's critical path for correctness: every update is also applied to a
-local ``MemoryPrefixIndex``; when Redis fails, the store answers from that mirror, reports itself
-down, and its ``RedisLink`` (``routing/redis_link.py``: the circuit breaker shared with every store
-on the same Redis) probes it every ``retry_interval`` seconds off the event loop; once Redis
-answers, the local mirror is pushed back (Redis may have restarted empty) before serving from Redis
-again.
+Redis is never on a request's critical path for correctness: every update is also applied to a local
+``MemoryPrefixIndex``; when Redis fails, the store answers from that mirror, reports itself down, and its
+``RedisLink`` (``routing/redis_link.py``: one circuit breaker for every store on that Redis) probes
+it every ``retry_interval`` s off the event loop; once Redis answers, the local mirror is pushed back
+(Redis may have restarted empty) before serving from Redis again.
 """
 
 from __future__ import annotations
@@ -99,13 +98,12 @@ class RedisPrefixIndex:
         link: RedisLink | None = None,
         events_lease_s: float = EVENTS_LEASE_S,
     ) -> None:
-        """``link``: the Redis link shared with the other stores on this Redis (None: one of its own,
-        over ``url``)."""
+        """``link``: the Redis link shared with the other stores on this Redis (None: one over ``url``)."""
         self.url = url
         self._owns_link = link is None
         self.link = link or RedisLink(fail_fast_client(url, socket_timeout), retry_interval, "redis index")
-        # a hash tag on a cluster: a lookup's script reads every rank's set and the session's key
-        self.namespace = slot_prefix(f"{prefix}:{model}:{block_size}:{hash_algo}", self.link.client) + ":"
+        self._layout = f"{prefix}:{{model}}:{block_size}:{hash_algo}"
+        self.namespace = self._namespace(model)
         self.ttl_s = ttl_s
         self.local = local if local is not None else MemoryPrefixIndex()
         self._client = self.link.client
@@ -159,6 +157,16 @@ class RedisPrefixIndex:
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until every submitted write reached Redis (or was dropped because it is down)."""
         self.link.flush(timeout)
+
+    def _namespace(self, model: str) -> str:
+        # a hash tag on a cluster: a lookup's script reads every rank's set and the session's key
+        return slot_prefix(self._layout.format(model=model), self.link.client) + ":"
+
+    def move_to(self, model: str) -> None:
+        """Use ``model``'s namespace from now on (agreed once a first rank is up), the mirror pushed there."""
+        self.namespace = self._namespace(model)
+        self._lru_keys = [self._lru_key(rank) for rank in self._ranks]
+        self._submit(self.resync)
 
     def _lru_key(self, rank: str) -> str:
         return f"{self.namespace}lru:{rank}"

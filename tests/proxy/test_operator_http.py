@@ -46,7 +46,12 @@ def test_readiness_waits_for_a_healthy_rank_and_liveness_tells_it(rank_servers, 
 
         rank.restart()
         wait_until(lambda: httpx.get(server.url + "/ready").status_code == 200, "never became ready")
-        assert httpx.get(server.url + "/ready").json() == {"status": "ready", "healthy_backends": [rank.name]}
+        # a stub rank has no vllm:cache_config_info: ready to serve, degraded, naming what it lacks
+        assert httpx.get(server.url + "/ready").json() == {
+            "status": "degraded",
+            "healthy_backends": [rank.name],
+            "missing": {rank.name: ["block size", "pool size"]},
+        }
         assert httpx.get(server.url + "/health").json()["status"] == "ok"
 
         rank.behavior.healthy = False

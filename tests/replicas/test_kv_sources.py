@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.state.kv_feeds import reachable
+from routing.kv_sources import reachable
 
 
 @pytest.mark.parametrize(

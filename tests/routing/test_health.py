@@ -102,3 +102,27 @@ def test_an_unexpected_probe_failure_marks_the_rank_down_and_the_checker_goes_on
     assert not broken.healthy
     assert (broken.last_error or "").startswith("health check failed: ValueError")
     assert answering.healthy
+
+
+def test_on_up_is_told_each_time_a_rank_becomes_healthy_and_only_then(rank_servers):
+    (stub,) = rank_servers.stub(1)
+    rank = Rank(stub.name, stub.url)
+    checker = HealthChecker(Fleet([rank]), timeout=2.0)
+    came_up: list[str] = []
+    checker.on_up = lambda up: came_up.append(up.name)
+
+    async def rounds() -> None:
+        await checker.check_all()  # first good probe: up (a rank starts healthy, unprobed)
+        await checker.check_all()  # still up: nothing new
+        stub.behavior.healthy = False
+        await checker.check_all()  # down
+        stub.behavior.healthy = True
+        await checker.check_all()  # up again
+        rank.mark_down("connection failed: refused")  # forwarding noticed it between two probes
+        await checker.check_all()  # up again
+
+    try:
+        asyncio.run(rounds())
+    finally:
+        checker.close()
+    assert came_up == [stub.name, stub.name, stub.name]
