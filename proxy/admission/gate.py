@@ -10,16 +10,15 @@ The whole rule:
   has room, or room once sessions quiet past their own think times (judged ended) give up theirs.
 - Else it waits, in order: priority, then fair across client keys, then arrival (``queue.py``). It
   is never refused for lack of room; the client is told nothing until it is seated.
-- **Rotation.** Once a waiter has waited as long as parking a quiet resident would cost that
-  resident, the resident is parked for it (``rotation.py``: quiet longest since its last answer
-  first, then the most service). That cost, the resident's *patience*, is the time its rank takes
-  to compute its context again, at the prefill speed the rank's own metrics measure, and never more
-  than the rotation bound. Parking gives up the seat and leaves the blocks to age out of the rank's
-  cache; the session's next turn waits for a seat like a newcomer's. A seat is not taken back
-  before it has served one answer and been held its patience (so seats do not flap).
+- **Rotation.** Once a waiter has waited the rotation bound, quiet residents are parked for it
+  (``rotation.py``: quiet longest since their last answer first, then the most service). Parking
+  gives up the seat and leaves the blocks to age out of the rank's cache; the session's next turn
+  waits for a seat like a newcomer's. A seat is not taken back before it has served one answer and
+  been held one bound (so seats do not flap).
 - The rotation bound is learned from the traffic: ``WAIT_REQUESTS`` long requests' durations
-  (``timing.py``), so a replay compressed 100x gets a bound 100x shorter (and so do the ranks'
-  measured speeds); ``--admission-wait`` sets it in seconds.
+  (``timing.py``), so a replay compressed 100x gets a bound 100x shorter; ``--admission-wait`` sets
+  it in seconds. A session quiet past twice its own longest think gap has most likely ended and
+  gives up its seat to a waiter at once, without a rotation.
 - 429 only for a client key's ``max_sessions`` and a queue longer than ``--admission-queue``, with
   Retry-After; 400 at once for a prompt larger than any rank can hold.
 - A request that fails releases what was counted for it; ``DELETE /admin/sessions/{id}`` frees a
@@ -56,10 +55,6 @@ __all__ = ["Admission", "Admitted", "Guard", "Placement"]
 
 log = logging.getLogger("prefixgate.admission")
 
-#: A waiter waits this many times a resident's recompute time (its context at its rank's measured
-#: prefill speed) before the resident is parked for it: waiting longer costs the waiter more than
-#: the recompute parking makes the resident pay on its return.
-PATIENCE_RECOMPUTES = 1.0
 #: Wraps a wait so that something outside admission can cancel it (the client going away).
 Guard = Callable[[Awaitable[Seat]], Awaitable[Seat]]
 
@@ -270,6 +265,8 @@ class Admission(Ledger):
         bound = self.time.wait_bound()
 
         def patience(session: Session, rank: str) -> float:
+            """The bound, for every session: a per-session patience (a recompute's time at the
+            rank's measured speed) parked too early on the seats preset, for no lower latency."""
             return bound
 
         return choose_parked(

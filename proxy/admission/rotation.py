@@ -4,9 +4,7 @@ function over a count (``accounting.count``).
 On each healthy rank, the sessions that may be parked are the quiet ones (their latest request
 answered) that have been answered since they took their seat and held it at least their
 ``patience``, once the waiter has waited that long too (hysteresis: a seat just given is not taken
-back before it served). A session's patience is what parking it is expected to cost it: the time its
-rank takes to compute its context again (``gate.Admission._patience``), so seats rotate fast where
-the ranks compute fast, and slowly where a recompute is dear. They go in order: quiet longest
+back before it served; the gate gives every session the rotation bound). They go in order: quiet longest
 since their last answer first; on a tie (the same poll interval), the one that has had the most
 service for its client key's weight. On each rank, as few as free the waiter's need (tokens within
 the budget, and a session place under ``max_sessions_per_rank``); among the ranks, the one that

@@ -30,10 +30,12 @@ DURATION_WINDOW = 1000
 MIN_DURATIONS = 5
 #: The request duration that bounds a wait: a long request's (its 90th percentile), this many times.
 WAIT_QUANTILE = 0.9
-WAIT_REQUESTS = 2.0
+WAIT_REQUESTS = 4.0
 #: The learned idle TTL never goes below this (seconds). Traffic of back-to-back requests teaches
 #: gaps of milliseconds, and the sessions it shows would end the moment they pause (a build, a test
-#: run). Quiet sessions still give up their seats by their own think times when one is needed.
+#: run). It only keeps a quiet session's record counted a while: a quiet session gives up its seat
+#: by its own think times when one is needed (``release_rule``), which this floor does not hold back,
+#: or a replay compressed 100x would keep ended sessions seated 100x too long.
 MIN_IDLE_TTL_S = 10.0
 
 
@@ -93,5 +95,8 @@ class LearnedTime:
         """Quiet seconds after its last answer from which a session has most likely ended
         (``AdmissionConfig.release_after``), with what the traffic taught read once: for a pass over
         many sessions (reading the gaps' quantiles per session was a third of a count's time)."""
-        idle_ttl, config, typical = self.idle_ttl(), self.config, self.typical_gap()
+        config, typical = self.config, self.typical_gap()
+        idle_ttl = self.idle_ttl()
+        if config.idle_ttl is None and typical is not None:
+            idle_ttl = config.release_factor * typical  # the learned TTL before its floor
         return lambda session: config.release_after(session, typical, idle_ttl)
