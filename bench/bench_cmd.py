@@ -190,7 +190,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="comma-separated system names (default: plain round robin, every prefixgate policy and "
         "every peer); plain:round_robin (a plain load balancer: prefixgate with every stage off, the "
         "baseline of '/ RR'), prefixgate:<policy>, prefixgate:<policy>:<serve flags> (side by side "
-        "with other settings), 'sglang cache_aware', 'vllm-router cache_aware', "
+        "with other settings), prefixgate@<source tree>:<policy>[:<serve flags>] (another commit's "
+        "worktree, side by side with this one), 'sglang cache_aware', 'vllm-router cache_aware', "
         "'vllm-router consistent_hash'",
     )
     parser.add_argument("--no-peers", action="store_true", help="only prefixgate's policies")
@@ -261,12 +262,16 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
         if SCALED in by_name:
             by_name["prefixgate:scaled"] = by_name[SCALED]
         by_name["plain:round_robin"] = PLAIN_ROUND_ROBIN
-        for w in wanted:  # prefixgate:POLICY:FLAGS, e.g. 'prefixgate:prefix_affinity:--no-admission'
+        for w in wanted:  # prefixgate[@TREE]:POLICY[:FLAGS], e.g. 'prefixgate:prefix_affinity:--no-admission'
             kind, _, rest = w.partition(":")
             policy, _, flags = rest.partition(":")
-            if kind == "prefixgate" and flags and f"prefixgate:{policy}" in by_name:
-                extra = tuple(shlex.split(flags))
-                by_name[w] = SystemSpec(f"prefixgate {policy} {flags}", "prefixgate", policy, args=extra)
+            prefixgate, _, tree = kind.partition("@")
+            if prefixgate != "prefixgate" or f"prefixgate:{policy}" not in by_name or not (flags or tree):
+                continue
+            extra = tuple(shlex.split(flags))
+            root = Path(tree).resolve() if tree else None
+            name = " ".join(p for p in (f"prefixgate{'@' + root.name if root else ''}", policy, flags) if p)
+            by_name[w] = SystemSpec(name, "prefixgate", policy, args=extra, root=root)
         unknown = [w for w in wanted if w not in by_name]
         if unknown:
             raise SystemExit(f"unknown or unavailable systems: {unknown}; available: {sorted(by_name)}")

@@ -180,6 +180,9 @@ class SystemSpec:
     peer: PeerSpec | None = None
     #: Extra ``prefixgate serve`` flags of this system (after the run's own ``--prefixgate-args``).
     args: tuple[str, ...] = ()
+    #: The source tree this system's prefixgate runs from (None: the run's ``--prefixgate-root``, or
+    #: this one): another commit's worktree, side by side with this one in the same run.
+    root: Path | None = None
 
 
 #: What a fleet has without prefixgate: requests dealt out in turn by a plain load balancer, no
@@ -228,7 +231,7 @@ def system_under_test(
     log = log_dir / log_name(spec.name)
     if spec.kind == "prefixgate":
         args = [*prefixgate_args, *spec.args]
-        with _prefixgate(spec.policy, rank_urls, log, args, prefixgate_root) as running:
+        with _prefixgate(spec.policy, rank_urls, log, args, spec.root or prefixgate_root) as running:
             yield running
         return
     assert spec.peer is not None

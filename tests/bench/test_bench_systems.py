@@ -29,6 +29,20 @@ def test_systems_by_name() -> None:
     assert [s.name for s in systems] == ["plain round_robin", "prefixgate round_robin"]
 
 
+def test_a_system_from_another_source_tree_runs_beside_this_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tree = tmp_path / "base"
+    wanted = (
+        f"prefixgate:round_robin,prefixgate@{tree}:round_robin,prefixgate@{tree}:round_robin:--no-admission"
+    )
+    systems, _ = select_systems(parse("--no-peers", "--systems", wanted))
+    assert [s.name for s in systems] == [
+        "prefixgate round_robin",
+        "prefixgate@base round_robin",
+        "prefixgate@base round_robin --no-admission",
+    ]
+    assert [s.root for s in systems] == [None, tree, tree] and systems[2].args == ("--no-admission",)
+
+
 def test_the_ratio_baseline_is_the_plain_round_robin_when_it_ran() -> None:
     both = {"plain round_robin": {"prefill_tokens": 30}, "prefixgate round_robin": {"prefill_tokens": 20}}
     assert rr_baseline(both) == 30
