@@ -51,6 +51,9 @@ class RequestContext:
     #: The client says this is the session's last request (``identify.SESSION_END_HEADERS``): its
     #: seat is freed once it is answered.
     session_ends: bool = False
+    #: The request's priority class for a seat (``identify.PRIORITY_HEADER``, capped by what its
+    #: client key was granted; the key's own priority without the header; 0 without client keys).
+    priority: int = 0
     #: What this process keeps for the session between its turns (``proxy/state/local.py``).
     local: SessionLocal | None = None
     # -- threads: the conversation of the session this request continues (``proxy.stages.threads``)

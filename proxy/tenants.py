@@ -50,3 +50,12 @@ def client_view(key: str, owner: str | None) -> str:
         return key
     prefix = quote(owner, safe="") + SEPARATOR
     return key[len(prefix) :] if key.startswith(prefix) else key
+
+
+def shown_to(key: str, owner: str | None) -> str:
+    """How session ``key`` is named to ``owner``'s client: its own sessions as it sent them, another
+    client's never by name (admission's records say whom a seat went to)."""
+    if owner is None:
+        return f"session {key}"
+    prefix = quote(owner, safe="") + SEPARATOR
+    return f"session {key[len(prefix) :]}" if key.startswith(prefix) else "a session of another client"

@@ -14,6 +14,7 @@ from typing import Any
 from proxy.admission.seat import Seat
 from proxy.ops.metrics import Metrics
 from proxy.state.sessions import Session
+from proxy.tenants import shown_to
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -30,6 +31,7 @@ def decision_record(
     bound_s: float,
     idle_ttl_s: float,
     resumed: bool = False,
+    owner: str | None = None,
 ) -> dict[str, Any]:
     """What ``/admin/sessions/{id}`` shows of the latest decision for a session."""
     return {
@@ -41,7 +43,7 @@ def decision_record(
         "wait_bound_s": _round(bound_s),
         "idle_ttl_s": _round(idle_ttl_s),
         "allowed": sorted(seat.allowed) if seat is not None else None,
-        "parked": list(seat.parked) if seat is not None else [],
+        "parked": [shown_to(key, owner).removeprefix("session ") for key in seat.parked] if seat else [],
         "rank": None,
     }
 

@@ -50,6 +50,7 @@ from proxy.admission.weight import head, prompt_tokens
 from proxy.context import RequestContext
 from proxy.state.sessions import Session
 from proxy.state.wait_order import Entry, Place
+from proxy.tenants import shown_to
 
 __all__ = ["Admission", "Admitted", "Guard", "Placement"]
 
@@ -111,6 +112,7 @@ class Admission(Ledger):
             seat, waited = await self._wait_for_seat(ctx, tokens, head_key, head_tokens, guard)
             self._explain(session, seat, waited, before is not None and before.released)
         session.released = False
+        session.priority = ctx.priority
         session.last_seen = session.seated_at = self.table.clock()
         take_turn(ctx, session, tokens, head_key, head_tokens, self.config.block_size)
         self.table.save(session)
@@ -167,6 +169,7 @@ class Admission(Ledger):
             bound_s=bound,
             idle_ttl_s=self.time.idle_ttl(),
             resumed=returning,
+            owner=session.client,
         )
         note_decision(self.metrics, decision, waited, returning)
         if log.isEnabledFor(logging.INFO):
@@ -198,7 +201,7 @@ class Admission(Ledger):
         hits = self.placement.holds(ctx.block_hashes) if self.placement and ctx.block_hashes else {}
         started = time.monotonic()
         client = ctx.client
-        ticket = Ticket(client.label, client.priority, client.weight) if client is not None else Ticket()
+        ticket = Ticket(client.label, ctx.priority, client.weight) if client is not None else Ticket()
         #: The place its first attempt took in the shared wait order, finding no room there.
         entered: Place | None = None
 
@@ -215,9 +218,8 @@ class Admission(Ledger):
             room = self._room(tokens, head_key, head_tokens, states)
             parking: Parking | None = None
             if not room.allowed:
-                parking = self._rotation(
-                    states, need, head_key, head_tokens, hits, time.monotonic() - started
-                )
+                waited = time.monotonic() - started
+                parking = self._rotation(states, need, head_key, head_tokens, hits, waited, ctx.priority)
                 if parking is not None:
                     self._park(parking, key, time.monotonic() - started)
                     room = self._room(tokens, head_key, head_tokens, self.refresh())
@@ -259,6 +261,7 @@ class Admission(Ledger):
         head_tokens: int,
         hits: dict[str, int],
         waited: float,
+        priority: int,
     ) -> Parking | None:
         """The residents to park for a waiter that has waited ``waited`` seconds
         (``rotation.choose_parked``)."""
@@ -278,6 +281,7 @@ class Admission(Ledger):
             self.config.max_sessions_per_rank,
             self.table.clock(),
             waited,
+            priority,
             patience,
             self.poll_interval(),
             hits,
@@ -295,7 +299,8 @@ class Admission(Ledger):
             session.released = True
             session.parks += 1
             quiet = now - session.answered_at
-            reason = f"parked for session {for_key}, which had waited {waited:.3f} s; quiet {quiet:.3f} s"
+            waiter = shown_to(for_key, session.client)
+            reason = f"parked for {waiter}, which had waited {waited:.3f} s; quiet {quiet:.3f} s"
             session.admission = {
                 **(session.admission or {}),
                 "decision": "parked",

@@ -4,12 +4,14 @@ function over a count (``accounting.count``).
 On each healthy rank, the sessions that may be parked are the quiet ones (their latest request
 answered) that have been answered since they took their seat and held it at least their
 ``patience``, once the waiter has waited that long too (hysteresis: a seat just given is not taken
-back before it served; the gate gives every session the rotation bound). They go in order: quiet longest
-since their last answer first; on a tie (the same poll interval), the one that has had the most
-service for its client key's weight. On each rank, as few as free the waiter's need (tokens within
-the budget, and a session place under ``max_sessions_per_rank``); among the ranks, the one that
-parks the fewest, then the one holding most of the waiter's prompt, then the one whose parked session
-has been quiet longest.
+back before it served; the gate gives every session the rotation bound). A waiter of a higher
+priority class parks a lower class's quiet session without waiting, held or not (once it served).
+
+They go in order: the lowest class first, then quiet longest since their last answer; on a tie (the
+same poll interval), the one that has had the most service for its client key's weight. On each
+rank, as few as free the waiter's need (tokens within the budget, and a session place under
+``max_sessions_per_rank``); among the ranks, the one that parks the fewest, then the one holding
+most of the waiter's prompt, then the one whose parked session has been quiet longest.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def choose_parked(
     max_sessions_per_rank: int | None,
     now: float,
     waited: float,
+    priority: int,
     patience: Callable[[Session, str], float],
     tie_s: float,
     hits: Mapping[str, int],
@@ -59,7 +62,17 @@ def choose_parked(
         if state is None:
             continue
         chosen = _park_on(
-            state, need, head_key, head_tokens, max_sessions_per_rank, now, waited, patience, tie_s, weight
+            state,
+            need,
+            head_key,
+            head_tokens,
+            max_sessions_per_rank,
+            now,
+            waited,
+            priority,
+            patience,
+            tie_s,
+            weight,
         )
         if chosen is None:
             continue
@@ -84,6 +97,7 @@ def _park_on(
     cap: int | None,
     now: float,
     waited: float,
+    priority: int,
     patience: Callable[[Session, str], float],
     tie_s: float,
     weight: Callable[[str | None], float],
@@ -100,13 +114,15 @@ def _park_on(
     if missing_tokens <= 0 and missing_seats <= 0:
         return None  # it has room: nothing to park here (the room check would have found it)
 
-    def order(item: tuple[Session, int]) -> tuple[int, float]:
+    def order(item: tuple[Session, int]) -> tuple[int, int, float]:
         session = item[0]
         quiet_ticks = int((now - session.answered_at) / tie_s) if tie_s > 0 else 0
-        return (-quiet_ticks, -session.turns / max(weight(session.client), 1e-9))
+        return (session.priority, -quiet_ticks, -session.turns / max(weight(session.client), 1e-9))
 
     def due(session: Session) -> bool:
         wait = patience(session, state.name)
+        if session.priority < priority:  # a higher class waits neither for the bound nor the hold
+            return parkable(session, now, 0.0)
         return waited >= wait and parkable(session, now, wait)
 
     candidates = sorted((item for item in state.lru if due(item[0])), key=order)

@@ -60,6 +60,13 @@ class ClientKey:
     priority: int = 0
     #: Within a priority, the key's share of the room that frees, against the other keys' weights.
     weight: float = 1.0
+    #: The highest priority a request of this key may ask for (``x-prefixgate-priority``); its own
+    #: ``priority`` when the keys file grants no more.
+    max_priority: int | None = None
+
+    def granted(self, asked: int) -> int:
+        """The priority a request asking for ``asked`` gets: at most what the key was granted."""
+        return min(asked, self.priority if self.max_priority is None else self.max_priority)
 
 
 def digest(secret: str | bytes) -> bytes:
@@ -70,7 +77,7 @@ def digest(secret: str | bytes) -> bytes:
 def _key_entry(entry: Any, where: str) -> ClientKey:
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: each key must be a mapping with 'key' and 'label'")
-    unknown = set(entry) - {"key", "label", "max_sessions", "priority", "weight"}
+    unknown = set(entry) - {"key", "label", "max_sessions", "priority", "weight", "max_priority"}
     if unknown:
         raise ConfigError(f"{where}: unknown fields {sorted(unknown)}")
     key, label, cap = entry.get("key"), entry.get("label"), entry.get("max_sessions")
@@ -85,11 +92,15 @@ def _key_entry(entry: Any, where: str) -> ClientKey:
         raise ConfigError(f"{where}: 'priority' must be an integer (higher is served first)")
     if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 < weight < float("inf"):
         raise ConfigError(f"{where}: 'weight' must be a positive number")
-    return ClientKey(label.strip(), digest(key.strip()), cap, priority, float(weight))
+    top = entry.get("max_priority")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or top < priority):
+        raise ConfigError(f"{where}: 'max_priority' must be an integer at least the key's 'priority'")
+    return ClientKey(label.strip(), digest(key.strip()), cap, priority, float(weight), top)
 
 
 def read_keys_file(path: str | Path) -> list[ClientKey]:
-    """Keys from a YAML or JSON file: a list of ``{key, label, max_sessions?, priority?, weight?}``, or
+    """Keys from a YAML or JSON file: a list of ``{key, label, max_sessions?, priority?, weight?,
+    max_priority?}``, or
     ``{keys: [...]}``."""
     try:
         text = Path(path).read_text()

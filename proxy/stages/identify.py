@@ -27,6 +27,9 @@ from proxy.tenants import safe_key, tenant_key
 #: (which agents' harnesses send on a dedicated minimal request when the session ends).
 SESSION_END_HEADERS: tuple[str, ...] = ("x-prefixgate-session-end", "x-dynamo-session-final")
 TRUE_VALUES = frozenset({"1", "true", "yes"})
+#: A request's priority class for a seat (an integer, higher first): honoured with client keys only,
+#: up to the class its key was granted (the keys file's ``max_priority``, else its ``priority``).
+PRIORITY_HEADER = "x-prefixgate-priority"
 
 DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "x-session-id",
@@ -34,6 +37,19 @@ DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "session-id",
     "x-task-id",
 )
+
+
+def priority_of(ctx: RequestContext) -> int:
+    """``ctx``'s priority class: what its ``PRIORITY_HEADER`` asks, capped by its key's grant; its
+    key's priority without one; 0 without client keys (nobody's grant to check against)."""
+    client = ctx.client
+    if client is None:
+        return 0
+    asked = (ctx.headers.get(PRIORITY_HEADER) or "").strip()
+    try:
+        return client.granted(int(asked)) if asked else client.priority
+    except ValueError:
+        return client.priority  # not an integer: the key's own class, as without the header
 
 
 def body_key(body: dict[str, Any]) -> tuple[str, str] | None:
@@ -65,7 +81,8 @@ def fingerprint(head: Any, model: str | None = None) -> str | None:
 
 
 class Identify:
-    """Sets ``ctx.session_key``, ``ctx.session_source``, ``ctx.session_ends`` and ``ctx.local``."""
+    """Sets ``ctx.session_key``, ``ctx.session_source``, ``ctx.session_ends``, ``ctx.priority`` and
+    ``ctx.local``."""
 
     def __init__(self, locals_: SessionLocals, headers: Sequence[str] = DEFAULT_SESSION_HEADERS) -> None:
         self.locals = locals_
@@ -80,6 +97,7 @@ class Identify:
         ctx.session_ends = any(
             (ctx.headers.get(name) or "").strip().lower() in TRUE_VALUES for name in SESSION_END_HEADERS
         )
+        ctx.priority = priority_of(ctx)
         ctx.local = self.locals.open(key)
 
     def key_of(self, ctx: RequestContext) -> tuple[str, str] | None:

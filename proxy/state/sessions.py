@@ -83,6 +83,8 @@ class Session:
     #: When it last took a seat (wall clock): a seat just given is not taken back (``rotation.py``).
     seated_at: float = 0.0
     parks: int = 0
+    #: Its priority class when it took its seat: a higher class's waiter parks a lower one first.
+    priority: int = 0
     #: Admission's last decision for it (``proxy/admission/explain.py``): why it waited, where it went,
     #: the costs it weighed.
     admission: dict[str, Any] | None = None

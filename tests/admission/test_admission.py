@@ -265,3 +265,39 @@ def test_a_session_that_says_it_ended_frees_its_seat_at_once(rank_servers, gatew
     ended = httpx.get(f"{proxy.url}/admin/sessions/a", timeout=5).json()
     assert ended["admission"]["decision"] == "ended" and not ended["active"] and ended["turns"] == 3
     assert httpx.get(f"{proxy.url}/admin/sessions/c", timeout=5).json()["admission"]["decision"] == "room"
+
+
+def test_a_higher_class_gets_a_seat_before_earlier_waiters_only_with_the_grant(  # type: ignore[no-untyped-def]
+    rank_servers, gateway, tmp_path: Path
+) -> None:
+    ranks = rank_servers.sim(1)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        "- {key: key-batch, label: batch}\n"
+        "- {key: key-vip, label: vip, max_priority: 5}\n"
+        "- {key: key-plain, label: plain}\n"
+    )
+    proxy = gateway(ranks, api_keys_file=str(keys), admission_wait=600, session_idle_ttl=600)
+    batch = {"authorization": "Bearer key-batch"}
+    for key in ("a", "b"):
+        assert chat(proxy.url, key, 700, batch).status_code == 200  # the pool is full
+    earlier = Background(lambda: chat(proxy.url, "early", 700, batch, timeout=3.0))
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth", batch) == 1)
+    # a key without the grant asks for class 5 and gets its own class 0: it waits behind
+    plain = {"authorization": "Bearer key-plain", "x-prefixgate-priority": "5"}
+    with pytest.raises(httpx.TimeoutException):
+        chat(proxy.url, "pretender", 700, plain, timeout=1.0)
+    # the granted key's class 5 parks a quiet class-0 session at once, before the earlier waiter
+    vip = {"authorization": "Bearer key-vip", "x-prefixgate-priority": "5"}
+    assert chat(proxy.url, "vip", 700, vip).status_code == 200
+    seated = httpx.get(f"{proxy.url}/admin/sessions/vip", headers=vip, timeout=5).json()
+    assert seated["admission"]["decision"] == "rotated" and seated["priority"] == 5
+    # quiet longest of the lower class; named to the vip's client only as another client's session
+    assert seated["admission"]["parked"] == ["a session of another client"]
+    parked = httpx.get(f"{proxy.url}/admin/sessions/a", headers=batch, timeout=5).json()["admission"]
+    assert parked["decision"] == "parked" and parked["reason"].startswith("parked for a session of another")
+    try:
+        earlier.result()
+        raise AssertionError("the earlier class-0 waiter should still have been waiting")
+    except httpx.TimeoutException:
+        pass

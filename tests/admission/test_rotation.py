@@ -40,7 +40,9 @@ def choose(  # type: ignore[no-untyped-def]
     ranks = [Rank(name, f"http://{name}") for name in states]
     waited, patience = kw.get("waited", HOLD), kw.get("patience", lambda session, rank: HOLD)
     tie, hits, weight = kw.get("tie", 0.5), kw.get("hits", {}), kw.get("weight", lambda c: 1.0)
-    return choose_parked(ranks, states, need, None, 0, cap, now, waited, patience, tie, hits, weight)
+    priority = kw.get("priority", 0)
+    args = (now, waited, priority, patience, tie, hits, weight)
+    return choose_parked(ranks, states, need, None, 0, cap, *args)
 
 
 def test_the_resident_quiet_longest_is_parked() -> None:
@@ -90,6 +92,16 @@ def test_ties_go_to_the_most_service_for_the_client_keys_weight() -> None:
     weights = {"ide": 4.0, "batch": 1.0}.get  # ide weighs 4: 9 / 4 is less service than 4 / 1
     parking = choose({"r0": full_rank("r0", [light, heavy])}, weight=lambda c: weights(c or "", 1.0))
     assert parking is not None and parking.keys == ("light",)
+
+
+def test_a_higher_class_parks_a_lower_class_first_without_waiting() -> None:
+    low, high = resident("low", 95.0), resident("high", 60.0)  # high is quiet longest
+    low.priority, high.priority = 0, 5
+    assert choose({"r0": full_rank("r0", [low, high])}, waited=0.0) is None  # an equal class waits
+    parking = choose({"r0": full_rank("r0", [low, high])}, waited=0.0, priority=5)
+    assert parking is not None and parking.keys == ("low",)  # outranked: parked at once, first
+    parking = choose({"r0": full_rank("r0", [low, high])}, priority=0)  # past the bound, class 0
+    assert parking is not None and parking.keys == ("low",)  # the lowest class still goes first
 
 
 def test_among_ranks_the_fewest_parked_then_what_the_waiter_holds() -> None:
