@@ -39,7 +39,8 @@ def test_the_by_hand_quickstart_matches_the_sim_and_serve_defaults():
     backends = re.findall(r"--backend (\S+)", commands[1])
     assert backends == [f"sim-{i}=http://127.0.0.1:{sim_port + i}" for i in range(2)]
     serve_port = Settings().port
-    assert f"http://127.0.0.1:{serve_port}/v1/chat/completions" in commands[2]
+    requests = [c for c in commands if "/v1/chat/completions" in c]
+    assert len(requests) == 1 and f"http://127.0.0.1:{serve_port}/v1/chat/completions" in requests[0]
     assert sim_port != serve_port
 
 
