@@ -12,7 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_demo_runs_and_reports_cache_hits():
     result = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "demo", "--sessions", "4", "--turns", "3", "--ranks", "2"],
+        # one round (the default is 3, covered by tests/test_demo_effects.py): no spread to show
+        [
+            sys.executable,
+            "-m",
+            "proxy.cli",
+            "demo",
+            "--sessions",
+            "4",
+            "--turns",
+            "3",
+            "--ranks",
+            "2",
+            "--rounds",
+            "1",
+        ],
         capture_output=True,
         text=True,
         timeout=180,
@@ -20,6 +34,8 @@ def test_demo_runs_and_reports_cache_hits():
     )
     assert result.returncode == 0, result.stderr
     assert "round_robin" in result.stdout
+    assert "in\none round" in result.stdout
+    assert not any(line.startswith("    min-max") for line in result.stdout.splitlines())
     report = json.loads((ROOT / "bench" / "out" / "demo.json").read_text())
     for summary in report["results"].values():
         assert summary["requests"] == 12 and summary["errors"] == 0
