@@ -24,12 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.context import Outcome, RequestContext
-from proxy.errors import no_healthy_backend
 from proxy.ops.metrics import Metrics
 from proxy.stages.move_reason import move_reason
 from proxy.stages.observe import Observer
 from proxy.stages.pin import Pins
 from proxy.state.load_share import Load
+from proxy.unavailable import Refusals
 from routing.index import Lookup, PrefixIndex
 from routing.index.inflight import InFlightBlocks
 from routing.index.memory import MemoryPrefixIndex
@@ -98,6 +98,8 @@ class Router(Observer):
         self.exact = set(exact)
         self.pins = pins
         self.speeds = speeds
+        #: The 503 when no rank can take a request, and its (throttled) warning.
+        self.refusals = Refusals()
         #: Prefill tokens routed to each rank and not prefilled yet (a stream's first token, or the
         #: end of a whole answer).
         self.queued_prefill: dict[str, int] = {r.name: 0 for r in fleet}
@@ -150,7 +152,8 @@ class Router(Observer):
         if allowed is not None:  # admission: a new session only goes to a rank with room
             candidates = [r for r in candidates if r.name in allowed]
         if not candidates:
-            raise no_healthy_backend()
+            what = f"session {ctx.session_key}" if ctx.session_key else "a request"
+            raise self.refusals.no_rank(self.fleet, what, allowed)
         hashes = ctx.block_hashes
         key = ctx.session_key
         answered = ctx.cached_answer
@@ -203,7 +206,7 @@ class Router(Observer):
         ranks in the policy's order for a request it knows nothing about; nothing is charged."""
         candidates = self.fleet.healthy()
         if not candidates:
-            raise no_healthy_backend()
+            raise self.refusals.no_rank(self.fleet, "a request for any rank")
         return RoutePlan(self.policy.order(RouteRequest(block_size=self.block_size), candidates))
 
     def holds(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
