@@ -187,6 +187,16 @@ class Option:
         return ENV_PREFIX + self.field.upper()
 
 
+#: The Redis URLs --redis-url takes, written once (the option's help; the README says the same):
+#: each form and what it names.
+REDIS_URLS = {
+    "redis://[[user]:password@]host:port/db": "one server; rediss:// for TLS, unix:///path?db=N",
+    "redis+sentinel://[[user]:password@]host:port[,host:port...]/SERVICE[/db]": "Sentinel",
+    "redis+cluster://[[user]:password@]host:port[,host:port...]": "Redis Cluster; rediss+ for TLS",
+}
+REDIS_URL_FORMS = ", ".join(f"{url} ({what})" for url, what in REDIS_URLS.items())
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("host", str, "address to listen on"),
     Option("port", int, "port to listen on, 0 for one the system picks (the log names it)"),
@@ -203,9 +213,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "redis_url",
         str,
-        "redis://[:password@]host:port/db or rediss://..., redis+sentinel://host:port[,host:port]/SERVICE"
-        "[/db] (Sentinel), redis+cluster://host:port[,host:port] (Redis Cluster): state shared by "
-        "replicas (sessions, prefix index, response ids, admission's claims)",
+        f"{REDIS_URL_FORMS}: state shared by replicas (sessions, prefix index, response ids, "
+        "admission's claims)",
     ),
     Option("index_ttl", float, "seconds an unused prefix-index entry lives in Redis"),
     Option(
