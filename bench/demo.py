@@ -79,6 +79,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument(
+        "--out",
+        type=Path,
+        default=OUT_DIR,
+        help="directory of demo.json and the plots (default: bench/out in the checkout)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=3,
@@ -165,7 +171,7 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def _plots(results: list[dict[str, Any]]) -> None:
+def _plots(results: list[dict[str, Any]], out: Path) -> None:
     """Hit rate over the replay, prefill and TTFT CDF per effect as PNGs, when matplotlib is there."""
     try:
         from bench.plots import write_plots
@@ -174,11 +180,11 @@ def _plots(results: list[dict[str, Any]]) -> None:
         for number, effect in enumerate(results, 1):
             arms = effect["arms"]
             bound = next(iter(arms.values()))["bound"]
-            paths += write_plots(f"demo-{number}", arms, bound, OUT_DIR / "demo")
+            paths += write_plots(f"demo-{number}", arms, bound, out / "demo")
     except RuntimeError:  # matplotlib missing: the table above is the result
         print("no plots: matplotlib is not installed (in a checkout: pip install -e '.[bench]')")
         return
-    print(f"plots: {shown(OUT_DIR / 'demo')}/demo-N_*.png ({len(paths)} files)")
+    print(f"plots: {shown(out / 'demo')}/demo-N_*.png ({len(paths)} files)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -208,15 +214,19 @@ def run(args: argparse.Namespace) -> int:
         "\nprefill: prompt tokens the ranks had to compute, in thousands (less GPU work)"
         "\nTTFT: time to first token as the client saw it; wall: the whole replay"
     )
-    options = {k: v for k, v in vars(args).items() if k not in ("handler", "command_parser")}
+    options = {
+        k: str(v) if isinstance(v, Path) else v
+        for k, v in vars(args).items()
+        if k not in ("handler", "command_parser")
+    }
     report = [
         {"title": e["title"], "arms": {label: _figures(r) for label, r in e["arms"].items()}} for e in results
     ]
     # "results": the routing effect by policy, as the demo's JSON has always had it
     routing = report[0]["arms"] if report and 1 in chosen else {}
-    path = write_json("demo.json", {"args": options, "results": routing, "effects": report})
+    path = write_json("demo.json", {"args": options, "results": routing, "effects": report}, args.out)
     print(f"wrote {shown(path)}")
-    _plots(results)
+    _plots(results, args.out)
     print(f"done in {time.perf_counter() - started:.0f} s")
     failed = [
         (e["title"], label, r)

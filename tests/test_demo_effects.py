@@ -25,7 +25,7 @@ LABELS = (
 )
 
 
-def test_demo_shows_three_effects_in_80_columns():
+def test_demo_shows_three_effects_in_80_columns(tmp_path):
     result = subprocess.run(
         [
             *DEMO,
@@ -39,6 +39,8 @@ def test_demo_shows_three_effects_in_80_columns():
             "12000",
             "--rounds",
             "2",
+            "--out",
+            str(tmp_path),  # its own demo.json: the two demo tests may run side by side
         ],
         capture_output=True,
         text=True,
@@ -61,7 +63,7 @@ def test_demo_shows_three_effects_in_80_columns():
     assert "prefill: prompt tokens the ranks had to compute" in result.stdout
     assert result.stderr == ""  # prefixgate's own log stays out of the table
 
-    report = json.loads((ROOT / "bench" / "out" / "demo.json").read_text())
+    report = json.loads((tmp_path / "demo.json").read_text())
     effects = report["effects"]
     assert [list(e["arms"]) for e in effects] == [list(LABELS[i : i + 2]) for i in (0, 2, 4)]
     for effect in effects:
