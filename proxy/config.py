@@ -28,6 +28,7 @@ from pydantic import (
 from proxy import config_checks as check
 from proxy.config_checks import describe, setting_of, yaml_problem
 from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
+from routing.redis_topology import REDIS_URL_FORMS
 
 #: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
 #: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. Until the traffic has shown
@@ -185,16 +186,6 @@ class Option:
     @property
     def env(self) -> str:
         return ENV_PREFIX + self.field.upper()
-
-
-#: The Redis URLs --redis-url takes, written once (the option's help; the README says the same):
-#: each form and what it names.
-REDIS_URLS = {
-    "redis://[[user]:password@]host:port/db": "one server; rediss:// for TLS, unix:///path?db=N",
-    "redis+sentinel://[[user]:password@]host:port[,host:port...]/SERVICE[/db]": "Sentinel",
-    "redis+cluster://[[user]:password@]host:port[,host:port...]": "Redis Cluster; rediss+ for TLS",
-}
-REDIS_URL_FORMS = ", ".join(f"{url} ({what})" for url, what in REDIS_URLS.items())
 
 
 OPTIONS: tuple[Option, ...] = (

@@ -14,14 +14,16 @@ import logging
 import time
 from collections.abc import Callable, Collection, Iterable
 from urllib.parse import urlsplit
+from weakref import WeakKeyDictionary
 
 from proxy.errors import ProxyError, no_healthy_backend
-from routing.ranks import Rank
+from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate")
 
 #: Seconds between two warnings about refused requests (the ones between are counted).
 LOG_EVERY_S = 1.0
+_BY_FLEET: WeakKeyDictionary[Fleet, Refusals] = WeakKeyDictionary()
 
 
 def private(reason: str, rank: Rank) -> str:
@@ -38,6 +40,14 @@ def why_down(rank: Rank, now: float) -> str:
     """``rank`` is down: since when and the reason its last failure gave (its address kept)."""
     since = f" for {now - rank.down_since:.0f} s" if rank.down_since is not None else ""
     return f"{rank.name} is down{since}: {rank.last_error or 'no reason recorded'}"
+
+
+def no_rank(fleet: Fleet, what: str | None = None, allowed: Collection[str] | None = None) -> ProxyError:
+    """``Refusals.no_rank`` with ``fleet``'s own throttle (one per app: its fleet's)."""
+    refusals = _BY_FLEET.get(fleet)
+    if refusals is None:
+        refusals = _BY_FLEET[fleet] = Refusals()
+    return refusals.no_rank(fleet, what or "a request", allowed)
 
 
 class Refusals:

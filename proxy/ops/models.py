@@ -12,7 +12,7 @@ import orjson
 from starlette.responses import Response
 
 from proxy.errors import NO_BACKEND, ProxyError, error_response
-from proxy.unavailable import Refusals
+from proxy.unavailable import no_rank
 from routing.ranks import Fleet, Rank
 
 JSON = "application/json"
@@ -44,7 +44,6 @@ class Models:
         self.fleet = fleet
         self.cache_ttl = cache_ttl
         self.timeout_s = timeout_s
-        self.refusals = Refusals()
         self._cached: tuple[float, dict[str, Any], str] | None = None
 
     async def __call__(self, client: aiohttp.ClientSession) -> Response:
@@ -54,7 +53,7 @@ class Models:
             return json_response(cached[1], rank=cached[2])
         ranks = self.fleet.healthy()
         if not ranks:
-            return error_response(self.refusals.no_rank(self.fleet, "GET /v1/models"))
+            return error_response(no_rank(self.fleet, "GET /v1/models"))
         answers = await asyncio.gather(*(fetch_models(client, r, self.timeout_s) for r in ranks))
         cards: dict[str, Any] = {}
         answered: list[str] = []

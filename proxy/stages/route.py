@@ -29,7 +29,7 @@ from proxy.stages.move_reason import move_reason
 from proxy.stages.observe import Observer
 from proxy.stages.pin import Pins
 from proxy.state.load_share import Load
-from proxy.unavailable import Refusals
+from proxy.unavailable import no_rank
 from routing.index import Lookup, PrefixIndex
 from routing.index.inflight import InFlightBlocks
 from routing.index.memory import MemoryPrefixIndex
@@ -98,8 +98,6 @@ class Router(Observer):
         self.exact = set(exact)
         self.pins = pins
         self.speeds = speeds
-        #: The 503 when no rank can take a request, and its (throttled) warning.
-        self.refusals = Refusals()
         #: Prefill tokens routed to each rank and not prefilled yet (a stream's first token, or the
         #: end of a whole answer).
         self.queued_prefill: dict[str, int] = {r.name: 0 for r in fleet}
@@ -152,8 +150,7 @@ class Router(Observer):
         if allowed is not None:  # admission: a new session only goes to a rank with room
             candidates = [r for r in candidates if r.name in allowed]
         if not candidates:
-            what = f"session {ctx.session_key}" if ctx.session_key else "a request"
-            raise self.refusals.no_rank(self.fleet, what, allowed)
+            raise no_rank(self.fleet, ctx.session_key and f"session {ctx.session_key}", allowed)
         hashes = ctx.block_hashes
         key = ctx.session_key
         answered = ctx.cached_answer
@@ -206,7 +203,7 @@ class Router(Observer):
         ranks in the policy's order for a request it knows nothing about; nothing is charged."""
         candidates = self.fleet.healthy()
         if not candidates:
-            raise self.refusals.no_rank(self.fleet, "a request for any rank")
+            raise no_rank(self.fleet, "a request for any rank")
         return RoutePlan(self.policy.order(RouteRequest(block_size=self.block_size), candidates))
 
     def holds(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
