@@ -35,7 +35,9 @@ def test_the_deselected_tiers_and_the_lines_that_run_them_are_named():
     markers = [m.split(":", 1)[0] for m in pyproject["markers"]]
     assert markers == ["vllm", "agents"]
     setup = section("Set up on a fresh machine")
-    assert f"`{pyproject['addopts']}`" in setup  # what deselects them, as written there
+    deselect, parallel = re.fullmatch(r"(-m '[^']*') (.*)", pyproject["addopts"]).groups()
+    assert f"`{deselect}`" in setup  # what deselects them, as written there
+    assert f"`{parallel}`" in setup and "`-n 0`" in setup  # the parallel run, and how to leave it
     for marker in markers:
         assert f"marked `{marker}` (`tests/{marker}`" in setup, marker
     # each tier's line in .ci/run, word for word
