@@ -243,9 +243,9 @@ def redis_server() -> Iterator[str | None]:
         proc.wait(10)
 
 
-def write_json(name: str, data: dict[str, Any]) -> Path:
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / name
+def write_json(name: str, data: dict[str, Any], out_dir: Path = OUT_DIR) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 

@@ -25,6 +25,7 @@ from proxy.ops.dashboard.api import login_page
 from proxy.ops.limits import HeaderLimitMiddleware
 from proxy.ops.metrics import export_gauges
 from proxy.ops.models import Models, json_response
+from proxy.path_hints import missing_prefix_hint
 from proxy.pipeline import Pipeline
 from proxy.server import ServingOptions
 
@@ -155,7 +156,9 @@ def create_app(settings: Settings) -> LeanApp:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            message = f"no such endpoint: {request.method} {request.url.path}"
+            path = request.url.path
+            hint = missing_prefix_hint(app.routes, request.method, path, str(request.base_url))
+            message = f"no such endpoint: {request.method} {path}{hint or ''}"
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:

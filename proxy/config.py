@@ -28,6 +28,7 @@ from pydantic import (
 from proxy import config_checks as check
 from proxy.config_checks import describe, setting_of, yaml_problem
 from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
+from routing.redis_topology import REDIS_URL_FORMS
 
 #: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
 #: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. Until the traffic has shown
@@ -203,9 +204,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "redis_url",
         str,
-        "redis://[:password@]host:port/db or rediss://..., redis+sentinel://host:port[,host:port]/SERVICE"
-        "[/db] (Sentinel), redis+cluster://host:port[,host:port] (Redis Cluster): state shared by "
-        "replicas (sessions, prefix index, response ids, admission's claims)",
+        f"{REDIS_URL_FORMS}: state shared by replicas (sessions, prefix index, response ids, "
+        "admission's claims)",
     ),
     Option("index_ttl", float, "seconds an unused prefix-index entry lives in Redis"),
     Option("index_namespace", str, "the shared prefix index's namespace (unset: agreed through Redis)"),

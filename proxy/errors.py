@@ -57,10 +57,12 @@ def bad_request(message: str, param: str | None = None) -> ProxyError:
     return ProxyError(400, message, param=param, code="invalid_request")
 
 
-def no_healthy_backend() -> ProxyError:
+def no_healthy_backend(why: str) -> ProxyError:
+    """The 503 when no rank can take a request; ``why``: each rank and its reason
+    (``proxy/unavailable.py``)."""
     return ProxyError(
         503,
-        "no healthy backend is available to serve this request",
+        f"no healthy backend can serve this request: {why}",
         type_="service_unavailable",
         code="no_healthy_backend",
     )

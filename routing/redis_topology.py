@@ -27,6 +27,14 @@ from redis.sentinel import Sentinel
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
+#: The URLs ``parse`` takes, written once (``--redis-url``'s help; the README says the same): each
+#: form and what it names.
+REDIS_URLS = {
+    "redis://[[user]:password@]host:port/db": "one server; rediss:// for TLS, unix:///path?db=N",
+    "redis+sentinel://[[user]:password@]host:port[,host:port...]/SERVICE[/db]": "Sentinel",
+    "redis+cluster://[[user]:password@]host:port[,host:port...]": "Redis Cluster; rediss+ for TLS",
+}
+REDIS_URL_FORMS = ", ".join(f"{url} ({what})" for url, what in REDIS_URLS.items())
 
 
 def reply_text(reply: object) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -29,6 +30,23 @@ def test_the_test_command_ends_with_failures_and_skip_reasons_and_names_what_the
     assert "`../shared`" in setup and "chromium" in setup and "install_browser.sh" in setup
 
 
+def test_the_deselected_tiers_and_the_lines_that_run_them_are_named():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    markers = [m.split(":", 1)[0] for m in pyproject["markers"]]
+    assert markers == ["vllm", "agents"]
+    setup = section("Set up on a fresh machine")
+    deselect, parallel = re.fullmatch(r"(-m '[^']*') (.*)", pyproject["addopts"]).groups()
+    assert f"`{deselect}`" in setup  # what deselects them, as written there
+    assert f"`{parallel}`" in setup and "`-n 0`" in setup  # the parallel run, and how to leave it
+    for marker in markers:
+        assert f"marked `{marker}` (`tests/{marker}`" in setup, marker
+    # each tier's line in .ci/run, word for word
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    for script in ("bench/real_vllm/test.sh", "bench/agents/test.sh"):
+        (line,) = [line.strip() for line in ci if script in line and not line.startswith("#")]
+        assert f"`{line}`" in " ".join(setup.split()), line
+
+
 def test_the_by_hand_quickstart_matches_the_sim_and_serve_defaults():
     commands = [line.strip() for line in section("Try it by hand").splitlines() if line.startswith("    ")]
     assert commands[0].startswith(".venv/bin/prefixgate sim --ranks 2")
@@ -39,7 +57,8 @@ def test_the_by_hand_quickstart_matches_the_sim_and_serve_defaults():
     backends = re.findall(r"--backend (\S+)", commands[1])
     assert backends == [f"sim-{i}=http://127.0.0.1:{sim_port + i}" for i in range(2)]
     serve_port = Settings().port
-    assert f"http://127.0.0.1:{serve_port}/v1/chat/completions" in commands[2]
+    requests = [c for c in commands if "/v1/chat/completions" in c]
+    assert len(requests) == 1 and f"http://127.0.0.1:{serve_port}/v1/chat/completions" in requests[0]
     assert sim_port != serve_port
 
 
@@ -74,3 +93,29 @@ def test_compose_probes_readiness_and_wires_kv_events_and_redis():
         settings = load_settings(environ={k: str(v) for k, v in env.items()})
         assert settings.kv_events and settings.redis_url == "redis://redis:6379/0"
         assert {s.split("=")[0] for s in settings.kv_events.split(",")} == {b.name for b in settings.backends}
+
+
+REDIS_URL = re.compile(r"`((?:redis|rediss|unix)(?:\+\w+)?://[^`]*)`")
+
+
+def test_the_redis_url_is_written_one_way_and_each_form_is_accepted():
+    from routing.redis_topology import REDIS_URL_FORMS, REDIS_URLS
+
+    # every redis:// URL the README and the docs show has the user the URL may carry
+    texts = [README, *(path.read_text() for path in (ROOT / "docs").glob("*.md"))]
+    forms = {url for text in texts for url in REDIS_URL.findall(text) if "host:port" in url}
+    assert forms, "no Redis URL form documented"
+    for form in forms:
+        assert form.split("://", 1)[1].startswith("[[user]:password@]host:port"), form
+        assert form in REDIS_URL_FORMS, form  # the same as `prefixgate serve --help` says
+    for template in REDIS_URLS:
+        assert f"`{template}`" in README, template
+        # the template, filled in, is a URL --redis-url takes
+        url = (
+            template.replace("[[user]:password@]", "u:p@")
+            .replace("[,host:port...]", ",127.0.0.2:26379")
+            .replace("host:port", "127.0.0.1:6379")
+            .replace("/SERVICE[/db]", "/mymaster/1")
+            .replace("/db", "/0")
+        )
+        assert load_settings(flags={"redis_url": url}, backend_specs=["r=http://127.0.0.1:9"], environ={})

@@ -19,4 +19,4 @@ if [[ $status -eq 3 ]]; then
 elif [[ $status -ne 0 ]]; then
   exit "$status"
 fi
-exec timeout 1800 "$PYTHON" -m pytest -m agents tests/agents -q -p no:cacheprovider "$@"
+exec timeout 1800 "$PYTHON" -m pytest -m agents tests/agents -q -p no:cacheprovider -n 0 "$@"

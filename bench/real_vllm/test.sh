@@ -12,4 +12,4 @@ VENV="${PREFIXGATE_VLLM_VENV:-$HOME/.cache/prefixgate/vllm-venv}"
 # pip's notes about the machine's optional local indexes are noise here.
 timeout 900 bash bench/real_vllm/install.sh 2> >(grep -v "is ignored: it is neither" >&2)
 "$VENV/bin/python" bench/real_vllm/build_model.py > /dev/null 2>&1
-exec timeout 900 "$PYTHON" -m pytest -m vllm tests/vllm -q -p no:cacheprovider "$@"
+exec timeout 900 "$PYTHON" -m pytest -m vllm tests/vllm -q -p no:cacheprovider -n 0 "$@"

@@ -73,12 +73,22 @@ class SimRankServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving (in-flight requests get ~1 s to finish) and release the ports."""
+        self.ask_to_stop()
+        self.wait_stopped(timeout)
+
+    def ask_to_stop(self) -> None:
+        """Tell the server to stop, without waiting for it (``wait_stopped`` waits)."""
         if self._thread is None or self._loop is None:
             return
         loop, server = self._loop, self._uvicorn
         if server is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop already ended
                 loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+
+    def wait_stopped(self, timeout: float = 10.0) -> None:
+        """Wait for the server ``ask_to_stop`` stopped to release its ports."""
+        if self._thread is None or self._loop is None:
+            return
         self._thread.join(timeout)
         self._thread = None
 
@@ -212,6 +222,9 @@ def start_fleet(n: int, base_config: SimConfig | None = None) -> list[SimRankSer
 
 
 def stop_fleet(servers: list[SimRankServer]) -> None:
-    """Stop every server of a fleet."""
+    """Stop every server of a fleet: all told at once, then waited for (each takes up to a tick of
+    uvicorn's main loop, 0.1-0.2 s, to notice: one after the other, a demo's 20 stops took 3.5 s)."""
     for s in servers:
-        s.stop()
+        s.ask_to_stop()
+    for s in servers:
+        s.wait_stopped()

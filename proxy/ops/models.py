@@ -11,7 +11,8 @@ import aiohttp
 import orjson
 from starlette.responses import Response
 
-from proxy.errors import NO_BACKEND, ProxyError, error_response, no_healthy_backend
+from proxy.errors import NO_BACKEND, ProxyError, error_response
+from proxy.unavailable import no_rank
 from routing.ranks import Fleet, Rank
 
 JSON = "application/json"
@@ -52,7 +53,7 @@ class Models:
             return json_response(cached[1], rank=cached[2])
         ranks = self.fleet.healthy()
         if not ranks:
-            return error_response(no_healthy_backend())
+            return error_response(no_rank(self.fleet, "GET /v1/models"))
         answers = await asyncio.gather(*(fetch_models(client, r, self.timeout_s) for r in ranks))
         cards: dict[str, Any] = {}
         answered: list[str] = []

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from proxy.errors import upstream_failed
+from proxy.errors import ProxyError, upstream_failed
 from proxy.ops.metrics import Metrics
 from proxy.stages.rank_stream import RankStream
 from proxy.stages.route import RoutePlan
 from proxy.stages.sse_check import SseChecker
+from proxy.unavailable import private
 from routing.ranks import Rank
 
 log = logging.getLogger("prefixgate.forward")
@@ -149,6 +150,17 @@ class Opened:
             self.response.close()
 
 
+def every_attempt_failed(path: str, failures: list[tuple[Rank, str]]) -> ProxyError:
+    """The 502 when every rank tried failed, each named with its failure (in the client's message
+    without its address), and the warning saying the client got it."""
+    whole = "; ".join(failure for _, failure in failures) or "no rank was tried"
+    log.warning("502 for %s: %s rank(s) tried, each failed: %s", path, len(failures), whole)
+    shown = "; ".join(private(failure, rank) for rank, failure in failures) or "no rank was tried"
+    return upstream_failed(
+        shown if len(failures) < 2 else f"each of the {len(failures)} ranks tried failed: {shown}"
+    )
+
+
 class Forwarder:
     """Sends requests to ranks over the process's upstream clients: ``client`` (pooled), and
     ``fresh`` (a new connection each time) for a request whose pooled connection was stale."""
@@ -178,7 +190,7 @@ class Forwarder:
         stream: bool,
     ) -> Opened:
         """Send to ``path`` on the plan's ranks in turn, while nothing has reached the client."""
-        failure = "no attempt made"
+        failures: list[tuple[Rank, str]] = []
         attempt = 0
         for rank in plan.ranks:
             if attempt > self.retries:
@@ -193,7 +205,8 @@ class Forwarder:
                 opened.attempts = attempt
                 return opened
             log.warning("attempt %d at %s failed: %s", attempt, rank.name, failure)
-        raise upstream_failed(failure)
+            failures.append((rank, failure))
+        raise every_attempt_failed(path, failures)
 
     async def _attempt(
         self, rank: Rank, path: str, content: bytes, headers: dict[str, str], stream: bool

@@ -24,12 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.context import Outcome, RequestContext
-from proxy.errors import no_healthy_backend
 from proxy.ops.metrics import Metrics
 from proxy.stages.move_reason import move_reason
 from proxy.stages.observe import Observer
 from proxy.stages.pin import Pins
 from proxy.state.load_share import Load
+from proxy.unavailable import no_rank
 from routing.index import Lookup, PrefixIndex
 from routing.index.inflight import InFlightBlocks
 from routing.index.memory import MemoryPrefixIndex
@@ -150,7 +150,7 @@ class Router(Observer):
         if allowed is not None:  # admission: a new session only goes to a rank with room
             candidates = [r for r in candidates if r.name in allowed]
         if not candidates:
-            raise no_healthy_backend()
+            raise no_rank(self.fleet, ctx.session_key and f"session {ctx.session_key}", allowed)
         hashes = ctx.block_hashes
         key = ctx.session_key
         answered = ctx.cached_answer
@@ -203,7 +203,7 @@ class Router(Observer):
         ranks in the policy's order for a request it knows nothing about; nothing is charged."""
         candidates = self.fleet.healthy()
         if not candidates:
-            raise no_healthy_backend()
+            raise no_rank(self.fleet, "a request for any rank")
         return RoutePlan(self.policy.order(RouteRequest(block_size=self.block_size), candidates))
 
     def holds(self, block_hashes: Sequence[bytes]) -> dict[str, int]:

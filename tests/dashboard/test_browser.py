@@ -37,10 +37,16 @@ OUTPUT = Path(__file__).resolve().parents[2] / "test-output"
 TOKEN = "dashboard-admin-token"
 
 
-def _browser_missing(reason: str) -> None:
+#: What installs each part the test needs: the script only runs apt-get (chromium); the Python
+#: package comes with the test extra.
+INSTALL_CHROMIUM = "bash tests/dashboard/install_browser.sh (Debian's chromium, with apt-get)"
+INSTALL_PLAYWRIGHT = "pip install -e '.[test]' (the test extra has playwright; no browser download)"
+
+
+def _browser_missing(reason: str, remedy: str) -> None:
     message = (
         f"\n{'!' * 78}\n!!! DASHBOARD BROWSER TEST NOT RUN: {reason}\n"
-        f"!!! install it with: bash tests/dashboard/install_browser.sh (Debian chromium + pip playwright)\n"
+        f"!!! install it with: {remedy}\n"
         f"{'!' * 78}\n"
     )
     print(message, file=sys.stderr)
@@ -53,11 +59,11 @@ def _playwright():
     """Playwright's ``sync_playwright``, once Debian's chromium and the package are there (else the
     test fails in CI and skips locally, saying why)."""
     if not Path(CHROMIUM).exists():
-        _browser_missing(f"{CHROMIUM} is not installed")
+        _browser_missing(f"{CHROMIUM} is not installed", INSTALL_CHROMIUM)
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _browser_missing("the python package 'playwright' is not installed")
+        _browser_missing("the python package 'playwright' is not installed", INSTALL_PLAYWRIGHT)
     return sync_playwright
 
 

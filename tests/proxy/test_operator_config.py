@@ -121,13 +121,17 @@ def test_serve_exits_2_for_hf_without_a_path(tmp_path):
     assert result.stderr.count("\n") == 1 and "tokenization.path is required" in result.stderr
 
 
-def test_an_unknown_flag_prints_the_commands_usage(capsys):
+def test_an_unknown_flag_names_the_commands_flag_it_meant(capsys):
+    # issue 49: the command's own flag and help, in two lines (no longer its whole usage first)
     with pytest.raises(SystemExit) as caught:
         main(["serve", "--backend", RANK, "--polcy", "round_robin"])
     assert caught.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: prefixgate serve ") and "--policy POLICY" in err
-    assert "prefixgate serve: error: unrecognized arguments: --polcy round_robin" in err
+    assert "usage:" not in err and err.count("\n") == 2
+    assert (
+        "prefixgate serve: error: unrecognized arguments: --polcy round_robin (did you mean --policy" in err
+    )
+    assert "run 'prefixgate serve --help' for the options" in err
 
 
 def test_serve_help_shows_the_defaults(capsys):

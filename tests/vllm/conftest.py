@@ -1,7 +1,7 @@
 """Fixtures of the real-vLLM tier: two vLLM CPU ranks serving the tiny model, prefixgate in front.
 
 Every test here carries the ``vllm`` marker (deselected by default); run them with
-``bench/real_vllm/test.sh`` or ``python -m pytest -m vllm tests/vllm`` once
+``bench/real_vllm/test.sh`` or ``python -m pytest -m vllm -n 0 tests/vllm`` once
 ``bench/real_vllm/install.sh`` has built the vLLM virtualenv. The ranks start once per session
 (about a minute) and are shared: tests keep apart by putting a fresh nonce in their prompts.
 """
