@@ -63,6 +63,7 @@ class Replica:
         ctx = ctx_for(key, TOKENS)
         if priority:
             ctx.client = ClientKey(f"p{priority}", b"", priority=priority)
+            ctx.priority = priority  # the identify stage's: the key's own class, no header
 
         async def admit() -> RequestContext:
             ctx.admitted = await self.admission.admit(ctx)

@@ -3,11 +3,14 @@ first byte, errors, 429s), the active settings, and a login page for a browser w
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import pytest
 
 from proxy.ops.traffic import RATE_SPAN_S, Traffic
 from tests.dashboard.conftest import converse
+from tests.helpers.wait import wait_until
 
 HTML = "text/html; charset=utf-8"
 
@@ -63,12 +66,14 @@ def test_overview_carries_traffic_and_settings(deployment):
     converse(dep.url, "t-one", 3)
     converse(dep.url, "t-two", 1)
     hello = [{"role": "user", "content": "hello"}]
-    assert post(dep.url, "t-three", hello).status_code == 429  # both ranks hold their one session
+    # both ranks hold their one session: a quiet one is parked for it at once (a bound of 0)
+    assert post(dep.url, "t-three", hello).status_code == 200
     assert post(dep.url, "t-four", "not a list").status_code == 400
     ov = httpx.get(dep.url + "/admin/overview", trust_env=False).json()
     traffic, settings = ov["traffic"], ov["settings"]
-    assert traffic["total"] == {"requests": 6, "errors": 0, "rate_limited": 1, "client_closed": 0}
-    assert traffic["window"]["ttfb_requests"] == 4 and traffic["window"]["rate_limited"] == 1
+    assert traffic["total"] == {"requests": 6, "errors": 0, "rate_limited": 0, "client_closed": 0}
+    assert traffic["window"]["ttfb_requests"] == 5 and traffic["window"]["rate_limited"] == 0
+    assert sum(ov["admission"]["parked"].values()) == 1
     assert traffic["requests_per_s"] > 0
     assert 0 < traffic["window"]["ttfb_p50_ms"] <= traffic["window"]["ttfb_p99_ms"]
     assert settings["policy"] == "prefix_affinity" and settings["canonicalize"] is True
@@ -109,3 +114,24 @@ def test_with_client_keys_only_the_login_page_asks_for_a_key(deployment):
     page = httpx.get(dep.url + "/dashboard", trust_env=False)
     assert page.status_code == 401 and "needs a client API key" in page.text
     assert httpx.get(dep.url + "/dashboard", params={"token": "sk-alice"}, trust_env=False).status_code == 200
+
+
+def test_a_full_admission_queue_counts_as_rate_limited(deployment):
+    dep = deployment(1, admission_wait=600, max_sessions_per_rank=1, admission_queue=1)
+    converse(dep.url, "q-one", 1)
+    hello = [{"role": "user", "content": "hello"}]
+    waiting: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: waiting.append(post(dep.url, "q-two", hello)))
+    thread.start()  # no seat rotates within the test: it waits for q-one's
+    wait_until(
+        lambda: (
+            httpx.get(dep.url + "/admin/overview", trust_env=False).json()["admission"]["queue_depth"] == 1
+        )
+    )
+    refused = post(dep.url, "q-three", hello)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "admission_queue_full"
+    assert httpx.delete(dep.url + "/admin/sessions/q-one", trust_env=False).status_code == 200
+    thread.join(10)
+    assert waiting and waiting[0].status_code == 200
+    total = httpx.get(dep.url + "/admin/overview", trust_env=False).json()["traffic"]["total"]
+    assert total["rate_limited"] == 1 and total["requests"] == 3
