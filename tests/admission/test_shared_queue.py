@@ -71,9 +71,9 @@ class Replica:
 
         return asyncio.ensure_future(admit())
 
-    async def hold(self, key: str) -> None:
+    async def hold(self, key: str, priority: int = 0) -> None:
         """Admit, place on r0 and answer a session: it holds its room until released."""
-        ctx = await asyncio.wait_for(self.arrive(key), PATIENCE)
+        ctx = await asyncio.wait_for(self.arrive(key, priority), PATIENCE)
         self.place_and_answer(ctx)
 
     def place_and_answer(self, ctx: RequestContext) -> None:
@@ -142,8 +142,8 @@ async def test_a_higher_priority_waiter_on_another_replica_goes_first(
     replicas: tuple[Replica, Replica],
 ) -> None:
     a, b = replicas
-    await a.hold("held-0")
-    await a.hold("held-1")
+    await a.hold("held-0", priority=5)  # of the high waiter's class: it may not park them at once
+    await a.hold("held-1", priority=5)
     low = a.arrive("low", priority=-1)
     await until(waiting(a, 1), "the low-priority session never queued")
     high = b.arrive("high", priority=5)
