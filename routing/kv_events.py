@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from routing.index import PrefixIndex
+from routing.index import GPU, PrefixIndex
 from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.kv_events")
@@ -43,6 +43,16 @@ class KVEvent:
     parent_block_hash: int | None = None
     token_ids: list[int] | None = None
     block_size: int | None = None
+    #: Storage tier (vLLM's ``medium``: "GPU", "CPU", ...). A stored or removed block's missing or
+    #: nil medium is "GPU" (vLLM's default); ``AllBlocksCleared`` carries none in vLLM's own
+    #: classes: None there means every tier.
+    medium: str | None = GPU
+
+
+def _medium(kind: str, value: Any) -> str | None:
+    if value is not None:
+        return str(value)
+    return None if kind == "AllBlocksCleared" else GPU
 
 
 def decode_event(raw: Any) -> KVEvent:
@@ -55,12 +65,16 @@ def decode_event(raw: Any) -> KVEvent:
             raw.get("parent_block_hash"),
             raw.get("token_ids"),
             raw.get("block_size"),
+            _medium(kind, raw.get("medium")),
         )
     kind = raw[0]
     if kind == "BlockStored":
-        return KVEvent(kind, list(raw[1]), raw[2], raw[3], raw[4])
+        medium = raw[6] if len(raw) > 6 else None
+        return KVEvent(kind, list(raw[1]), raw[2], raw[3], raw[4], _medium(kind, medium))
     if kind == "BlockRemoved":
-        return KVEvent(kind, list(raw[1]))
+        return KVEvent(kind, list(raw[1]), medium=_medium(kind, raw[2] if len(raw) > 2 else None))
+    if kind == "AllBlocksCleared":
+        return KVEvent(kind, [], medium=_medium(kind, raw[1] if len(raw) > 1 else None))
     return KVEvent(kind, [])
 
 

@@ -13,6 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+#: vLLM's default storage medium (KV events' ``medium``): the rank's GPU pool.
+GPU = "GPU"
+#: The medium of blocks vLLM's offloading connector (or LMCache) keeps in host memory.
+CPU = "CPU"
+
 
 @dataclass(slots=True)
 class Lookup:
