@@ -141,9 +141,11 @@ class CountingIndex(MemoryPrefixIndex):
         super().__init__()
         self.removals: list[int] = []
 
-    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+    def remove(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = "GPU"
+    ) -> None:
         self.removals.append(len(block_hashes))
-        super().remove(rank, block_hashes, counted=counted)
+        super().remove(rank, block_hashes, counted=counted, medium=medium)
 
 
 def test_a_run_of_block_removed_events_is_one_removal_and_the_same_mirror() -> None:
