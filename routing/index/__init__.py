@@ -75,6 +75,10 @@ class PrefixIndex(Protocol):
         """``rank`` holds nothing (cache reset, restart); with ``medium``: nothing in that tier."""
         ...
 
+    def held_by_tier(self, rank: str) -> tuple[int, int]:
+        """``rank``'s mirrored blocks: (with a GPU copy, in CPU memory only)."""
+        ...
+
     def set_session_rank(self, session_key: str, rank: str) -> None:
         """Remember the rank a session was sent to (unconditionally: its rank failed it, or a
         resynchronization)."""

@@ -165,6 +165,14 @@ class MemoryPrefixIndex:
             for key in [k for k in self._sessions if self._sessions.peek(k) == rank]:
                 self._sessions.discard(key)
 
+    def held_by_tier(self, rank: str) -> tuple[int, int]:
+        with self._lock:
+            mirror = self._mirrors.get(rank)
+            if mirror is None:
+                return 0, 0
+            offloaded = mirror.offloaded_only_count()
+            return mirror.size - offloaded, offloaded
+
     def blocks(self, rank: str) -> list[bytes]:
         """``rank``'s mirrored hashes, least recently used first."""
         with self._lock:

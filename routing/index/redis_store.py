@@ -366,6 +366,10 @@ class RedisPrefixIndex:
         except ERRORS as exc:
             self.link.failed(exc)
 
+    def held_by_tier(self, rank: str) -> tuple[int, int]:
+        # Redis keeps no tiers: this replica's mirror does (exact for the ranks whose events it reads)
+        return self.local.held_by_tier(rank)
+
     def set_session_rank(self, session_key: str, rank: str) -> None:
         self.local.set_session_rank(session_key, rank)
         key, ttl = self._session_key(session_key), self._session_ttl()

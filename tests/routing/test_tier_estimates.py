@@ -42,6 +42,10 @@ def test_blocks_demoted_to_cpu_count_in_the_estimate_and_its_cpu_part(rank_serve
             state = client.get(rank.url + "/sim/state").json()
             assert state["cpu_tier"]["cached_blocks"] > 0, "the pool was small enough to offload"
             loaded_before = state["counters"]["cpu_tier_hits"]
+            # the admin view: the index's tokens by tier (A's tail in CPU memory only)
+            (view,) = client.get(proxy.url + "/admin/overview").json()["ranks"]
+            assert view["index_tokens"]["cpu"] == state["cpu_tier"]["cached_blocks"] * 16
+            assert view["index_tokens"]["gpu"] == state["cached_blocks"] * 16
 
             a.append({"role": "user", "content": "next step"})
             again = ask(client, proxy.url, "a", a)
