@@ -26,6 +26,7 @@ import msgspec
 import zmq
 
 from routing.index import GPU, PrefixIndex
+from tokenization.block_hash import kv_event_hash
 from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.kv_events")
@@ -49,6 +50,17 @@ class KVEvent:
     medium: str | None = GPU
 
 
+def _hashes(raw: Any) -> list[int]:
+    """An event's block hashes as vLLM's uint64s. Some connectors' events (vLLM's offloading
+    connector in some versions) carry the digests themselves: their last 8 bytes, as vLLM's
+    ``maybe_convert_block_hash`` makes of them."""
+    return [kv_event_hash(h) if isinstance(h, bytes) else h for h in raw or ()]
+
+
+def _hash(raw: Any) -> int | None:
+    return kv_event_hash(raw) if isinstance(raw, bytes) else raw
+
+
 def _medium(kind: str, value: Any) -> str | None:
     if value is not None:
         return str(value)
@@ -61,8 +73,8 @@ def decode_event(raw: Any) -> KVEvent:
         kind = raw["type"]
         return KVEvent(
             kind,
-            list(raw.get("block_hashes") or ()),
-            raw.get("parent_block_hash"),
+            _hashes(raw.get("block_hashes")),
+            _hash(raw.get("parent_block_hash")),
             raw.get("token_ids"),
             raw.get("block_size"),
             _medium(kind, raw.get("medium")),
@@ -70,9 +82,9 @@ def decode_event(raw: Any) -> KVEvent:
     kind = raw[0]
     if kind == "BlockStored":
         medium = raw[6] if len(raw) > 6 else None
-        return KVEvent(kind, list(raw[1]), raw[2], raw[3], raw[4], _medium(kind, medium))
+        return KVEvent(kind, _hashes(raw[1]), _hash(raw[2]), raw[3], raw[4], _medium(kind, medium))
     if kind == "BlockRemoved":
-        return KVEvent(kind, list(raw[1]), medium=_medium(kind, raw[2] if len(raw) > 2 else None))
+        return KVEvent(kind, _hashes(raw[1]), medium=_medium(kind, raw[2] if len(raw) > 2 else None))
     if kind == "AllBlocksCleared":
         return KVEvent(kind, [], medium=_medium(kind, raw[1] if len(raw) > 1 else None))
     return KVEvent(kind, [])

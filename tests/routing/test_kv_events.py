@@ -209,3 +209,13 @@ def test_missing_or_nil_medium_is_gpu() -> None:
     assert decode_event(["BlockStored", [1], None, list(range(16)), 16, None]).medium == "GPU"
     assert decode_event({"type": "AllBlocksCleared", "medium": "CPU"}).medium == "CPU"
     assert decode_event(["AllBlocksCleared"]).medium is None
+
+
+def test_digest_hashes_are_read_as_vllms_uint64s() -> None:
+    """Connectors that put the digests themselves in an event: their last 8 bytes, as vLLM converts."""
+    digest = bytes(range(32))
+    stored = decode_event({"type": "BlockStored", "block_hashes": [digest], "parent_block_hash": digest})
+    assert stored.block_hashes == [kv_event_hash(digest)] and stored.parent_block_hash == kv_event_hash(
+        digest
+    )
+    assert decode_event(["BlockRemoved", [digest], "CPU"]).block_hashes == [kv_event_hash(digest)]
