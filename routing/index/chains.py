@@ -31,8 +31,10 @@ are its copies minus its offloaded ones. Counted operations of a medium change t
 - a clear of one medium drops that tier's copies only.
 
 Invariants (``check_tiers``): every offloaded hash is held; no block has more offloaded copies
-than copies (GPU copies >= 0). Uncounted operations (routing's predictions) are GPU: an uncounted
-removal, eviction past capacity and ``clear`` drop a block from every tier.
+than copies (GPU copies >= 0); ``off_gpu`` is exactly the held blocks with no GPU copy (kept as the
+tiers change, so a lookup counts a prompt's CPU-only blocks by one set intersection, in C).
+Uncounted operations (routing's predictions) are GPU: an uncounted removal, eviction past capacity
+and ``clear`` drop a block from every tier.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class RankChains:
         "evicted",
         "heap",
         "next_id",
+        "off_gpu",
         "offloaded",
         "segments",
         "size",
@@ -105,6 +108,8 @@ class RankChains:
         self.counts: dict[bytes, int] = {}
         #: Copies held in each lower tier (medium -> hash -> copies); see the module docstring.
         self.offloaded: dict[str, dict[bytes, int]] = {}
+        #: Held blocks with no GPU copy.
+        self.off_gpu: set[bytes] = set()
         self.size = 0
         self.tick = 0
         self.next_id = 0
@@ -139,20 +144,18 @@ class RankChains:
 
     def on_gpu(self, block_hash: bytes) -> bool:
         """Whether some copy of the held ``block_hash`` is on the GPU."""
-        return not self.offloaded or self.copies(block_hash) > self.offloaded_copies(block_hash)
+        return block_hash not in self.off_gpu
 
     def offloaded_only(self, chain: Sequence[bytes], held: int) -> int:
         """How many of ``chain``'s first ``held`` blocks (held here) have no GPU copy."""
-        if not self.offloaded:
+        off_gpu = self.off_gpu
+        if not off_gpu:
             return 0
-        on_gpu = self.on_gpu
-        return sum(1 for h in chain[:held] if not on_gpu(h))
+        return len(off_gpu.intersection(chain if held == len(chain) else chain[:held]))
 
     def offloaded_only_count(self) -> int:
         """Held blocks with no GPU copy (in CPU memory only)."""
-        if not self.offloaded:
-            return 0
-        return sum(1 for h in set().union(*self.offloaded.values()) if not self.on_gpu(h))
+        return len(self.off_gpu)
 
     def check_tiers(self) -> None:
         """Raise AssertionError when a tier invariant of the module docstring is broken."""
@@ -161,6 +164,22 @@ class RankChains:
                 assert n > 0 and h in self.where, f"{medium} copy of a block not held"
         for h in set().union(*self.offloaded.values()) if self.offloaded else ():
             assert self.copies(h) >= self.offloaded_copies(h), "more offloaded copies than copies"
+        computed = {h for h in self.where if self._without_gpu(h)}
+        assert self.off_gpu == computed, "off_gpu is not the held blocks without a GPU copy"
+
+    def _without_gpu(self, block_hash: bytes) -> bool:
+        """From the counts: ``block_hash`` is held, and every copy of it is offloaded."""
+        off = self.offloaded_copies(block_hash)
+        return off > 0 and self.copies(block_hash) <= off
+
+    def _retier(self, block_hashes: Sequence[bytes]) -> None:
+        """Bring ``off_gpu`` up to date for these blocks (their copies changed)."""
+        off_gpu, without_gpu = self.off_gpu, self._without_gpu
+        for h in block_hashes:
+            if without_gpu(h):
+                off_gpu.add(h)
+            else:
+                off_gpu.discard(h)
 
     def order(self) -> list[bytes]:
         """Every held hash, least recently used first."""
@@ -196,6 +215,7 @@ class RankChains:
             tier.pop(h, None)
         if not tier:
             del self.offloaded[medium]
+        self._retier(chain)
 
     def remove_copies(self, block_hashes: Sequence[bytes], medium: str = GPU) -> None:
         """One copy fewer of each block, in tier ``medium`` (see the module docstring)."""
@@ -225,6 +245,7 @@ class RankChains:
         if tier is not None and not tier:
             del self.offloaded[medium]
         self.remove(drop, counted=True)
+        self._retier(drop)
 
     def clear_tier(self, medium: str) -> None:
         """Drop every copy held in tier ``medium``; blocks with no copy left go."""
@@ -243,6 +264,7 @@ class RankChains:
             elif n == 1:
                 counts.pop(h, None)
         self.remove(drop)
+        self._retier(list(left))
 
     def record(self, chain: Sequence[bytes], counted: bool = False) -> None:
         """Touch ``chain`` (tail first, so its head is the most recent), adding what is not held,
@@ -275,6 +297,8 @@ class RankChains:
                     counts[h] = counts.get(h, 1) + 1
             prev = seg
             i += k
+        if counted and self.off_gpu:  # a GPU copy of each: none is CPU-only any more
+            self.off_gpu.difference_update(chain)
         self._evict()
 
     def remove(self, block_hashes: Sequence[bytes], counted: bool = False) -> None:
@@ -316,10 +340,12 @@ class RankChains:
         self.heap.clear()
         self.counts.clear()
         self.offloaded.clear()
+        self.off_gpu.clear()
         self.size = 0
 
     def _forget_tiers(self, gone: Sequence[bytes]) -> None:
         """Blocks that left the mirror leave every tier."""
+        self.off_gpu.difference_update(gone)
         offloaded = self.offloaded
         for medium in list(offloaded):
             tier = offloaded[medium]
@@ -390,7 +416,7 @@ class RankChains:
         where = self.where
         for h in seg.chain[lo:hi]:
             del where[h]
-        if self.offloaded:
+        if self.offloaded or self.off_gpu:
             self._forget_tiers(seg.chain[lo:hi])
         self.size -= hi - lo
         if lo == seg.lo and hi == seg.hi:
@@ -426,7 +452,7 @@ class RankChains:
                 del where[h]
                 if counts:
                     counts.pop(h, None)
-            if self.offloaded:
+            if self.offloaded or self.off_gpu:
                 self._forget_tiers(seg.chain[seg.hi - take : seg.hi])
             seg.hi -= take
             self.size -= take
