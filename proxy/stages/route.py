@@ -339,12 +339,10 @@ class Router(Observer):
         ``bound``: the session's binding to ``rank`` is written already)."""
         name = rank.name
         hashes = ctx.block_hashes
-        held = found.matches.get(name, 0)
-        estimate = self._hit_tokens(ctx, held)
+        estimate = self._hit_tokens(ctx, found.matches.get(name, 0))
         ctx.estimated_cached_tokens = estimate if hashes else None
-        ctx.estimated_cpu_tokens = (
-            self._cpu_tokens(found.offloaded.get(name, 0), held, estimate) if hashes else None
-        )
+        cpu_blocks = found.offloaded_in(name, estimate // self.block_size)
+        ctx.estimated_cpu_tokens = cpu_blocks * self.block_size if hashes else None
         prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         plan.charged, plan.prefill, plan.tokens = name, max(prompt - estimate, 0), prompt
         plan.blocks = len(hashes)
@@ -367,15 +365,6 @@ class Router(Observer):
         its cache (vLLM recomputes the prompt's last token)."""
         size = self.block_size
         return min(held, max_hit_blocks(ctx.prompt_tokens, len(ctx.block_hashes), size)) * size
-
-    def _cpu_tokens(self, offloaded: int, held: int, estimate: int) -> int:
-        """The part of ``estimate`` (tokens of the ``held`` leading blocks a rank serves from its
-        cache) in blocks with no GPU copy, ``offloaded`` of them. The GPU evicts a chain's tail
-        first and vLLM looks up its GPU blocks before its CPU ones, so the offloaded blocks are the
-        held prefix's last: the blocks past the estimate are taken off them first."""
-        size = self.block_size
-        hit_blocks = estimate // size
-        return max(0, min(offloaded - (held - hit_blocks), hit_blocks)) * size
 
     def _release(self, plan: RoutePlan) -> None:
         name = plan.charged

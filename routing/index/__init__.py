@@ -32,6 +32,13 @@ class Lookup:
     session_rank: str | None = None
     offloaded: dict[str, int] = field(default_factory=dict)
 
+    def offloaded_in(self, rank: str, blocks: int) -> int:
+        """Of ``rank``'s first ``blocks`` matched blocks, those with no GPU copy. The GPU evicts a
+        chain's tail first and vLLM looks up its GPU blocks before its CPU ones, so the offloaded
+        blocks are the match's last: the blocks past ``blocks`` are taken off them first."""
+        offloaded = self.offloaded.get(rank, 0)
+        return max(0, min(offloaded - (self.matches.get(rank, 0) - blocks), blocks))
+
 
 class PrefixIndex(Protocol):
     """What routing needs from a mirror of the ranks' prefix caches.

@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.index import CPU, GPU
+from routing.index import CPU, GPU, Lookup
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEvent, RankMirror, decode_batch
 from tests.routing.conftest import chain
@@ -184,3 +184,11 @@ def test_cpu_store_with_tokens_is_hashed_like_a_gpu_store() -> None:
     assert tiers(index, own) == (3, 3)
     mirror.apply([KVEvent("BlockRemoved", u64s[2:], medium=GPU)])  # no GPU copy: ignored
     assert tiers(index, own) == (3, 3)
+
+
+def test_the_estimates_cpu_part_takes_the_blocks_past_it_off_the_offloaded_first() -> None:
+    """10 blocks matched, the last 3 CPU-only: an estimate of all 10 has 3 of them, one of 9 (the
+    prompt's last block recomputed) 2, one of 7 none."""
+    found = Lookup({"a": 10, "b": 4}, None, {"a": 3})
+    assert [found.offloaded_in("a", n) for n in (10, 9, 7, 0)] == [3, 2, 0, 0]
+    assert found.offloaded_in("b", 4) == 0 and found.offloaded_in("c", 0) == 0
