@@ -51,7 +51,7 @@ from proxy.config import load_settings
 from proxy.gateway import Gateway
 from proxy.server import ServerThread
 from proxy.state.embedded_redis import EmbeddedRedis
-from routing.index import PrefixIndex
+from routing.index import GPU, PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
 from routing.index.redis_store import RedisPrefixIndex
 from routing.kv_events import KVEventSubscriber, RankMirror
@@ -84,15 +84,19 @@ class Probe(MemoryPrefixIndex):
         self.stored: dict[str, list[bytes]] = {}
         self.note = threading.Lock()
 
-    def record(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        super().record(rank, block_hashes, counted=counted)
+    def record(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
+    ) -> None:
+        super().record(rank, block_hashes, counted=counted, medium=medium)
         if block_hashes:
             self._wait_for(Pending(time.perf_counter(), rank, block_hashes[-1], True))
             with self.note:
                 self.stored.setdefault(rank, []).extend(block_hashes)
 
-    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        super().remove(rank, block_hashes, counted=counted)
+    def remove(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
+    ) -> None:
+        super().remove(rank, block_hashes, counted=counted, medium=medium)
         gone = self.missing(rank, block_hashes[:1])
         if gone:
             self._wait_for(Pending(time.perf_counter(), rank, gone[0], False))

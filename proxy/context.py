@@ -89,6 +89,9 @@ class RequestContext:
     #: The prompt tokens prefixgate expects the chosen rank to find in its prefix cache (None when
     #: the prompt's blocks are unknown).
     estimated_cached_tokens: int | None = None
+    #: Of those, the tokens of blocks the rank holds in CPU memory only (KV offloading: it loads
+    #: them back instead of prefilling; vLLM counts them in its cached tokens).
+    estimated_cpu_tokens: int | None = None
     #: What the session's previous turn says this one should hit (the prefix-break explainer's).
     expectation: Expectation | None = None
     # -- forward: the rank that answered, and how many ranks were tried

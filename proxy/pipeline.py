@@ -294,6 +294,7 @@ class Pipeline:
             estimated = 0  # the prompt was rendered, but is under one block: nothing of it can hit
         if estimated is not None:
             headers["x-prefixgate-estimated-cached-tokens"] = str(estimated)
+            headers["x-prefixgate-estimated-cpu-tokens"] = str(ctx.estimated_cpu_tokens or 0)
         if self.debug_headers:
             headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
         return headers

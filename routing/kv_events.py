@@ -25,7 +25,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from routing.index import PrefixIndex
+from routing.index import GPU, PrefixIndex
+from tokenization.block_hash import kv_event_hash
 from tokenization.hashers import ChainHasher
 
 log = logging.getLogger("prefixgate.kv_events")
@@ -43,6 +44,27 @@ class KVEvent:
     parent_block_hash: int | None = None
     token_ids: list[int] | None = None
     block_size: int | None = None
+    #: Storage tier (vLLM's ``medium``: "GPU", "CPU", ...). A stored or removed block's missing or
+    #: nil medium is "GPU" (vLLM's default); ``AllBlocksCleared`` carries none in vLLM's own
+    #: classes: None there means every tier.
+    medium: str | None = GPU
+
+
+def _hashes(raw: Any) -> list[int]:
+    """An event's block hashes as vLLM's uint64s. Some connectors' events (vLLM's offloading
+    connector in some versions) carry the digests themselves: their last 8 bytes, as vLLM's
+    ``maybe_convert_block_hash`` makes of them."""
+    return [kv_event_hash(h) if isinstance(h, bytes) else h for h in raw or ()]
+
+
+def _hash(raw: Any) -> int | None:
+    return kv_event_hash(raw) if isinstance(raw, bytes) else raw
+
+
+def _medium(kind: str, value: Any) -> str | None:
+    if value is not None:
+        return str(value)
+    return None if kind == "AllBlocksCleared" else GPU
 
 
 def decode_event(raw: Any) -> KVEvent:
@@ -51,16 +73,20 @@ def decode_event(raw: Any) -> KVEvent:
         kind = raw["type"]
         return KVEvent(
             kind,
-            list(raw.get("block_hashes") or ()),
-            raw.get("parent_block_hash"),
+            _hashes(raw.get("block_hashes")),
+            _hash(raw.get("parent_block_hash")),
             raw.get("token_ids"),
             raw.get("block_size"),
+            _medium(kind, raw.get("medium")),
         )
     kind = raw[0]
     if kind == "BlockStored":
-        return KVEvent(kind, list(raw[1]), raw[2], raw[3], raw[4])
+        medium = raw[6] if len(raw) > 6 else None
+        return KVEvent(kind, _hashes(raw[1]), _hash(raw[2]), raw[3], raw[4], _medium(kind, medium))
     if kind == "BlockRemoved":
-        return KVEvent(kind, list(raw[1]))
+        return KVEvent(kind, _hashes(raw[1]), medium=_medium(kind, raw[2] if len(raw) > 2 else None))
+    if kind == "AllBlocksCleared":
+        return KVEvent(kind, [], medium=_medium(kind, raw[1] if len(raw) > 1 else None))
     return KVEvent(kind, [])
 
 
@@ -90,41 +116,73 @@ class RankMirror:
         self.hasher = hasher
         self.on_event = on_event
         self.on_stored = on_stored
-        #: rank's uint64 -> [own hash, copies held]
+        #: rank's uint64 -> [own hash, GPU copies, {lower medium: copies} or None]
         self._own: dict[int, list[Any]] = {}
         self.unmapped = 0
         self.applied = 0
 
     def apply(self, events: Sequence[KVEvent]) -> None:
-        # vLLM sends one BlockRemoved per evicted block: a run of them is applied as one removal,
-        # so a shared index gets one write for the run, not one per block (in order: any other
-        # event ends the run; an empty run writes nothing)
+        # vLLM sends one BlockRemoved per evicted block: a run of them (of one medium) is applied as
+        # one removal, so a shared index gets one write for the run, not one per block (in order:
+        # any other event ends the run; an empty run writes nothing)
         removed: list[int] = []
+        removed_medium = GPU
         for event in events:
             kind = event.type
             if kind == "BlockRemoved":
+                medium = event.medium or GPU
+                if medium != removed_medium:
+                    self._removed(removed, removed_medium)
+                    removed, removed_medium = [], medium
                 removed.extend(event.block_hashes)
             elif kind == "BlockStored":
-                self._removed(removed)
+                self._removed(removed, removed_medium)
                 removed = []
                 self._stored(event)
             elif kind == "AllBlocksCleared":
-                removed = []  # cleared with everything else
-                self.reset()
+                if event.medium is None:
+                    removed = []  # cleared with everything else
+                    self.reset()
+                else:
+                    self._removed(removed, removed_medium)
+                    removed = []
+                    self._cleared(event.medium)
             else:
                 continue
             self.applied += 1
             if self.on_event is not None:
                 self.on_event(kind)
-        self._removed(removed)
+        self._removed(removed, removed_medium)
 
     def reset(self) -> None:
         self._own.clear()
         self.index.clear(self.rank)
 
+    def _cleared(self, medium: str) -> None:
+        """Every copy in tier ``medium`` is gone; the other tiers keep theirs."""
+        table = self._own
+        for u64 in list(table):
+            entry = table[u64]
+            if medium == GPU:
+                entry[1] = 0
+            elif entry[2] is not None:
+                entry[2].pop(medium, None)
+                if not entry[2]:
+                    entry[2] = None
+            if entry[1] == 0 and entry[2] is None:
+                del table[u64]
+        self.index.clear(self.rank, medium)
+
     def _stored(self, event: KVEvent) -> None:
         size = self.hasher.block_size
+        medium = event.medium or GPU
         tokens = event.token_ids or []
+        if not tokens and event.block_hashes:
+            # vLLM's offloading connector announces the blocks it copies to CPU by hash alone: blocks
+            # the mirror knows from their GPU store. One event's blocks are consecutive blocks of a
+            # chain, so each run of known ones is recorded as one.
+            self._stored_known(event.block_hashes, medium)
+            return
         if event.block_size not in (None, size) or len(tokens) != size * len(event.block_hashes):
             self.unmapped += len(event.block_hashes)
             return
@@ -141,26 +199,66 @@ class RankMirror:
         for u64, h in zip(event.block_hashes, own, strict=True):
             entry = table.get(u64)
             if entry is None:
-                table[u64] = [h, 1]
-            else:
-                entry[1] += 1
-        self.index.record(self.rank, own, counted=True)
+                entry = table[u64] = [h, 0, None]
+            _count(entry, medium, 1)
+        self._record(own, medium)
+
+    def _stored_known(self, hashes: Sequence[int], medium: str) -> None:
+        table = self._own
+        run: list[bytes] = []
+        for u64 in hashes:
+            entry = table.get(u64)
+            if entry is None:
+                self.unmapped += 1
+                self._record(run, medium)
+                run = []
+                continue
+            _count(entry, medium, 1)
+            run.append(entry[0])
+        self._record(run, medium)
+
+    def _record(self, own: list[bytes], medium: str) -> None:
+        if not own:
+            return
+        self.index.record(self.rank, own, counted=True, medium=medium)
         if self.on_stored is not None:
             self.on_stored(self.rank, own)
 
-    def _removed(self, hashes: Sequence[int]) -> None:
+    def _removed(self, hashes: Sequence[int], medium: str) -> None:
         table = self._own
         gone: list[bytes] = []
         for u64 in hashes:
             entry = table.get(u64)
-            if entry is None:
+            if entry is None or not _count(entry, medium, -1):
                 continue
             gone.append(entry[0])
-            entry[1] -= 1
-            if entry[1] <= 0:
+            if entry[1] == 0 and entry[2] is None:
                 del table[u64]
         if gone:
-            self.index.remove(self.rank, gone, counted=True)
+            self.index.remove(self.rank, gone, counted=True, medium=medium)
+
+
+def _count(entry: list[Any], medium: str, delta: int) -> bool:
+    """Add ``delta`` copies in ``medium`` to a uint64's entry; False (unchanged) when a removal
+    names a tier the block has no copy in."""
+    if medium == GPU:
+        if entry[1] + delta < 0:
+            return False
+        entry[1] += delta
+        return True
+    lower: dict[str, int] | None = entry[2]
+    copies = (lower or {}).get(medium, 0) + delta
+    if copies < 0:
+        return False
+    if lower is None:
+        lower = entry[2] = {}
+    if copies:
+        lower[medium] = copies
+    else:
+        lower.pop(medium, None)
+        if not lower:
+            entry[2] = None
+    return True
 
 
 class Verdict(enum.Enum):

@@ -14,6 +14,10 @@ Invariants (checked by :meth:`BlockPool.check_invariants`):
 1. a non-null block is in the free queue iff its ``ref_cnt == 0``;
 2. a block has a hash iff it is registered in ``cached`` under that hash;
 3. ``num_free + sum(held) == num_blocks - 1`` (the null block is never free).
+
+With a CPU tier (``bench.sim.cpu_tier``), an evicted block is offloaded to it first: the events then
+say ``BlockStored`` (CPU, when the tier had no copy), the tier's own evictions (``BlockRemoved``,
+CPU), then ``BlockRemoved`` (GPU), the order that keeps a subscriber able to key the CPU copy.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bench.sim.cpu_tier import CPU_MEDIUM, CpuTier
 from tokenization.block_hash import BlockHash
+
+#: KV events' medium of the pool's own blocks (vLLM's default).
+GPU_MEDIUM = "GPU"
 
 
 class Block:
@@ -48,6 +56,7 @@ class BlockStored:
     parent_block_hash: BlockHash | None
     token_ids: list[int]
     block_size: int
+    medium: str = GPU_MEDIUM
 
 
 @dataclass(slots=True)
@@ -55,11 +64,14 @@ class BlockRemoved:
     """One cached block evicted (reallocated)."""
 
     block_hashes: list[BlockHash]
+    medium: str = GPU_MEDIUM
 
 
 @dataclass(slots=True)
 class AllBlocksCleared:
-    """The prefix cache was reset."""
+    """The prefix cache was reset (``medium`` None: every tier, as vLLM sends it)."""
+
+    medium: str | None = None
 
 
 PoolEvent = BlockStored | BlockRemoved | AllBlocksCleared
@@ -68,7 +80,9 @@ PoolEvent = BlockStored | BlockRemoved | AllBlocksCleared
 class BlockPool:
     """Allocation, release, caching and eviction of KV blocks. Not thread-safe: one engine loop owns it."""
 
-    def __init__(self, num_blocks: int, block_size: int, record_events: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, record_events: bool = False, cpu_tier: CpuTier | None = None
+    ) -> None:
         if num_blocks < 2:
             raise ValueError("num_blocks must be >= 2 (block 0 is the null block)")
         self.num_blocks = num_blocks
@@ -79,6 +93,8 @@ class BlockPool:
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks[1:])
         self.cached: dict[BlockHash, dict[int, Block]] = {}
         self.record_events = record_events
+        #: Where evicted blocks are offloaded (None: they are gone).
+        self.cpu_tier = cpu_tier
         self.events: list[PoolEvent] = []
         #: Cached blocks evicted by reallocation since start (each copy counts).
         self.num_evictions = 0
@@ -135,6 +151,12 @@ class BlockPool:
             del self.cached[block_hash]
         block.block_hash = None
         self.num_evictions += 1
+        if self.cpu_tier is not None:
+            copied, dropped = self.cpu_tier.offload(block_hash)
+            if self.record_events:
+                if copied:
+                    self.events.append(BlockStored([block_hash], None, [], self.block_size, CPU_MEDIUM))
+                self.events.extend(BlockRemoved([h], CPU_MEDIUM) for h in dropped)
         if self.record_events:
             self.events.append(BlockRemoved([block_hash]))
 
@@ -197,6 +219,8 @@ class BlockPool:
             for block in copies.values():
                 block.block_hash = None
         self.cached.clear()
+        if self.cpu_tier is not None:
+            self.cpu_tier.clear()
         if self.record_events:
             self.events.append(AllBlocksCleared())
         return True

@@ -51,6 +51,23 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--num-blocks", type=int, default=None, help="KV pool size in blocks (overrides --kv-tokens)"
     )
+    _opt(
+        g,
+        "--cpu-tier-tokens",
+        int,
+        _D.cpu_tier_tokens,
+        "CPU tier (KV offloading to host memory) in tokens: blocks evicted from the KV pool go there, "
+        "least recently used out first, and a prompt whose prefix continues there loads them back "
+        "(reported in cached_tokens; KV events with medium CPU); 0 = no tier",
+    )
+    _opt(
+        g,
+        "--cpu-load-rate",
+        float,
+        _D.cpu_load_rate,
+        "tokens/s a prompt's CPU-tier blocks load back at, instead of being prefilled (scaled by "
+        "--time-scale like every modelled time); 0 = loading takes no time",
+    )
     g.add_argument(
         "--hash-algo",
         choices=[a.value for a in HashAlgo],
@@ -160,6 +177,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         block_size=args.block_size,
         num_blocks=args.num_blocks,
         kv_tokens=args.kv_tokens,
+        cpu_tier_tokens=args.cpu_tier_tokens,
+        cpu_load_rate=args.cpu_load_rate,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,

@@ -12,10 +12,13 @@ Default timing: one H100-class rank (80 GB HBM3, ~3.3 TB/s) serving an ~8B dense
 | ``max_num_seqs`` | 256 | vLLM's default on H100 |
 | ``max_num_batched_tokens`` | 8,192 | vLLM's chunked-prefill budget on H100 |
 | ``kv_tokens`` | 181,777 tokens | measured on a real rank |
+| ``cpu_tier_tokens`` | 0 (off) | KV offloading to host memory (``bench/sim/cpu_tier.py``) |
+| ``cpu_load_rate`` | 0 (free) | tokens/s loaded back from the CPU tier |
 
 A step (one forward pass of the continuous batch) costs
 ``prefill_tokens / prefill_rate + decode_base_s + decode_per_seq_s * seqs + decode_per_context_token_s *
-context_tokens`` (the decode terms only when the step decodes). Every duration is multiplied by
+context_tokens`` (the decode terms only when the step decodes), plus ``loaded_tokens / cpu_load_rate``
+for prefix blocks loaded back from the CPU tier. Every duration is multiplied by
 ``time_scale``: 0.01 makes the rank a hundred times faster, 0 removes the model time altogether.
 """
 
@@ -114,6 +117,11 @@ class SimConfig:
     decode_base_s: float = 0.006
     decode_per_seq_s: float = 0.00008
     decode_per_context_token_s: float = 4e-8
+    #: CPU tier (KV offloading): tokens of host memory that blocks evicted from the pool go to, LRU;
+    #: 0: no tier (an evicted block is gone).
+    cpu_tier_tokens: int = 0
+    #: Tokens per (modelled) second a prompt's CPU-tier hits load back at; 0: loading takes no time.
+    cpu_load_rate: float = 0.0
     default_max_tokens: int = 16
     kv_events: bool = False
     kv_events_version: KvEventsVersion = "0.33"
@@ -148,6 +156,8 @@ class SimConfig:
             raise ValueError(f"kv_events_version must be '0.33' or '0.11', got {self.kv_events_version!r}")
         if self.time_scale < 0:
             raise ValueError("time_scale must be >= 0")
+        if self.cpu_tier_tokens < 0 or self.cpu_load_rate < 0:
+            raise ValueError("cpu_tier_tokens and cpu_load_rate must be >= 0")
         if self.total_blocks < 2:
             raise ValueError("the pool needs at least 2 blocks (one is vLLM's reserved null block)")
 
@@ -155,6 +165,11 @@ class SimConfig:
     def total_blocks(self) -> int:
         """Blocks in the pool, including vLLM's reserved null block (``num_gpu_blocks``)."""
         return self.num_blocks if self.num_blocks is not None else self.kv_tokens // self.block_size
+
+    @property
+    def cpu_tier_blocks(self) -> int:
+        """Blocks the CPU tier holds (0: no tier)."""
+        return self.cpu_tier_tokens // self.block_size
 
     @property
     def none_hash_seed(self) -> str:

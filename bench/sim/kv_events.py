@@ -29,7 +29,6 @@ from tokenization.block_hash import kv_event_hash
 log = logging.getLogger(__name__)
 
 END_SEQ = b"\xff" * 8
-MEDIUM = "GPU"
 _STOP = object()
 
 
@@ -58,7 +57,7 @@ def event_v033(event: PoolEvent) -> dict[str, Any] | msgspec.Raw:
                 "token_ids": event.token_ids,
                 "block_size": event.block_size,
                 "lora_id": None,
-                "medium": MEDIUM,
+                "medium": event.medium,
                 "lora_name": None,
                 "group_idx": 0,
             }
@@ -67,11 +66,14 @@ def event_v033(event: PoolEvent) -> dict[str, Any] | msgspec.Raw:
         return {
             "type": "BlockRemoved",
             "block_hashes": [kv_event_hash(h) for h in event.block_hashes],
-            "medium": MEDIUM,
+            "medium": event.medium,
             "group_idx": 0,
         }
     if isinstance(event, AllBlocksCleared):
-        return {"type": "AllBlocksCleared"}
+        # vLLM's own struct has no medium: one is written only for a clear of one tier
+        if event.medium is None:
+            return {"type": "AllBlocksCleared"}
+        return {"type": "AllBlocksCleared", "medium": event.medium}
     raise TypeError(f"not a KV event: {event!r}")
 
 
@@ -85,12 +87,12 @@ def event_v011(event: PoolEvent) -> list[Any]:
             event.token_ids,
             event.block_size,
             None,
-            MEDIUM,
+            event.medium,
         ]
     if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", [kv_event_hash(h) for h in event.block_hashes], MEDIUM]
+        return ["BlockRemoved", [kv_event_hash(h) for h in event.block_hashes], event.medium]
     if isinstance(event, AllBlocksCleared):
-        return ["AllBlocksCleared"]
+        return ["AllBlocksCleared"] if event.medium is None else ["AllBlocksCleared", event.medium]
     raise TypeError(f"not a KV event: {event!r}")
 
 

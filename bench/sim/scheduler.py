@@ -15,11 +15,17 @@ Full blocks are hashed and cached as soon as they are allocated for tokens known
 modelled time (``bench/sim/config.py``), after which every request that has computed all its tokens
 samples one token; a request with ``max_tokens`` tokens finishes and frees its blocks tail first.
 
+With a CPU tier (``bench/sim/cpu_tier.py``), the lookup goes on in the tier after the GPU hits: those
+blocks get new GPU blocks like a prefill, but cost ``cpu_load_rate`` time instead of prefill time
+(``StepPlan.loaded_tokens``), and count in ``cached_tokens`` as vLLM counts its connector's hits
+(``num_cached_tokens`` is the local plus the external computed tokens); ``prefix_cache_hits`` stays
+the GPU hits (vLLM's local prefix-cache metric) and ``cpu_tier_hits`` counts the others.
+
 Prefix-cache counters follow vLLM's ``PrefixCacheStats``: a lookup by a request never preempted
 counts in ``queries``/``hits`` (what ``vllm:prefix_cache_*_total`` export), a lookup after a preemption
 in ``preempted_queries``/``preempted_hits``. Unlike vLLM, a lookup counts only when the request is
 actually admitted (vLLM also counts lookups whose allocation fails and are retried next step), so the
-hit counter always equals the sum of the ``cached_tokens`` reported to clients.
+hit counters (GPU and CPU tier) always add up to the sum of the ``cached_tokens`` reported to clients.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 
 from bench.sim.block_pool import Block, BlockPool, PoolEvent
 from bench.sim.config import SimConfig
+from bench.sim.cpu_tier import CpuTier
 from bench.sim.latency import RequestLatencies
 from bench.sim.prompts import Prompt
 from bench.sim.sequences import OUTPUT_TOKEN_IDS, OutQueue, RequestTooLarge, SimRequest, Status
@@ -46,6 +53,8 @@ class StepPlan:
 
     scheduled: list[tuple[SimRequest, int]]
     prefill_tokens: int = 0
+    #: Prompt tokens loaded back from the CPU tier instead of prefilled.
+    loaded_tokens: int = 0
     decode_seqs: int = 0
     decode_context_tokens: int = 0
 
@@ -58,6 +67,10 @@ class Counters:
     prefix_cache_hits: int = 0
     preempted_queries: int = 0
     preempted_hits: int = 0
+    #: Tokens of admitted prompts loaded from the CPU tier (reported in ``cached_tokens`` too).
+    cpu_tier_hits: int = 0
+    #: Modelled (unscaled) seconds spent loading them.
+    cpu_load_s: float = 0.0
     num_preemptions: int = 0
     requests_admitted: int = 0
     requests_finished: int = 0
@@ -76,7 +89,14 @@ class Engine:
     ) -> None:
         self.config = config
         self.block_size = config.block_size
-        self.pool = BlockPool(config.total_blocks, config.block_size, record_events=on_events is not None)
+        blocks = config.cpu_tier_blocks
+        self.cpu_tier = CpuTier(blocks) if blocks > 0 else None
+        self.pool = BlockPool(
+            config.total_blocks,
+            config.block_size,
+            record_events=on_events is not None,
+            cpu_tier=self.cpu_tier,
+        )
         self.hasher = BlockHasher(config.block_size, config.hash_algo, config.none_hash_seed)
         self.on_events = on_events
         self.waiting: deque[SimRequest] = deque()
@@ -175,11 +195,23 @@ class Engine:
             hits.append(block)
         return hits
 
-    def _allocate(self, req: SimRequest, num_new_tokens: int, computed: list[Block] | None = None) -> bool:
+    def _cpu_hits(self, req: SimRequest, gpu_hits: int) -> int:
+        """Blocks the CPU tier holds right after the ``gpu_hits`` leading GPU hits (a read)."""
+        tier = self.cpu_tier
+        if tier is None or req.skip_prefix_cache:
+            return 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        return tier.hits(itertools.islice(req.block_hashes, gpu_hits, max_blocks))
+
+    def _allocate(
+        self, req: SimRequest, num_new_tokens: int, computed: list[Block] | None = None, loaded: int = 0
+    ) -> bool:
+        """Blocks for ``num_new_tokens`` after the GPU hits ``computed`` and ``loaded`` blocks
+        loaded from the CPU tier (which take new blocks, as prefilled ones do)."""
         size = self.block_size
         pool = self.pool
         num_hit = len(computed) if computed else 0
-        num_computed = req.num_computed_tokens + num_hit * size
+        num_computed = req.num_computed_tokens + (num_hit + loaded) * size
         total = num_computed + num_new_tokens
         num_new_blocks = -(-total // size) - len(req.blocks) - num_hit
         # Hit blocks sitting in the free queue stop being allocatable once touched.
@@ -190,6 +222,12 @@ class Engine:
             pool.touch(computed)
             req.blocks.extend(computed)
             req.num_cached_blocks = len(req.blocks)
+        if loaded:
+            # before new blocks are taken: the evictions they cause offload to the tier, whose own
+            # evictions must not take the blocks being loaded
+            assert self.cpu_tier is not None
+            start = req.num_computed_tokens // size + num_hit
+            self.cpu_tier.load(req.block_hashes[start : start + loaded])
         if num_new_blocks > 0:
             req.blocks.extend(pool.get_new_blocks(num_new_blocks))
         num_full = min(total, req.num_tokens) // size
@@ -247,14 +285,21 @@ class Engine:
             max_seqs = self.config.max_num_seqs
             while waiting and budget > 0 and len(running) < max_seqs:
                 req = waiting[0]
-                hits = self._computed_blocks(req) if req.num_computed_tokens == 0 else []
-                num_hit_tokens = len(hits) * self.block_size
+                fresh = req.num_computed_tokens == 0
+                hits = self._computed_blocks(req) if fresh else []
+                loaded = self._cpu_hits(req, len(hits)) if fresh else 0
+                num_gpu_hit_tokens = len(hits) * self.block_size
+                num_hit_tokens = num_gpu_hit_tokens + loaded * self.block_size
                 num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
-                if not self._allocate(req, num_new, hits):
+                if not self._allocate(req, num_new, hits, loaded):
                     break
                 waiting.popleft()
+                if loaded:
+                    plan.loaded_tokens += loaded * self.block_size
+                    if not req.num_preemptions:
+                        self.counters.cpu_tier_hits += loaded * self.block_size
                 if not req.skip_prefix_cache:
-                    self._record_lookup(req, num_hit_tokens)
+                    self._record_lookup(req, num_gpu_hit_tokens)
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = num_hit_tokens
                     req.scheduled_at = time.monotonic()
@@ -287,7 +332,7 @@ class Engine:
     def step_time(self, plan: StepPlan) -> float:
         """Modelled duration of a step in unscaled seconds."""
         cfg = self.config
-        t = plan.prefill_tokens / cfg.prefill_rate
+        t = plan.prefill_tokens / cfg.prefill_rate + self.load_time(plan)
         if plan.decode_seqs:
             t += (
                 cfg.decode_base_s
@@ -295,6 +340,11 @@ class Engine:
                 + cfg.decode_per_context_token_s * plan.decode_context_tokens
             )
         return t
+
+    def load_time(self, plan: StepPlan) -> float:
+        """Modelled (unscaled) seconds the step spends loading CPU-tier blocks back."""
+        rate = self.config.cpu_load_rate
+        return plan.loaded_tokens / rate if plan.loaded_tokens and rate > 0 else 0.0
 
     def update(self, plan: StepPlan) -> None:
         """Apply a finished step: advance computed tokens, sample, finish."""
@@ -368,6 +418,7 @@ class Engine:
                 continue
             dt = self.step_time(plan)
             self.counters.busy_model_s += dt
+            self.counters.cpu_load_s += self.load_time(plan)
             self.counters.steps += 1
             delay = t0 + dt * scale - loop.time()
             await asyncio.sleep(delay if delay > 0 else 0)
@@ -388,6 +439,15 @@ class Engine:
             "cached_blocks": pool.num_cached_blocks(),
             "kv_cache_usage": pool.usage(),
             "evictions": pool.num_evictions,
+            "cpu_tier": None
+            if self.cpu_tier is None
+            else {
+                "capacity_blocks": self.cpu_tier.capacity,
+                "cached_blocks": len(self.cpu_tier),
+                "stored": self.cpu_tier.stored,
+                "evicted": self.cpu_tier.evicted,
+                "loaded": self.cpu_tier.loaded,
+            },
             "running": len(self.running),
             "waiting": len(self.waiting),
             "counters": dict(vars(self.counters)),

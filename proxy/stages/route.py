@@ -341,6 +341,8 @@ class Router(Observer):
         hashes = ctx.block_hashes
         estimate = self._hit_tokens(ctx, found.matches.get(name, 0))
         ctx.estimated_cached_tokens = estimate if hashes else None
+        cpu_blocks = found.offloaded_in(name, estimate // self.block_size)
+        ctx.estimated_cpu_tokens = cpu_blocks * self.block_size if hashes else None
         prompt = prompt_size(ctx.prompt_tokens, len(hashes), self.block_size)
         plan.charged, plan.prefill, plan.tokens = name, max(prompt - estimate, 0), prompt
         plan.blocks = len(hashes)

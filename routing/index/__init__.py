@@ -13,13 +13,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+#: vLLM's default storage medium (KV events' ``medium``): the rank's GPU pool.
+GPU = "GPU"
+#: The medium of blocks vLLM's offloading connector (or LMCache) keeps in host memory.
+CPU = "CPU"
+
 
 @dataclass(slots=True)
 class Lookup:
-    """One lookup: leading blocks held per rank name, and the session's remembered rank."""
+    """One lookup: leading blocks held per rank name (every tier), and the session's remembered rank.
+
+    ``offloaded``: per rank, how many of its matched blocks have no GPU copy (held in CPU memory by
+    vLLM's KV offloading; a rank with none is left out). vLLM reports them among the cached tokens
+    when it loads them back, so ``matches`` counts them too.
+    """
 
     matches: dict[str, int] = field(default_factory=dict)
     session_rank: str | None = None
+    offloaded: dict[str, int] = field(default_factory=dict)
+
+    def offloaded_in(self, rank: str, blocks: int) -> int:
+        """Of ``rank``'s first ``blocks`` matched blocks, those with no GPU copy. The GPU evicts a
+        chain's tail first and vLLM looks up its GPU blocks before its CPU ones, so the offloaded
+        blocks are the match's last: the blocks past ``blocks`` are taken off them first."""
+        offloaded = self.offloaded.get(rank, 0)
+        return max(0, min(offloaded - (self.matches.get(rank, 0) - blocks), blocks))
 
 
 class PrefixIndex(Protocol):
@@ -29,6 +47,10 @@ class PrefixIndex(Protocol):
     physical copy of a block (vLLM does not de-duplicate concurrent requests' blocks), so a hash
     leaves the mirror only when its last copy is removed. Uncounted operations (routing's own
     predictions) add or drop a hash outright.
+
+    ``medium`` is the storage tier a counted operation is about (KV events' ``medium``: ``GPU``, or
+    ``CPU`` for blocks offloaded to host memory). A block is held while some copy is held in some
+    tier: a GPU removal of a block with a CPU copy demotes it (``chains`` module docstring).
     """
 
     def set_capacity(self, rank: str, blocks: int | None) -> None:
@@ -43,16 +65,25 @@ class PrefixIndex(Protocol):
         """``match`` plus the session's remembered rank, in one store access."""
         ...
 
-    def record(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        """``rank`` holds these blocks now (most recently used: head, then towards the tail)."""
+    def record(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
+    ) -> None:
+        """``rank`` holds these blocks now (most recently used: head, then towards the tail);
+        ``counted`` with another ``medium`` than GPU: one more copy of each in that tier."""
         ...
 
-    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        """``rank`` no longer holds these blocks (counted: one copy fewer of each)."""
+    def remove(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
+    ) -> None:
+        """``rank`` no longer holds these blocks (counted: one copy fewer of each, in ``medium``)."""
         ...
 
-    def clear(self, rank: str) -> None:
-        """``rank`` holds nothing (cache reset, restart)."""
+    def clear(self, rank: str, medium: str | None = None) -> None:
+        """``rank`` holds nothing (cache reset, restart); with ``medium``: nothing in that tier."""
+        ...
+
+    def held_by_tier(self, rank: str) -> tuple[int, int]:
+        """``rank``'s mirrored blocks: (with a GPU copy, in CPU memory only)."""
         ...
 
     def set_session_rank(self, session_key: str, rank: str) -> None:

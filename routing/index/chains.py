@@ -19,12 +19,30 @@ segments by that stamp (stale entries skipped) finds the next to evict.
 which the garbage collector never has to traverse. A segment's blocks are read by slicing its chain
 (``chain[lo:hi]``, O(hi - lo)), never ``islice`` (which steps over the ``lo`` blocks before them:
 the whole conversation, on every turn of a long one). Not thread-safe: ``MemoryPrefixIndex`` locks.
+
+Tiers (vLLM's KV offloading: KV events' ``medium``). A block is held when some copy of it is, on the
+GPU or in a lower tier (``"CPU"``; any medium but ``GPU`` is kept apart by name). ``counts`` count the
+copies of every tier together; ``offloaded[medium]`` the copies in that tier; so a block's GPU copies
+are its copies minus its offloaded ones. Counted operations of a medium change that tier only:
+
+- a GPU removal of a block with an offloaded copy is a demotion (still held, no longer on the GPU);
+  a removal of a tier the mirror has no copy in is ignored (it never announced that copy);
+- a lower tier's removal drops one copy there; a block leaves the mirror with its last copy;
+- a clear of one medium drops that tier's copies only.
+
+Invariants (``check_tiers``): every offloaded hash is held; no block has more offloaded copies
+than copies (GPU copies >= 0); ``off_gpu`` is exactly the held blocks with no GPU copy (kept as the
+tiers change, so a lookup counts a prompt's CPU-only blocks by one set intersection, in C).
+Uncounted operations (routing's predictions) are GPU: an uncounted removal, eviction past capacity
+and ``clear`` drop a block from every tier.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+
+from routing.index import GPU
 
 _POS_BITS = 32
 _POS_MASK = (1 << _POS_BITS) - 1
@@ -66,7 +84,19 @@ def _agreeing(a: Sequence[bytes], i: int, b: Sequence[bytes], j: int, span: int)
 class RankChains:
     """The blocks one rank holds, their recency and copy counts (see the module docstring)."""
 
-    __slots__ = ("capacity", "counts", "evicted", "heap", "next_id", "segments", "size", "tick", "where")
+    __slots__ = (
+        "capacity",
+        "counts",
+        "evicted",
+        "heap",
+        "next_id",
+        "off_gpu",
+        "offloaded",
+        "segments",
+        "size",
+        "tick",
+        "where",
+    )
 
     def __init__(self, capacity: int | None = None) -> None:
         self.capacity = capacity
@@ -76,6 +106,10 @@ class RankChains:
         self.heap: list[tuple[int, int]] = []
         #: Copies held, for hashes held more than once (KV events count every physical copy).
         self.counts: dict[bytes, int] = {}
+        #: Copies held in each lower tier (medium -> hash -> copies); see the module docstring.
+        self.offloaded: dict[str, dict[bytes, int]] = {}
+        #: Held blocks with no GPU copy.
+        self.off_gpu: set[bytes] = set()
         self.size = 0
         self.tick = 0
         self.next_id = 0
@@ -100,6 +134,53 @@ class RankChains:
             i += _agreeing(chain, i, seg.chain, p, min(seg.hi - p, n - i))
         return i
 
+    def copies(self, block_hash: bytes) -> int:
+        """Copies of ``block_hash`` held, every tier together (0: not held)."""
+        return self.counts.get(block_hash, 1) if block_hash in self.where else 0
+
+    def offloaded_copies(self, block_hash: bytes) -> int:
+        """Copies of ``block_hash`` held outside the GPU."""
+        return sum(tier.get(block_hash, 0) for tier in self.offloaded.values())
+
+    def on_gpu(self, block_hash: bytes) -> bool:
+        """Whether some copy of the held ``block_hash`` is on the GPU."""
+        return block_hash not in self.off_gpu
+
+    def offloaded_only(self, chain: Sequence[bytes], held: int) -> int:
+        """How many of ``chain``'s first ``held`` blocks (held here) have no GPU copy."""
+        off_gpu = self.off_gpu
+        if not off_gpu:
+            return 0
+        return len(off_gpu.intersection(chain if held == len(chain) else chain[:held]))
+
+    def offloaded_only_count(self) -> int:
+        """Held blocks with no GPU copy (in CPU memory only)."""
+        return len(self.off_gpu)
+
+    def check_tiers(self) -> None:
+        """Raise AssertionError when a tier invariant of the module docstring is broken."""
+        for medium, tier in self.offloaded.items():
+            for h, n in tier.items():
+                assert n > 0 and h in self.where, f"{medium} copy of a block not held"
+        for h in set().union(*self.offloaded.values()) if self.offloaded else ():
+            assert self.copies(h) >= self.offloaded_copies(h), "more offloaded copies than copies"
+        computed = {h for h in self.where if self._without_gpu(h)}
+        assert self.off_gpu == computed, "off_gpu is not the held blocks without a GPU copy"
+
+    def _without_gpu(self, block_hash: bytes) -> bool:
+        """From the counts: ``block_hash`` is held, and every copy of it is offloaded."""
+        off = self.offloaded_copies(block_hash)
+        return off > 0 and self.copies(block_hash) <= off
+
+    def _retier(self, block_hashes: Sequence[bytes]) -> None:
+        """Bring ``off_gpu`` up to date for these blocks (their copies changed)."""
+        off_gpu, without_gpu = self.off_gpu, self._without_gpu
+        for h in block_hashes:
+            if without_gpu(h):
+                off_gpu.add(h)
+            else:
+                off_gpu.discard(h)
+
     def order(self) -> list[bytes]:
         """Every held hash, least recently used first."""
         out: list[bytes] = []
@@ -109,9 +190,85 @@ class RankChains:
 
     # -- writes -----------------------------------------------------------------------------------
 
+    def record_offloaded(self, chain: Sequence[bytes], medium: str) -> None:
+        """One more copy of each of ``chain``'s blocks (consecutive blocks of a chain), in the lower
+        tier ``medium``. Blocks already held keep their recency (an offload is no use of them);
+        runs of blocks not held yet are recorded as new."""
+        tier = self.offloaded.setdefault(medium, {})
+        counts, where = self.counts, self.where
+        fresh_from = -1
+        for i, h in enumerate(chain):
+            if h in where:
+                if fresh_from >= 0:
+                    self.record(chain[fresh_from:i], counted=True)
+                    fresh_from = -1
+                    tier = self.offloaded.setdefault(medium, {})  # an eviction may have emptied it
+                counts[h] = counts.get(h, 1) + 1
+            elif fresh_from < 0:
+                fresh_from = i
+            tier[h] = tier.get(h, 0) + 1
+        if fresh_from >= 0:
+            self.record(chain[fresh_from:], counted=True)
+            tier = self.offloaded.setdefault(medium, {})
+        # recording may have evicted past capacity: what left the mirror leaves its tiers
+        for h in [h for h in chain if h not in where]:
+            tier.pop(h, None)
+        if not tier:
+            del self.offloaded[medium]
+        self._retier(chain)
+
+    def remove_copies(self, block_hashes: Sequence[bytes], medium: str = GPU) -> None:
+        """One copy fewer of each block, in tier ``medium`` (see the module docstring)."""
+        counts, where = self.counts, self.where
+        tier = None if medium == GPU else self.offloaded.get(medium)
+        if medium != GPU and tier is None:
+            return
+        taken: dict[bytes, int] = {}  # GPU copies this call already took, per block
+        drop: list[bytes] = []
+        for h in block_hashes:
+            if h not in where:
+                continue
+            if tier is None:
+                gpu = counts.get(h, 1) - self.offloaded_copies(h) - taken.get(h, 0)
+                if gpu <= 0:
+                    continue
+                taken[h] = taken.get(h, 0) + 1
+            else:
+                left = tier.get(h, 0) - 1
+                if left < 0:
+                    continue
+                if left:
+                    tier[h] = left
+                else:
+                    del tier[h]
+            drop.append(h)
+        if tier is not None and not tier:
+            del self.offloaded[medium]
+        self.remove(drop, counted=True)
+        self._retier(drop)
+
+    def clear_tier(self, medium: str) -> None:
+        """Drop every copy held in tier ``medium``; blocks with no copy left go."""
+        counts = self.counts
+        if medium == GPU:
+            left = {h: self.offloaded_copies(h) for h in self.where}
+        else:
+            tier = self.offloaded.pop(medium, None)
+            if tier is None:
+                return
+            left = {h: counts.get(h, 1) - n for h, n in tier.items()}
+        drop = [h for h, n in left.items() if n <= 0]
+        for h, n in left.items():
+            if n > 1:
+                counts[h] = n
+            elif n == 1:
+                counts.pop(h, None)
+        self.remove(drop)
+        self._retier(list(left))
+
     def record(self, chain: Sequence[bytes], counted: bool = False) -> None:
         """Touch ``chain`` (tail first, so its head is the most recent), adding what is not held,
-        then evict past capacity. ``counted``: one more copy of each block."""
+        then evict past capacity. ``counted``: one more copy of each block (on the GPU)."""
         n = len(chain)
         if not n:
             return
@@ -140,6 +297,8 @@ class RankChains:
                     counts[h] = counts.get(h, 1) + 1
             prev = seg
             i += k
+        if counted and self.off_gpu:  # a GPU copy of each: none is CPU-only any more
+            self.off_gpu.difference_update(chain)
         self._evict()
 
     def remove(self, block_hashes: Sequence[bytes], counted: bool = False) -> None:
@@ -180,7 +339,20 @@ class RankChains:
         self.segments.clear()
         self.heap.clear()
         self.counts.clear()
+        self.offloaded.clear()
+        self.off_gpu.clear()
         self.size = 0
+
+    def _forget_tiers(self, gone: Sequence[bytes]) -> None:
+        """Blocks that left the mirror leave every tier."""
+        self.off_gpu.difference_update(gone)
+        offloaded = self.offloaded
+        for medium in list(offloaded):
+            tier = offloaded[medium]
+            for h in gone:
+                tier.pop(h, None)
+            if not tier:
+                del offloaded[medium]
 
     # -- segments ---------------------------------------------------------------------------------
 
@@ -244,6 +416,8 @@ class RankChains:
         where = self.where
         for h in seg.chain[lo:hi]:
             del where[h]
+        if self.offloaded or self.off_gpu:
+            self._forget_tiers(seg.chain[lo:hi])
         self.size -= hi - lo
         if lo == seg.lo and hi == seg.hi:
             del self.segments[seg.id]
@@ -278,6 +452,8 @@ class RankChains:
                 del where[h]
                 if counts:
                     counts.pop(h, None)
+            if self.offloaded or self.off_gpu:
+                self._forget_tiers(seg.chain[seg.hi - take : seg.hi])
             seg.hi -= take
             self.size -= take
             self.evicted += take

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from routing.index import Lookup
+from routing.index import GPU, Lookup
 from routing.index.chains import RankChains
 from tokenization.lru import LRU
 
@@ -81,8 +81,25 @@ class MemoryPrefixIndex:
         return held
 
     def lookup(self, block_hashes: Sequence[bytes], session_key: str | None) -> Lookup:
-        matches = self.match(block_hashes)
-        return Lookup(matches, self.session_rank(session_key) if session_key else None)
+        matches, offloaded = self.match_tiers(block_hashes)
+        return Lookup(matches, self.session_rank(session_key) if session_key else None, offloaded)
+
+    def match_tiers(self, block_hashes: Sequence[bytes]) -> tuple[dict[str, int], dict[str, int]]:
+        """``match``, and per rank how many of the matched blocks have no GPU copy (ranks with
+        none left out): a rank's GPU blocks are its match minus those."""
+        held: dict[str, int] = {}
+        offloaded: dict[str, int] = {}
+        if not block_hashes:
+            return held, offloaded
+        first = block_hashes[0]
+        with self._lock:
+            for name, mirror in self._mirrors.items():
+                if first in mirror:
+                    n = held[name] = mirror.held_prefix(block_hashes)
+                    off = mirror.offloaded_only(block_hashes, n)
+                    if off:
+                        offloaded[name] = off
+        return held, offloaded
 
     def session_rank(self, session_key: str) -> str | None:
         return self._sessions.get(session_key)
@@ -105,31 +122,56 @@ class MemoryPrefixIndex:
 
     # -- updates ---------------------------------------------------------------------------------
 
-    def record(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+    def record(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
+    ) -> None:
         """Touch ``block_hashes`` (one chain, distinct hashes) on ``rank``: tail first, so that the
         head ends up the most recently used, then evict past capacity.
 
         Invariant: afterwards the chain's blocks are the most recent entries, in reverse chain order
         (head newest), and the other entries keep their relative order; so eviction, least recently
         used first, takes a chain's tail before its head.
+
+        ``counted`` with a ``medium`` other than GPU (an offload: consecutive blocks of a chain):
+        one more copy of each in that tier; blocks already held keep their recency.
         """
         with self._lock:
-            self._mirror(rank).record(block_hashes, counted)
+            if counted and medium != GPU:
+                self._mirror(rank).record_offloaded(block_hashes, medium)
+            else:
+                self._mirror(rank).record(block_hashes, counted)
 
-    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        with self._lock:
-            mirror = self._mirrors.get(rank)
-            if mirror is not None:
-                mirror.remove(block_hashes, counted)
-
-    def clear(self, rank: str) -> None:
+    def remove(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
+    ) -> None:
         with self._lock:
             mirror = self._mirrors.get(rank)
             if mirror is None:
                 return
+            if counted:
+                mirror.remove_copies(block_hashes, medium)
+            else:
+                mirror.remove(block_hashes)
+
+    def clear(self, rank: str, medium: str | None = None) -> None:
+        with self._lock:
+            mirror = self._mirrors.get(rank)
+            if mirror is None:
+                return
+            if medium is not None:  # one tier emptied: the rank did not restart
+                mirror.clear_tier(medium)
+                return
             mirror.clear()
             for key in [k for k in self._sessions if self._sessions.peek(k) == rank]:
                 self._sessions.discard(key)
+
+    def held_by_tier(self, rank: str) -> tuple[int, int]:
+        with self._lock:
+            mirror = self._mirrors.get(rank)
+            if mirror is None:
+                return 0, 0
+            offloaded = mirror.offloaded_only_count()
+            return mirror.size - offloaded, offloaded
 
     def blocks(self, rank: str) -> list[bytes]:
         """``rank``'s mirrored hashes, least recently used first."""
@@ -164,6 +206,7 @@ class MemoryPrefixIndex:
                         "segments": len(m.segments),
                         "capacity": m.capacity,
                         "evicted": m.evicted,
+                        "offloaded_only": m.offloaded_only_count(),
                     }
                     for name, m in self._mirrors.items()
                 },

@@ -47,7 +47,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from routing.index import Lookup
+from routing.index import GPU, Lookup
 from routing.index.memory import MemoryPrefixIndex
 from routing.index.redis_scripts import BIND, EXTEND, LEASE, MATCH, RECORD, REMOVE
 from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
@@ -235,13 +235,17 @@ class RedisPrefixIndex:
                 matches[rank] = blocks
         session = out[-1] if session_key and out[-1] else None
         session_rank = reply_text(session) if session else None
-        return Lookup(matches, session_rank or local.session_rank)
+        # Redis keeps no tiers (issue 47: not yet); this replica's event-fed mirror knows them.
+        offloaded = {r: n for r, n in local.offloaded.items() if r in matches}
+        return Lookup(matches, session_rank or local.session_rank, offloaded)
 
-    def record(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+    def record(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
+    ) -> None:
         if counted:
-            # Counts live locally; Redis only needs to learn hashes that were not held yet.
+            # Counts and tiers live locally; Redis only needs to learn hashes that were not held yet.
             fresh = self.local.missing(rank, block_hashes)
-            self.local.record(rank, block_hashes, counted=True)
+            self.local.record(rank, block_hashes, counted=True, medium=medium)
             if fresh:
                 chain = fresh if len(fresh) != len(block_hashes) else block_hashes
                 self._event_write(rank, lambda: self._write_whole(rank, chain))
@@ -280,8 +284,10 @@ class RedisPrefixIndex:
         self._record(keys=keys, args=args)
         self.full_writes += 1
 
-    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
-        self.local.remove(rank, block_hashes, counted=counted)
+    def remove(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
+    ) -> None:
+        self.local.remove(rank, block_hashes, counted=counted, medium=medium)
         if counted:
             block_hashes = self.local.missing(rank, block_hashes)
         if not block_hashes:
@@ -339,7 +345,15 @@ class RedisPrefixIndex:
                 )
         self._event_writer.add(rank)
 
-    def clear(self, rank: str) -> None:
+    def clear(self, rank: str, medium: str | None = None) -> None:
+        if medium is not None:  # one tier emptied: Redis drops the blocks no tier holds any more
+            held = self.local.blocks(rank)
+            self.local.clear(rank, medium)
+            gone = self.local.missing(rank, held)
+            if gone:
+                keys, args = [self._lru_key(rank)], [_keys_blob(gone)]
+                self._event_write(rank, lambda: self._remove(keys=keys, args=args))
+            return
         self.local.clear(rank)
         key = self._lru_key(rank)
         # Now, so that every replica stops matching the rank's old blocks at once; and again behind
@@ -351,6 +365,10 @@ class RedisPrefixIndex:
             self._client.delete(key)
         except ERRORS as exc:
             self.link.failed(exc)
+
+    def held_by_tier(self, rank: str) -> tuple[int, int]:
+        # Redis keeps no tiers: this replica's mirror does (exact for the ranks whose events it reads)
+        return self.local.held_by_tier(rank)
 
     def set_session_rank(self, session_key: str, rank: str) -> None:
         self.local.set_session_rank(session_key, rank)

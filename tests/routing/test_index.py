@@ -178,3 +178,24 @@ def test_resync_keeps_session_bindings_under_a_sub_second_ttl(redis_server: Redi
     assert peer.lookup([], "s1").session_rank == "a"
     peer.close()
     store.close()
+
+
+def test_tiers_keep_demoted_blocks_held(index: PrefixIndex) -> None:
+    """Both stores: a GPU removal of a block with a CPU copy keeps it held (every tier counts); a
+    CPU eviction or a clear of the CPU tier then drops it; a GPU clear keeps CPU copies."""
+    index.set_capacity("a", None)
+    blocks = chain("tier", 4)
+    index.record("a", blocks, counted=True)
+    index.record("a", blocks[2:], counted=True, medium="CPU")
+    index.remove("a", blocks[1:], counted=True)
+    assert index.match(blocks) == {"a": 1}, "block 1 had no CPU copy"
+    index.record("a", blocks[1:2], counted=True)
+    assert index.lookup(blocks, None).matches == {"a": 4}
+    assert index.lookup(blocks, None).offloaded == {"a": 2}
+    index.remove("a", blocks[3:], counted=True, medium="CPU")
+    assert index.match(blocks) == {"a": 3}
+    index.clear("a", "GPU")
+    assert index.match(blocks) == {}, "block 0 was on the GPU only"
+    assert index.match(blocks[2:]) == {"a": 1}, "block 2's CPU copy stays"
+    index.clear("a", "CPU")
+    assert index.match(blocks[2:]) == {}

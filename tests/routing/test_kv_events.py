@@ -14,7 +14,7 @@ from bench.sim import SimRankServer
 from bench.sim.prompts import PromptProcessor
 from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
-from routing.kv_events import KVEvent, KVEventSubscriber, RankMirror, decode_batch
+from routing.kv_events import KVEvent, KVEventSubscriber, RankMirror, decode_batch, decode_event
 from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
 from tests.helpers.ranks import RankServers
@@ -141,9 +141,11 @@ class CountingIndex(MemoryPrefixIndex):
         super().__init__()
         self.removals: list[int] = []
 
-    def remove(self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False) -> None:
+    def remove(
+        self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = "GPU"
+    ) -> None:
         self.removals.append(len(block_hashes))
-        super().remove(rank, block_hashes, counted=counted)
+        super().remove(rank, block_hashes, counted=counted, medium=medium)
 
 
 def test_a_run_of_block_removed_events_is_one_removal_and_the_same_mirror() -> None:
@@ -170,3 +172,50 @@ def test_a_run_of_block_removed_events_is_one_removal_and_the_same_mirror() -> N
     for name in "ab":
         blocks = hasher.hash_blocks(chains[name])
         assert batched.lookup(blocks, None).matches == one_by_one.lookup(blocks, None).matches == {"r0": 1}
+
+
+_VERSIONS = ["vllm-0.11.0 (events as positional arrays)", "vllm-0.33.0 (events as maps with a type key)"]
+_GPU_STR, _CPU_STR = "a3" + b"GPU".hex(), "a3" + b"CPU".hex()  # msgpack fixstr of 3 bytes
+
+
+@pytest.mark.parametrize("version", _VERSIONS)
+@pytest.mark.parametrize("position", [0, 1])
+def test_shared_payload_medium_is_kept(shared_dir: Path, version: str, position: int) -> None:
+    """vLLM's own classes put ``medium: "GPU"`` on BlockStored and BlockRemoved, none on the clear."""
+    spec = json.loads((shared_dir / "specs" / "vllm_kv_event_payloads.json").read_text())
+    payload = bytes.fromhex(spec["payloads_hex"][version])
+    assert payload.hex().count(_GPU_STR) == 2  # one per stored / removed event
+    _, events, _ = decode_batch(payload)
+    assert events[position].type == ("BlockStored", "BlockRemoved")[position]
+    assert events[position].medium == "GPU"
+    assert events[2].type == "AllBlocksCleared" and events[2].medium is None  # every tier
+
+
+@pytest.mark.parametrize("version", _VERSIONS)
+def test_cpu_medium_of_the_same_bytes_is_kept(shared_dir: Path, version: str) -> None:
+    """The vectors with "GPU" replaced by "CPU" (same encoding, same length): offloaded blocks."""
+    spec = json.loads((shared_dir / "specs" / "vllm_kv_event_payloads.json").read_text())
+    payload = bytes.fromhex(spec["payloads_hex"][version].replace(_GPU_STR, _CPU_STR))
+    _, events, _ = decode_batch(payload)
+    assert [e.medium for e in events] == ["CPU", "CPU", None]
+    assert events[0].block_hashes == spec["event_block_hashes_u64"]
+
+
+def test_missing_or_nil_medium_is_gpu() -> None:
+    """Older payloads: no medium field (map) or a shorter array, or nil: vLLM's default, GPU."""
+    assert decode_event({"type": "BlockRemoved", "block_hashes": [1]}).medium == "GPU"
+    assert decode_event({"type": "BlockRemoved", "block_hashes": [1], "medium": None}).medium == "GPU"
+    assert decode_event(["BlockRemoved", [1]]).medium == "GPU"
+    assert decode_event(["BlockStored", [1], None, list(range(16)), 16, None]).medium == "GPU"
+    assert decode_event({"type": "AllBlocksCleared", "medium": "CPU"}).medium == "CPU"
+    assert decode_event(["AllBlocksCleared"]).medium is None
+
+
+def test_digest_hashes_are_read_as_vllms_uint64s() -> None:
+    """Connectors that put the digests themselves in an event: their last 8 bytes, as vLLM converts."""
+    digest = bytes(range(32))
+    stored = decode_event({"type": "BlockStored", "block_hashes": [digest], "parent_block_hash": digest})
+    assert stored.block_hashes == [kv_event_hash(digest)] and stored.parent_block_hash == kv_event_hash(
+        digest
+    )
+    assert decode_event(["BlockRemoved", [digest], "CPU"]).block_hashes == [kv_event_hash(digest)]

@@ -100,3 +100,15 @@ def kill(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.wait(5)
+
+
+def test_cpu_tier_flags_are_off_by_default_and_documented() -> None:
+    parser = argparse.ArgumentParser()
+    cli.configure_parser(parser)
+    off = cli.config_from_args(parser.parse_args([]))
+    assert (off.cpu_tier_tokens, off.cpu_load_rate, off.cpu_tier_blocks) == (0, 0.0, 0)
+    on = cli.config_from_args(parser.parse_args(["--cpu-tier-tokens", "4096", "--cpu-load-rate", "50000"]))
+    assert (on.cpu_tier_tokens, on.cpu_load_rate, on.cpu_tier_blocks) == (4096, 50000.0, 256)
+    help_text = " ".join(parser.format_help().split())
+    assert "--cpu-tier-tokens" in help_text and "--cpu-load-rate" in help_text
+    assert "0 = no tier" in help_text

@@ -6,11 +6,13 @@ Every function here reads; none changes the gateway. Shapes (all times wall-cloc
   computed per 100 sent), ``series`` (points after ``since``, fields named in ``series_fields``) and
   ``live`` (the point for now), ``ranks`` (pool, budget, working set of the active sessions, in
   flight, health, hit rate; from its own metrics its prefill speed, requests waiting and running
-  and KV cache use), ``admission`` (policy, the clocks in force, queue depth, queued, rejections by
-  reason, decisions by kind, over-budget admissions by rank with their expected recompute and the
-  misses that followed), ``breaks`` (prefix breaks by cause), ``rewrites`` (canonicalization
-  rewrites by rule), ``traffic`` (request rate, time to first byte p50/p99, errors and 429s:
-  ``proxy.ops.traffic``) and ``settings`` (the active policy and what else decides placement).
+  and KV cache use; from prefixgate's index the tokens it holds by tier, ``index_tokens``: ``gpu``
+  with a GPU copy, ``cpu`` in CPU memory only, by vLLM's KV offloading), ``admission`` (policy,
+  the clocks in force, queue depth, queued, rejections by reason, decisions by kind, over-budget
+  admissions by rank with their expected recompute and the misses that followed), ``breaks``
+  (prefix breaks by cause), ``rewrites`` (canonicalization rewrites by rule), ``traffic`` (request
+  rate, time to first byte p50/p99, errors and 429s: ``proxy.ops.traffic``) and ``settings`` (the
+  active policy and what else decides placement).
 - ``session_rows()``: the sessions table (key, rank, turns, context tokens, hit rate, last break,
   idle seconds).
 - ``session_detail()``: one session with its turns (hits per turn), its breaks, its threads (main
@@ -64,8 +66,11 @@ def overview(
     now = recorder.clock()
     states = admission.count(now) if admission is not None else {}
     ranks: list[dict[str, Any]] = []
+    router = gateway.router
     for rank in gateway.fleet:
         state = states.get(rank.name)
+        gpu_blocks, cpu_blocks = router.index.held_by_tier(rank.name) if router is not None else (0, 0)
+        block = router.block_size if router is not None else 0
         hits = recorder.per_rank.get(rank.name)
         load = admission.speeds.load(rank.name) if admission is not None else None
         pool = rank.pool_tokens
@@ -91,6 +96,7 @@ def overview(
                 "waiting_requests": load.waiting if load is not None else None,
                 "running_requests": load.running if load is not None else None,
                 "kv_cache_usage": load.kv_usage if load is not None else None,
+                "index_tokens": {"gpu": gpu_blocks * block, "cpu": cpu_blocks * block},
             }
         )
     config = admission.config if admission is not None else None
