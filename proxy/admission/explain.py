@@ -9,12 +9,15 @@ rank the router picked.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from proxy.admission.seat import Seat
 from proxy.ops.metrics import Metrics
 from proxy.state.sessions import Session
 from proxy.tenants import shown_to
+
+log = logging.getLogger("prefixgate.admission")
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
@@ -49,10 +52,22 @@ def decision_record(
 
 
 def note_placed(session: Session, rank: str) -> None:
-    """The router picked ``rank`` for a session just seated: record it."""
+    """The router picked ``rank`` for a session just seated: record it, and say it in one sentence
+    (once the rank is known, so the line names the one it went to)."""
     record = session.admission
-    if record is not None and record.get("rank") is None:
-        record["rank"] = rank
+    if record is None or record.get("rank") is not None:
+        return
+    record["rank"] = rank
+    if log.isEnabledFor(logging.INFO):
+        log.info(
+            "session %s %s on %s after waiting %.3f s (rotation bound %.3g s): %s",
+            session.key,
+            "resumed" if record.get("resumed") else "seated",
+            rank,
+            record.get("waited_s", 0.0),
+            record.get("wait_bound_s") or 0.0,
+            record.get("reason"),
+        )
 
 
 def note_decision(metrics: Metrics | None, decision: str, waited_s: float, resumed: bool = False) -> None:

@@ -172,17 +172,6 @@ class Admission(Ledger):
             owner=session.client,
         )
         note_decision(self.metrics, decision, waited, returning)
-        if log.isEnabledFor(logging.INFO):
-            where = ", ".join(sorted(seat.allowed)) if seat is not None else "any healthy rank"
-            log.info(
-                "session %s %s after waiting %.3f s (rotation bound %.3g s); it may go to %s: %s",
-                session.key,
-                "resumed" if returning else "seated",
-                waited,
-                bound,
-                where,
-                reason,
-            )
 
     async def _wait_for_seat(
         self, ctx: RequestContext, tokens: int, head_key: str | None, head_tokens: int, guard: Guard | None

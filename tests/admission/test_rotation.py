@@ -5,6 +5,8 @@ next turn waits like a newcomer's and is seated again the same way."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 
 from proxy.admission.accounting import RankState
 from proxy.admission.rotation import choose_parked, parkable
@@ -152,3 +154,20 @@ async def test_waiters_past_the_bound_each_get_a_seat_and_a_parked_session_resum
     resumed = await asyncio.wait_for(back, 5)
     assert resumed.seat is not None and resumed.seat.decision == "rotated" and resumed.seat.parked == ("c",)
     assert resumed.session is not None and resumed.session.admission["resumed"] is True  # type: ignore[index]
+
+
+async def test_admission_says_each_seat_and_park_in_a_sentence_naming_one_rank(caplog) -> None:  # type: ignore[no-untyped-def]
+    adm, clock = make(ranks=2, wait=0.05)
+    caplog.set_level(logging.INFO, logger="prefixgate.admission")
+    for key in ("a", "b", "c", "d"):  # two per rank fill both budgets
+        await turn(adm, key, 700)
+        clock.now += 1
+    clock.now += 10
+    await turn(adm, "e", 700)
+    lines = [r.getMessage() for r in caplog.records if r.name == "prefixgate.admission"]
+    assert lines and not any("None" in line for line in lines)
+    seated = [line for line in lines if " seated on " in line]
+    assert len(seated) == 5 and all(re.search(r" seated on r[01] after waiting ", line) for line in seated)
+    assert any(
+        re.match(r"session a parked on r0 after 1 turns: parked for session e", line) for line in lines
+    )
