@@ -119,8 +119,7 @@ class Gateway:
             DEFAULT_BLOCK_SIZE
         )
         algo = incremental.hasher.algo if incremental is not None else "none"
-        namespace = await self.namespace.first(model)
-        self.namespace.index = index = self.state.prefix_index(namespace, block_size, algo, self._index_state)
+        # up until a store says otherwise: each one made below is told at once if Redis is down
         if self.state.name == "redis":
             self.metrics.index_redis_up.set(1)
             self.metrics.admission_shared_up.set(1)
@@ -132,6 +131,8 @@ class Gateway:
             self.metrics.registry.unregister(self.metrics.redis_writes_queued)
             self.metrics.registry.unregister(self.metrics.redis_write_wait)
             self.metrics.registry.unregister(self.metrics.session_saves_dropped)
+        namespace = await self.namespace.first(model)
+        self.namespace.index = index = self.state.prefix_index(namespace, block_size, algo, self._index_state)
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )

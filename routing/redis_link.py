@@ -109,8 +109,12 @@ class RedisLink:
         return self._closed
 
     def on_state(self, callback: Callable[[bool], None]) -> None:
-        """``callback(up)`` when the circuit opens (False) or closes (True)."""
+        """``callback(up)`` when the circuit opens (False) or closes (True); at once with False when
+        it is open already (a store made after an earlier call on the link failed, such as the
+        index namespace's agreement, would otherwise report Redis up until the circuit closes)."""
         self._on_state.append(callback)
+        if not self.up:
+            callback(False)
 
     def on_resync(self, push: Callable[[], None]) -> None:
         """``push()`` (raising on Redis errors) runs before the circuit closes: a store's mirror back."""
