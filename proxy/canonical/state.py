@@ -1,8 +1,10 @@
 """Per-session canonicalization state, behind a tiny protocol so it can live in Redis.
 
-Two things are remembered per session, both plain lists of JSON scalars:
+Three things are remembered per session, all plain JSON:
 
 - the first-seen tool order (``tool_order`` rule, ``session`` mode): a list of function names;
+- the parameter order of each tool (``param_order``): per tool signature (a string naming the tool
+  and its parameter names), the order of the names in each of its name lists, a list of lists;
 - where text pinned to a user message was attached (``Destination.NEWEST_USER``: the moved date
   lines of ``volatile_date`` ``move`` mode): a list of ``[message_index, line]`` pairs, indices into
   the *canonical* message list. Re-attaching a line to the same message every turn keeps the history
@@ -29,6 +31,18 @@ class SessionCanonState(Protocol):
         """Store the first-seen order (the previous list plus appended names)."""
         ...
 
+    def get_param_order(self, signature: str) -> list[list[str]] | None:
+        """The parameter order the session gave the tool of ``signature``, or None."""
+        ...
+
+    def set_param_order(self, signature: str, order: list[list[str]]) -> None:
+        """Store the parameter order of the tool of ``signature`` (set once per signature)."""
+        ...
+
+    def count_param_orders(self) -> int:
+        """How many tool signatures the session holds an order for (the rule bounds it)."""
+        ...
+
     def get_date_anchors(self) -> list[tuple[int, str]] | None:
         """``(message_index, line)`` attachments of moved date lines, oldest first, or None."""
         ...
@@ -41,10 +55,11 @@ class SessionCanonState(Protocol):
 class InMemorySessionCanonState:
     """``SessionCanonState`` held in the object itself (one per session, one process)."""
 
-    __slots__ = ("date_anchors", "tool_order")
+    __slots__ = ("date_anchors", "param_orders", "tool_order")
 
     def __init__(self) -> None:
         self.tool_order: list[str] | None = None
+        self.param_orders: dict[str, list[list[str]]] | None = None
         self.date_anchors: list[tuple[int, str]] | None = None
 
     def get_tool_order(self) -> list[str] | None:
@@ -54,6 +69,20 @@ class InMemorySessionCanonState:
     def set_tool_order(self, names: list[str]) -> None:
         """See ``SessionCanonState``."""
         self.tool_order = list(names)
+
+    def get_param_order(self, signature: str) -> list[list[str]] | None:
+        """See ``SessionCanonState``."""
+        return self.param_orders.get(signature) if self.param_orders else None
+
+    def set_param_order(self, signature: str, order: list[list[str]]) -> None:
+        """See ``SessionCanonState``."""
+        if self.param_orders is None:
+            self.param_orders = {}
+        self.param_orders[signature] = [list(names) for names in order]
+
+    def count_param_orders(self) -> int:
+        """See ``SessionCanonState``."""
+        return len(self.param_orders) if self.param_orders else 0
 
     def get_date_anchors(self) -> list[tuple[int, str]] | None:
         """See ``SessionCanonState``."""
