@@ -48,6 +48,9 @@ class RequestContext:
     # -- identify session
     session_key: str | None = None
     session_source: str | None = None
+    #: A child session's own id when it joined its parent's session (``proxy.stages.identify``): it
+    #: names the child's thread there.
+    session_thread: str | None = None
     #: What this process keeps for the session between its turns (``proxy/state/local.py``).
     local: SessionLocal | None = None
     # -- threads: the conversation of the session this request continues (``proxy.stages.threads``)
