@@ -157,11 +157,11 @@ class _Orders:
         if session is None or signature is None:
             return self.first_order(layout)
         stored = session.get_param_order(signature)
-        if stored is not None:
-            return tuple(tuple(names) for names in stored)
+        if stored is not None:  # tuples as stored in memory; lists from a store that serializes
+            return stored if isinstance(stored, tuple) else tuple(tuple(names) for names in stored)
         order = self.first_order(layout)
         if session.count_param_orders() < self.max_tools:
-            session.set_param_order(signature, [list(names) for names in order])
+            session.set_param_order(signature, order)
         return order
 
     def __call__(self, view: ToolList, session: SessionCanonState | None) -> ToolsEdit:
