@@ -15,13 +15,15 @@ Recognised from the agents' own signals, in order:
    session's own id): that thread, a sub-agent. Its parent (``PARENT_THREAD_HEADERS``: Claude Code's
    ``x-claude-code-parent-agent-id``, Codex's ``x-codex-parent-thread-id``; the parent session of a
    child session) is recorded on it: the main thread, or another sub-agent;
-2. no main thread yet: the request starts it, unless its system prompt is a known side request's
+2. a side request header (``SIDE_HEADERS``: Claude Code's ``x-claude-code-auxiliary-type``): a side
+   thread per kind;
+3. no main thread yet: the request starts it, unless its system prompt is a known side request's
    (``SIDE_IDENTITIES``);
-3. the main thread offers tools and this request offers none: a side request, one thread per
+4. the main thread offers tools and this request offers none: a side request, one thread per
    system prompt identity (its first line);
-4. it offers tools under another system prompt identity than the main thread's: a sub-agent, one
+5. it offers tools under another system prompt identity than the main thread's: a sub-agent, one
    thread per identity and first user message;
-5. otherwise the main conversation (its edits, compactions and tool changes are breaks of it).
+6. otherwise the main conversation (its edits, compactions and tool changes are breaks of it).
 
 After the answer (``finished``) the thread counts what it sent and hit, and remembers the answer
 (its rank and length) for the next estimate (``proxy.stages.blocks``). Whether an agent sends its
@@ -53,6 +55,9 @@ DEFAULT_THREAD_HEADERS: tuple[str, ...] = (
 )
 #: Headers naming the parent of a sub-agent (a thread of the session, or the session itself).
 PARENT_THREAD_HEADERS: tuple[str, ...] = ("x-claude-code-parent-agent-id", "x-codex-parent-thread-id")
+#: Headers marking a side request, valued by its kind: Claude Code's memory extraction
+#: (``memory_save``), which runs beside the conversation with its own prompt.
+SIDE_HEADERS: tuple[str, ...] = ("x-claude-code-auxiliary-type",)
 #: Starts of the system prompts of known side requests (recognised even before the main thread).
 SIDE_IDENTITIES: tuple[str, ...] = ("You are a title generator",)
 #: Lines that identify no agent (attribution that changes per session or request).
@@ -147,6 +152,10 @@ class Threads(Observer):
                 "parent": parent,
             }
             return f"agent:{value}", fields
+        side = next(((h, v) for h in SIDE_HEADERS if (v := ctx.headers.get(h))), None)
+        if side is not None:  # the agent says it is a side request, and of which kind
+            fields = {"kind": "side", "source": f"header:{side[0]}", "label": name}
+            return f"side:{_digest(side[0], side[1])}", fields
         main = local.threads.get(MAIN)
         if main is None:
             if name.startswith(self.side_identities):

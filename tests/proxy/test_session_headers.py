@@ -102,6 +102,18 @@ def test_claude_code_sub_agents_and_their_parents() -> None:
     assert ctx.thread.parent == "agent:a1"
 
 
+def test_claude_code_memory_extraction_is_a_side_thread() -> None:
+    """Claude Code marks its memory extraction with ``x-claude-code-auxiliary-type``: a side request
+    even though it offers tools under the main thread's system prompt (which would be the main one)."""
+    stages = Stages()
+    session = {"X-Claude-Code-Session-Id": "cc-2"}
+    assert where(stages.run(session))[2] == MAIN
+    ctx = stages.run({**session, "x-claude-code-auxiliary-type": "memory_save"})
+    assert ctx.thread is not None and ctx.thread.kind == "side" and ctx.thread.key != MAIN
+    assert ctx.thread.source == "header:x-claude-code-auxiliary-type"
+    assert where(stages.run(session))[2] == MAIN
+
+
 def test_codex_sub_agent_threads() -> None:
     stages = Stages()
     main = {"session-id": "019a", "thread-id": "019a"}
