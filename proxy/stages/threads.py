@@ -170,11 +170,10 @@ class Threads(Observer):
 
     def named_thread(self, ctx: RequestContext) -> tuple[str, str, str] | None:
         """The sub-agent a request names, how, and its parent thread's key: (id, source, parent)."""
-        if ctx.session_thread is not None:
-            parent = (
-                ctx.headers.get(ctx.session_source.removeprefix("header:")) if ctx.session_source else None
-            )
-            return ctx.session_thread, ctx.session_source or "session", self._thread_of(ctx, parent)
+        if ctx.session_thread is not None:  # Identify keyed it by its parent session header
+            source = ctx.session_source or "session"
+            parent = ctx.headers.get(source.removeprefix("header:"))
+            return ctx.session_thread, source, self._thread_of(ctx, parent)
         for header in self.headers:
             value = ctx.headers.get(header)
             if value and not self._is_session(ctx, value):
