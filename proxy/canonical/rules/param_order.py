@@ -21,7 +21,7 @@ state the ``new_session`` order applies without being remembered.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -42,6 +42,9 @@ SchemaPath: TypeAlias = tuple[str | int, ...]
 Order: TypeAlias = tuple[tuple[str, ...], ...]
 #: Distinct tools whose layout (and reordered form) this process keeps.
 _CACHED_TOOLS = 4096
+#: Distinct tool lists whose layouts this process keeps, and the outcomes kept per list.
+_CACHED_LISTS = 1024
+_OUTCOMES_PER_LIST = 16
 
 
 def name_lists(schema: Any, path: SchemaPath = ()) -> Iterator[tuple[SchemaPath, tuple[str, ...]]]:
@@ -117,6 +120,16 @@ def with_order(tool: dict[str, Any], layout: Layout, order: Order) -> dict[str, 
     return {**tool, "function": {**fn, "parameters": params}}
 
 
+@dataclass(slots=True)
+class _ListLayouts:
+    """One tool list's layouts (per tool its digest and layout, None: nothing to order) and the
+    outcomes already computed for it, keyed by the identities of the orders applied (the orders are
+    long-lived objects: the shared table's and the sessions' own) and checked against them."""
+
+    entries: tuple[tuple[bytes, Layout] | None, ...]
+    outcomes: dict[tuple[int, ...], tuple[tuple[Order | None, ...], ToolsEdit]]
+
+
 class ParamOrderSettings(RuleConfig):
     """``param_order``: one parameter order per tool and session; a new session's from ``new_session``."""
 
@@ -125,7 +138,7 @@ class ParamOrderSettings(RuleConfig):
     new_session: Literal["shared", "sort", "own"] = "shared"
     #: Tools whose order one session remembers (past it, a tool gets the ``new_session`` order).
     max_tools: int = Field(default=1024, ge=1)
-    #: ``shared``: tools whose first-seen order this process remembers (least recently used out).
+    #: Tools whose first order (``shared``: first seen; ``sort``: sorted) this process remembers.
     shared_tools: int = Field(default=4096, ge=1)
 
 
@@ -138,18 +151,20 @@ class _Orders:
         self.shared: LRU[str, Order] = LRU(settings.shared_tools)
         self.layouts: LRU[bytes, Layout] = LRU(_CACHED_TOOLS)
         self.rebuilt: LRU[tuple[bytes, Order], tuple[dict[str, Any], bytes]] = LRU(_CACHED_TOOLS)
+        self.lists: LRU[bytes, _ListLayouts] = LRU(_CACHED_LISTS)
 
     def first_order(self, layout: Layout) -> Order:
-        """The order a session seeing this tool for the first time starts from."""
-        if self.new_session == "sort":
-            return tuple(tuple(sorted(names)) for names in layout.sent)
-        if self.new_session == "shared" and layout.signature is not None:
-            found = self.shared.get(layout.signature)
-            if found is None:
-                found = layout.sent
-                self.shared.put(layout.signature, found)
-            return found
-        return layout.sent
+        """The order a session seeing this tool for the first time starts from (one object per tool
+        while the table holds it: outcomes are cached by the identity of the orders)."""
+        if self.new_session == "own" or layout.signature is None:
+            return layout.sent
+        found = self.shared.get(layout.signature)
+        if found is None:
+            found = layout.sent
+            if self.new_session == "sort":
+                found = tuple(tuple(sorted(names)) for names in layout.sent)
+            self.shared.put(layout.signature, found)
+        return found
 
     def order_for(self, layout: Layout, session: SessionCanonState | None) -> Order:
         """The order ``session`` gives this tool: its stored one, else a first one (stored if room)."""
@@ -164,36 +179,67 @@ class _Orders:
             session.set_param_order(signature, order)
         return order
 
+    def list_layouts(self, view: ToolList, keys: Sequence[bytes]) -> _ListLayouts:
+        """The layouts of ``view``'s tools: one lookup per list (tool serializations are JSON objects,
+        so their concatenation names the list)."""
+        hasher = xxhash.xxh3_128()
+        for key in keys:
+            hasher.update(key)
+        list_digest = hasher.digest()
+        found = self.lists.get(list_digest)
+        if found is None:
+            entries: list[tuple[bytes, Layout] | None] = []
+            for name, tool, key in zip(view.names, view.tools, keys, strict=True):
+                digest = xxhash.xxh3_128_digest(key)
+                layout = self.layouts.get(digest)
+                if layout is None:
+                    layout = layout_of(name, tool) if name is not None else Layout(None)
+                    self.layouts.put(digest, layout)
+                entries.append((digest, layout) if layout.signature is not None else None)
+            found = _ListLayouts(tuple(entries), {})
+            self.lists.put(list_digest, found)
+        return found
+
     def __call__(self, view: ToolList, session: SessionCanonState | None) -> ToolsEdit:
-        tools, keys = list(view.tools), list(view.keys) if view.keys is not None else None
-        moved = 0
-        for i, tool in enumerate(view.tools):
-            name = view.names[i]
-            if name is None:
+        keys = view.keys if view.keys is not None else tuple(orjson.dumps(t) for t in view.tools)
+        layouts = self.list_layouts(view, keys)
+        orders = tuple(
+            None if entry is None else self.order_for(entry[1], session) for entry in layouts.entries
+        )
+        ids = tuple(map(id, orders))
+        known = layouts.outcomes.get(ids)
+        if known is not None and all(a is b for a, b in zip(known[0], orders, strict=True)):
+            return known[1] if known[1].count else ToolsEdit(view)
+        edit = self.reordered(view, keys, layouts, orders)
+        if len(layouts.outcomes) >= _OUTCOMES_PER_LIST:
+            layouts.outcomes.clear()
+        layouts.outcomes[ids] = (orders, edit)
+        return edit
+
+    def reordered(
+        self,
+        view: ToolList,
+        keys: Sequence[bytes],
+        layouts: _ListLayouts,
+        orders: tuple[Order | None, ...],
+    ) -> ToolsEdit:
+        """``view`` with each tool's name lists in ``orders``."""
+        tools, new_keys, moved = list(view.tools), list(keys), 0
+        for i, entry in enumerate(layouts.entries):
+            order = orders[i]
+            if entry is None or order is None or order == entry[1].sent:
                 continue
-            raw = keys[i] if keys is not None else orjson.dumps(tool)
-            digest = xxhash.xxh3_128_digest(raw)
-            layout = self.layouts.get(digest)
-            if layout is None:
-                layout = layout_of(name, tool)
-                self.layouts.put(digest, layout)
-            if layout.signature is None:
-                continue
-            order = self.order_for(layout, session)
-            if order == layout.sent:
-                continue
+            digest, layout = entry
             hit = self.rebuilt.get((digest, order))
             if hit is None:
-                rebuilt = with_order(tool, layout, order)
+                rebuilt = with_order(view.tools[i], layout, order)
                 hit = (rebuilt, orjson.dumps(rebuilt))
                 self.rebuilt.put((digest, order), hit)
-            tools[i] = hit[0]
-            if keys is not None:
-                keys[i] = hit[1]
+            tools[i], new_keys[i] = hit
             moved += 1
         if not moved:
             return ToolsEdit(view)
-        return ToolsEdit(ToolList(tuple(tools), view.names, None if keys is None else tuple(keys)), moved)
+        return ToolsEdit(ToolList(tuple(tools), view.names, tuple(new_keys)), moved)
 
 
 def _build(settings: ParamOrderSettings) -> SessionToolsStep:
