@@ -174,3 +174,17 @@ def test_layout_signature_ignores_order_but_not_names() -> None:
     assert layout_of("edit", tool(["command", "path"], ["command"])).signature != a.signature
     assert layout_of("other", A).signature != a.signature
     assert layout_of("none", tool(["only"], [])).signature is None
+
+
+def test_sessions_with_other_orders_on_one_tool_list_get_their_own() -> None:
+    """Outcomes are cached per tool list: sessions giving that list other orders still get theirs."""
+    c = canon({"rules": {"param_order": {"new_session": "own"}}})
+    a, b = InMemorySessionCanonState(), InMemorySessionCanonState()
+    c.apply(request(A), api="chat", session=a)
+    c.apply(request(flipped(A)), api="chat", session=b)
+    for _ in range(3):
+        assert orjson.dumps(c.apply(request(A), api="chat", session=a).body) == orjson.dumps(request(A))
+        as_b = c.apply(request(A), api="chat", session=b).body
+        assert orjson.dumps(as_b) == orjson.dumps(request(flipped(A)))
+        as_a = c.apply(request(flipped(A)), api="chat", session=a).body
+        assert orjson.dumps(as_a) == orjson.dumps(request(A))
