@@ -52,7 +52,9 @@ def _reserialized(tool: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _steps(rng: random.Random, session: int, turns: int, shape: Shape, names: list[str]) -> list[list[Body]]:
+def tool_steps(
+    rng: random.Random, session: int, turns: int, shape: Shape, names: list[str]
+) -> list[list[Body]]:
     """Per turn after the first: the assistant's tool call, its result and a short user nudge."""
     steps: list[list[Body]] = []
     for t in range(1, turns):
@@ -77,7 +79,7 @@ def _steps(rng: random.Random, session: int, turns: int, shape: Shape, names: li
     return steps
 
 
-def _sequence(
+def sequence(
     system_for: Callable[[int], list[Body]],
     first: list[Body],
     steps: list[list[Body]],
@@ -140,7 +142,7 @@ class Agents:
             "</environment_context>\n"
         )
         first = self._first(rng, session, env)
-        steps = _steps(rng, session, turns, self.shape, [t["function"]["name"] for t in tools])
+        steps = tool_steps(rng, session, turns, self.shape, [t["function"]["name"] for t in tools])
         order = random.Random(f"order/{session}")
 
         def tools_for(t: int) -> list[Body]:
@@ -148,7 +150,7 @@ class Agents:
                 return tools
             return [_reserialized(x) if order.random() < 0.5 else x for x in _shuffled(order, tools)]
 
-        return _sequence(
+        return sequence(
             lambda t: [{"role": "system", "content": self.system["codex"]}], first, steps, tools_for
         )
 
@@ -157,7 +159,7 @@ class Agents:
         noise = random.Random(f"cch/{session}")
         base, mcp = self.tools["claude_code"], self.mcp["claude_code"]
         first = self._first(rng, session)
-        steps = _steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
+        steps = tool_steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
         env = (
             f"<env>\nWorking directory: /Users/dev/app{session}\nPlatform: darwin\n"
             "Today's date: 2025-11-03\n</env>"
@@ -178,13 +180,13 @@ class Agents:
                 return base + mcp  # the MCP server connected before turn 2: a real change
             return base + [_reserialized(x) for x in reversed(mcp)]  # reconnected: other order and keys
 
-        return _sequence(system_for, first, steps, tools_for)
+        return sequence(system_for, first, steps, tools_for)
 
     def cline(self, session: int, turns: int, drift: bool) -> list[Body]:
         rng = self._rng("cline", session)
         base, mcp = self.tools["cline"], self.mcp["cline"]
         first = self._first(rng, session)
-        steps = _steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
+        steps = tool_steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
 
         def user_for(t: int) -> Body:
             when = f"11/3/2025, {9 + session}:{t:02d}:{(t * 17) % 60:02d} AM (Europe/Berlin, UTC+1:00)"
@@ -197,7 +199,7 @@ class Agents:
         def tools_for(t: int) -> list[Body]:
             return base + (mcp[::-1] if drift and t >= 3 else mcp)
 
-        return _sequence(
+        return sequence(
             lambda t: [{"role": "system", "content": self.system["cline"]}], first, steps, tools_for, user_for
         )
 
@@ -205,7 +207,7 @@ class Agents:
         rng = self._rng("opencode", session)
         base, mcp = self.tools["opencode"], self.mcp["opencode"]
         first = self._first(rng, session)
-        steps = _steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
+        steps = tool_steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
 
         def system_for(t: int) -> list[Body]:
             day = _date(session, t, drift)
@@ -222,7 +224,7 @@ class Agents:
         def tools_for(t: int) -> list[Body]:
             return base + (mcp[1:] + mcp[:1] if drift and t >= 3 else mcp)  # restart: another order
 
-        return _sequence(system_for, first, steps, tools_for)
+        return sequence(system_for, first, steps, tools_for)
 
     def openhands(self, session: int, turns: int, drift: bool) -> list[Body]:
         rng = self._rng("openhands", session)
@@ -232,12 +234,12 @@ class Agents:
             "Today's date is 2025-11-03 (UTC).\n</RUNTIME_INFORMATION>\n"
         )
         first = self._first(rng, session, runtime)
-        steps = _steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
+        steps = tool_steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
 
         def tools_for(t: int) -> list[Body]:
             return base + mcp + (mcp[:1] if drift and t >= 3 else [])  # fetch sent twice after a reconnect
 
-        return _sequence(
+        return sequence(
             lambda t: [{"role": "system", "content": self.system["openhands"]}], first, steps, tools_for
         )
 
@@ -267,4 +269,4 @@ class Agents:
             )
             return [{"role": "system", "content": text}]
 
-        return _sequence(system_for, first, steps, lambda t: None)
+        return sequence(system_for, first, steps, lambda t: None)

@@ -26,8 +26,13 @@ prefixgate on the same fleet shape (``no drift``): what the drift still costs on
 Targets: canonicalization on >= 90 % of the bound and >= 98 % of no drift for every agent. The
 canonicalization cost on a 100k-token request comes from ``bench/canonical_cost.py``.
 
-Run: ``python -m bench.canonical [--sessions 4] [--turns 8] [--ranks 2] [--date-mode day|move]``.
-Prints a table, writes bench/out/canonical.json.
+``--real``: the agents of ``../shared/agents`` instead (their real system prompts and tools, with
+per-session parameter order, per-session tool order, a per-turn reshuffle, a per-session clock and a
+per-request attribution line: ``bench.real_agent_shapes``), written to canonical_real.json.
+``--disable-rule NAME`` runs with a canonicalization rule off (what it is worth).
+
+Run: ``python -m bench.canonical [--sessions 4] [--turns 8] [--ranks 2] [--date-mode day|move]
+[--real] [--disable-rule NAME]``. Prints a table, writes bench/out/canonical.json.
 """
 
 from __future__ import annotations
@@ -37,12 +42,13 @@ import asyncio
 import json
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
-from bench.agent_shapes import AGENTS, Agents, Shape
+from bench.agent_shapes import AGENTS, Agents, Body, Shape
 from bench.body_replay import replay_bodies
 from bench.canonical_cost import main as canonical_cost_main
 from bench.common import OUT_DIR, machine, write_json
+from bench.real_agent_shapes import SHARED_AGENTS, RealAgents, agent_names
 from bench.replay import infinite_cache_bound
 from bench.sim import SimConfig, start_fleet, stop_fleet
 from proxy.app import create_app
@@ -54,11 +60,17 @@ TARGET = 0.9
 NO_DRIFT_TARGET = 0.98
 
 
+class SessionBuilder(Protocol):
+    """Builds one session's request bodies (``Agents``, ``RealAgents``)."""
+
+    def build(self, agent: str, session: int, turns: int, drift: bool) -> list[Body]: ...
+
+
 def run_agent(
     agent: str,
     canonicalize: bool,
     args: argparse.Namespace,
-    agents: Agents,
+    agents: SessionBuilder,
     sim: SimConfig,
     drift: bool = True,
 ) -> float:
@@ -67,8 +79,11 @@ def run_agent(
     fleet = start_fleet(args.ranks, sim)
     try:
         flags: dict[str, Any] = {"log_level": "warning", "no_canonicalize": not canonicalize}
+        rules: dict[str, Any] = {name: {"enabled": False} for name in args.disable_rule}
         if args.date_mode != "day":
-            flags["canonical"] = {"rules": {"volatile_date": {"mode": args.date_mode}}}
+            rules["volatile_date"] = {"mode": args.date_mode}
+        if rules:
+            flags["canonical"] = {"rules": rules}
         settings = load_settings(flags=flags, backend_specs=[f"{r.name}={r.url}" for r in fleet], environ={})
         with ServerThread(create_app(settings)) as proxy:
             result = asyncio.run(replay_bodies(proxy.url, sessions, sim.model, agent))
@@ -79,7 +94,7 @@ def run_agent(
     return result.summary()["hit_rate"]
 
 
-def bound(agent: str, args: argparse.Namespace, agents: Agents, block_size: int) -> float:
+def bound(agent: str, args: argparse.Namespace, agents: SessionBuilder, block_size: int) -> float:
     """Hit rate of the drift-free sessions on one unlimited rank, turns interleaved across sessions."""
     sessions = [agents.build(agent, s, args.turns, drift=False) for s in range(args.sessions)]
     ordered = [sessions[s][t] for t in range(args.turns) for s in range(args.sessions)]
@@ -92,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=4, help="sessions per agent (default 4)")
     parser.add_argument("--turns", type=int, default=8, help="turns per session (default 8)")
     parser.add_argument("--ranks", type=int, default=2, help="simulated vLLM ranks (default 2)")
-    parser.add_argument("--agents", default=",".join(AGENTS), help="comma-separated agent shapes")
+    parser.add_argument("--agents", default=None, help="comma-separated agent shapes (default: all)")
+    parser.add_argument("--real", action="store_true", help=f"the real agents' prompts in {SHARED_AGENTS}")
+    parser.add_argument(
+        "--disable-rule", action="append", default=[], metavar="NAME", help="turn this rule off"
+    )
     parser.add_argument("--date-mode", choices=("day", "move"), default="day", help="volatile_date rule mode")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -101,11 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     sim = replace(SimConfig(), time_scale=0.001, kv_tokens=262_144)
-    agents = Agents(Shape(), args.seed)
-    names = [a for a in args.agents.split(",") if a]
+    agents: SessionBuilder
+    if args.real:
+        if not SHARED_AGENTS.is_dir():
+            print(f"real agent prompts not found at {SHARED_AGENTS}", file=sys.stderr)
+            return 2
+        agents, known = RealAgents(Shape(), args.seed), agent_names()
+    else:
+        agents, known = Agents(Shape(), args.seed), AGENTS
+    names = [a for a in (args.agents or ",".join(known)).split(",") if a]
     print(
         f"canonicalization benchmark: {args.sessions} sessions x {args.turns} turns per agent, "
         f"{args.ranks} simulated ranks, volatile_date mode {args.date_mode}"
+        + (f", real prompts of {SHARED_AGENTS}" if args.real else "")
+        + (f", rules off: {','.join(args.disable_rule)}" if args.disable_rule else "")
     )
     rows: dict[str, dict[str, float]] = {}
     for agent in names:
@@ -150,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "agents": rows,
         "cost": cost,
     }
-    path = write_json("canonical.json", report)
+    path = write_json("canonical_real.json" if args.real else "canonical.json", report)
     print(f"wrote {path}")
     missed = [a for a, r in rows.items() if not _met(r)]
     return 1 if missed else 0

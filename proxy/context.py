@@ -54,6 +54,9 @@ class RequestContext:
     #: The request's priority class for a seat (``identify.PRIORITY_HEADER``, capped by what its
     #: client key was granted; the key's own priority without the header; 0 without client keys).
     priority: int = 0
+    #: A child session's own id when it joined its parent's session (``proxy.stages.identify``): it
+    #: names the child's thread there.
+    session_thread: str | None = None
     #: What this process keeps for the session between its turns (``proxy/state/local.py``).
     local: SessionLocal | None = None
     # -- threads: the conversation of the session this request continues (``proxy.stages.threads``)

@@ -141,8 +141,10 @@ def figures(dep: Deployment, key: str) -> SessionFigures:
 
 
 MAIN_THREAD = "main"
-_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
+_SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id", "x-session-affinity")
 _THREAD_HEADERS = ("x-claude-code-agent-id", "thread-id")
+#: opencode's sub-agent: a child session naming its parent; a thread of the parent's session.
+_PARENT_HEADERS = ("x-parent-session-id",)
 
 
 def thread_extends(requests: list[dict[str, Any]], session: str) -> dict[str, bool]:
@@ -152,9 +154,14 @@ def thread_extends(requests: list[dict[str, Any]], session: str) -> dict[str, bo
     chains: dict[str, list[list[int]]] = {}
     for request in requests:
         headers = request["headers"]
-        if not any(headers.get(h) == session for h in _SESSION_HEADERS):
+        own = next((headers[h] for h in _SESSION_HEADERS if headers.get(h)), None)
+        if any(headers.get(h) == session for h in _PARENT_HEADERS) and own and own != session:
+            agent: str | None = own  # a child session of this one
+        elif any(headers.get(h) == session for h in _SESSION_HEADERS):
+            named = (headers[h] for h in _THREAD_HEADERS if headers.get(h) and headers[h] != session)
+            agent = next(named, None)
+        else:
             continue
-        agent = next((headers[h] for h in _THREAD_HEADERS if headers.get(h) and headers[h] != session), None)
         if request["path"] not in ("/v1/messages", "/v1/responses", "/v1/chat/completions"):
             continue
         tokens, _ = prompt_tokens(request["body"], request["path"])

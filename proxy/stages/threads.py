@@ -9,15 +9,21 @@ thread (routing is by session), and sub-agents share the system + tools head wit
 
 Recognised from the agents' own signals, in order:
 
-1. a thread header (``x-prefixgate-thread``, or an agent id header an agent sends; Codex's
-   ``thread-id`` when it is not the session's own id): that thread, a sub-agent;
-2. no main thread yet: the request starts it, unless its system prompt is a known side request's
+1. a child session that joined its parent's session (``RequestContext.session_thread``, opencode's
+   ``x-parent-session-id``), then a thread header (``x-prefixgate-thread``, or an agent id header an
+   agent sends: Claude Code's ``x-claude-code-agent-id``, Codex's ``thread-id`` when it is not the
+   session's own id): that thread, a sub-agent. Its parent (``PARENT_THREAD_HEADERS``: Claude Code's
+   ``x-claude-code-parent-agent-id``, Codex's ``x-codex-parent-thread-id``; the parent session of a
+   child session) is recorded on it: the main thread, or another sub-agent;
+2. a side request header (``SIDE_HEADERS``: Claude Code's ``x-claude-code-auxiliary-type``): a side
+   thread per kind;
+3. no main thread yet: the request starts it, unless its system prompt is a known side request's
    (``SIDE_IDENTITIES``);
-3. the main thread offers tools and this request offers none: a side request, one thread per
+4. the main thread offers tools and this request offers none: a side request, one thread per
    system prompt identity (its first line);
-4. it offers tools under another system prompt identity than the main thread's: a sub-agent, one
+5. it offers tools under another system prompt identity than the main thread's: a sub-agent, one
    thread per identity and first user message;
-5. otherwise the main conversation (its edits, compactions and tool changes are breaks of it).
+6. otherwise the main conversation (its edits, compactions and tool changes are breaks of it).
 
 After the answer (``finished``) the thread counts what it sent and hit, and remembers the answer
 (its rank and length) for the next estimate (``proxy.stages.blocks``). Whether an agent sends its
@@ -37,6 +43,7 @@ import xxhash
 from proxy.context import Outcome, RequestContext
 from proxy.stages.observe import Observer
 from proxy.state.local import MAIN, Answer, SessionLocal, SessionLocals
+from proxy.tenants import safe_key, tenant_key
 from tokenization.lru import LRU
 
 #: Headers naming the thread (a sub-agent's id) when an agent or a client sends one.
@@ -46,6 +53,11 @@ DEFAULT_THREAD_HEADERS: tuple[str, ...] = (
     "x-agent-id",
     "thread-id",
 )
+#: Headers naming the parent of a sub-agent (a thread of the session, or the session itself).
+PARENT_THREAD_HEADERS: tuple[str, ...] = ("x-claude-code-parent-agent-id", "x-codex-parent-thread-id")
+#: Headers marking a side request, valued by its kind: Claude Code's memory extraction
+#: (``memory_save``), which runs beside the conversation with its own prompt.
+SIDE_HEADERS: tuple[str, ...] = ("x-claude-code-auxiliary-type",)
 #: Starts of the system prompts of known side requests (recognised even before the main thread).
 SIDE_IDENTITIES: tuple[str, ...] = ("You are a title generator",)
 #: Lines that identify no agent (attribution that changes per session or request).
@@ -129,11 +141,21 @@ class Threads(Observer):
         system, first, tools = head if isinstance(head, list) and len(head) == 3 else (None, None, None)
         name = next((found for text in system_texts(system, first) if (found := identity(text))), "")
         has_tools = bool(tools)
-        for header in self.headers:
-            value = ctx.headers.get(header)
-            if value and value != ctx.session_key:
-                fields = {"kind": "subagent", "source": f"header:{header}", "label": name, "tools": has_tools}
-                return f"agent:{value}", fields
+        named = self.named_thread(ctx)
+        if named is not None:
+            value, source, parent = named
+            fields = {
+                "kind": "subagent",
+                "source": source,
+                "label": name,
+                "tools": has_tools,
+                "parent": parent,
+            }
+            return f"agent:{value}", fields
+        side = next(((h, v) for h in SIDE_HEADERS if (v := ctx.headers.get(h))), None)
+        if side is not None:  # the agent says it is a side request, and of which kind
+            fields = {"kind": "side", "source": f"header:{side[0]}", "label": name}
+            return f"side:{_digest(side[0], side[1])}", fields
         main = local.threads.get(MAIN)
         if main is None:
             if name.startswith(self.side_identities):
@@ -145,6 +167,28 @@ class Threads(Observer):
             fields = {"kind": "subagent", "source": "system identity", "label": name, "tools": True}
             return f"agent:{_digest(name, first)}", fields
         return MAIN, {"kind": "main", "source": "first request", "label": name, "tools": has_tools}
+
+    def named_thread(self, ctx: RequestContext) -> tuple[str, str, str] | None:
+        """The sub-agent a request names, how, and its parent thread's key: (id, source, parent)."""
+        if ctx.session_thread is not None:  # Identify keyed it by its parent session header
+            source = ctx.session_source or "session"
+            parent = ctx.headers.get(source.removeprefix("header:"))
+            return ctx.session_thread, source, self._thread_of(ctx, parent)
+        for header in self.headers:
+            value = ctx.headers.get(header)
+            if value and not self._is_session(ctx, value):
+                parent = next((v for h in PARENT_THREAD_HEADERS if (v := ctx.headers.get(h))), None)
+                return value, f"header:{header}", self._thread_of(ctx, parent)
+        return None
+
+    @staticmethod
+    def _is_session(ctx: RequestContext, value: str) -> bool:
+        """Whether ``value`` is the session's own id (as Identify keys it: made safe, per client)."""
+        return tenant_key(ctx.client_label, safe_key(value)) == ctx.session_key
+
+    def _thread_of(self, ctx: RequestContext, parent: str | None) -> str:
+        """The thread key of a parent id: the main thread when it is the session's own id (or none)."""
+        return MAIN if not parent or self._is_session(ctx, parent) else f"agent:{parent}"
 
     def finished(self, outcome: Outcome) -> None:
         ctx = outcome.ctx

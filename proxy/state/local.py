@@ -78,6 +78,8 @@ class ThreadLocal:
     label: str = ""
     #: Whether it offered tools when it started (tells side requests from the main thread).
     tools: bool = False
+    #: A sub-agent's parent thread (``main``, or another sub-agent's key), when the agent named it.
+    parent: str = ""
     canon: InMemorySessionCanonState = field(default_factory=InMemorySessionCanonState)
     #: The tokenizer's previous turn (``tokenization.prompt``), and its bytes.
     prompt: Any = None
@@ -114,6 +116,7 @@ class ThreadLocal:
             "kind": self.kind,
             "source": self.source,
             "label": self.label,
+            "parent": self.parent,
             "requests": self.requests,
             "prompt_tokens_sent": sent,
             "hit_tokens_reported": self.cached_tokens,

@@ -101,6 +101,32 @@ def test_opencode_title_generator_is_a_side_thread_not_a_break(proxy: ServerThre
     assert [t["kind"] for t in detail["threads"]] == ["main", "side"]
 
 
+def test_opencode_sub_agent_session_is_a_thread_of_its_parent(proxy: ServerThread) -> None:
+    """opencode runs a sub-agent (its task tool) as a child session: its own session id, and the
+    parent's in ``x-parent-session-id``. It is a thread of the parent's session, never a session of
+    its own nor a break of the parent's conversation."""
+    parent = {"x-session-id": "ses_par", "x-session-affinity": "ses_par"}
+    child = {"x-session-id": "ses_kid", "x-session-affinity": "ses_kid", "x-parent-session-id": "ses_par"}
+    history: list[dict[str, Any]] = [{"role": "user", "content": "list the files"}]
+    child_history: list[dict[str, Any]] = [{"role": "user", "content": "find the tests"}]
+    for step in range(3):
+        for headers, turns in ((parent, history), (child, child_history)):
+            answer = post(proxy, "/v1/chat/completions", opencode_turn(turns), headers).json()
+            turns += [
+                {"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
+                {"role": "user", "content": f"step {step}"},
+            ]
+    session = session_of(proxy, "ses_par")
+    assert session["breaks"] == [] and session["turns"] == 6
+    threads = {t["key"]: t for t in session["threads"]}
+    assert set(threads) == {"main", "agent:ses_kid"}
+    kid = threads["agent:ses_kid"]
+    assert kid["kind"] == "subagent" and kid["parent"] == "main" and kid["requests"] == 3
+    assert kid["source"] == "header:x-parent-session-id"
+    assert threads["main"]["requests"] == 3
+    assert httpx.get(f"{proxy.url}/admin/sessions/ses_kid", timeout=10).status_code == 404
+
+
 # -- Claude Code: side checks without tools and a sub-agent under its session id --------------------
 def claude_system(identity: str) -> list[dict[str, Any]]:
     return [

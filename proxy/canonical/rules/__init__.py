@@ -28,6 +28,7 @@ from proxy.canonical.rules import (
     dedupe_tools,
     env_block,
     opencode_env,
+    param_order,
     schema_keys,
     tool_order,
     volatile_date,
@@ -47,6 +48,7 @@ BUILTIN_RULES: tuple[Rule, ...] = (
     schema_keys.RULE,
     dedupe_tools.RULE,
     tool_order.RULE,
+    param_order.RULE,
 )
 
 

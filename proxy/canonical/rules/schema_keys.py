@@ -4,8 +4,8 @@ Chat templates render tools with ``tojson``, which keeps key order, so two seria
 tool (Codex's ``parameters``-first wire shape, a re-serialized zod schema) are different tokens.
 Keywords get one fixed order: a preferred order for the common ones, then the rest by name. The
 *names* inside ``properties`` (and other name -> schema maps) keep the order the client sent, as do
-``required`` and every data value (``enum``, ``default``, ``examples``...): reordering parameters
-would change what the model is shown.
+``required`` and every data value (``enum``, ``default``, ``examples``...): which order of parameter
+names a session sees is ``param_order``'s decision (``proxy.canonical.rules.param_order``).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ _SCHEMA_RANK = _rank_table(
 _UNRANKED = 1 << 30
 
 # Keywords whose value is a map of user-chosen names to subschemas: names keep their order.
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 # Keywords whose value is one subschema.
-_SCHEMA_ONE = frozenset(
+SCHEMA_ONE = frozenset(
     {
         "additionalProperties",
         "additionalItems",
@@ -66,7 +66,7 @@ _SCHEMA_ONE = frozenset(
     }
 )
 # Keywords whose value is a list of subschemas (``items`` may be one too, in draft 4-7).
-_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
+SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 
 
 def _ordered_keys(obj: Mapping[str, Any], rank: dict[str, int]) -> list[str]:
@@ -80,11 +80,11 @@ def canonical_schema(schema: Any) -> Any:
     out: dict[str, Any] = {}
     for key in _ordered_keys(schema, _SCHEMA_RANK):
         value = schema[key]
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
+        if key in SCHEMA_MAPS and isinstance(value, dict):
             value = {name: canonical_schema(sub) for name, sub in value.items()}
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
+        elif key in SCHEMA_LISTS and isinstance(value, list):
             value = [canonical_schema(sub) for sub in value]
-        elif key in _SCHEMA_ONE:
+        elif key in SCHEMA_ONE:
             value = canonical_schema(value)
         out[key] = value
     return out
