@@ -164,3 +164,14 @@ def test_no_false_breaks_a_session_whose_headers_stay_is_never_split() -> None:
         for i, headers in numbered if turn % 2 else numbered[::-1]:
             got = where(stages.run(headers, body(f"You are agent {i}.")))
             assert first.setdefault(i, got) == got, (turn, headers)
+
+
+def test_an_end_of_session_header_ends_the_session_but_not_from_a_sub_agent() -> None:
+    stages = Stages()
+    child = stages.run(
+        {"x-session-id": "helper", "x-parent-session-id": "root", "x-dynamo-session-final": "true"}
+    )
+    assert child.session_thread == "helper" and not child.session_ends  # the parent's seat stays
+    last = stages.run({"x-session-id": "root", "x-prefixgate-session-end": "TRUE"})
+    assert last.session_thread is None and last.session_ends
+    assert not stages.run({"x-session-id": "root", "x-dynamo-session-final": "no"}).session_ends
