@@ -1,4 +1,4 @@
-"""Issue 20's "Done when", measured with the real agent CLIs (Claude Code 2.1.332, Codex CLI 0.171.0,
+"""Issue 20's "Done when", measured with the real agent CLIs (Claude Code 2.1.197, Codex CLI 0.171.0,
 opencode 1.18.33) through prefixgate with its defaults against simulated ranks that render system
 before tools (``python -m bench.agents`` prints the same figures)."""
 
