@@ -256,11 +256,6 @@ class Admission(Ledger):
         (``rotation.choose_parked``)."""
         bound = self.time.wait_bound()
 
-        def patience(session: Session, rank: str) -> float:
-            """The bound, for every session: a per-session patience (a recompute's time at the
-            rank's measured speed) parked too early on the seats preset, for no lower latency."""
-            return bound
-
         return choose_parked(
             self.fleet.healthy(),
             states,
@@ -271,7 +266,7 @@ class Admission(Ledger):
             self.table.clock(),
             waited,
             priority,
-            patience,
+            bound,
             self.poll_interval(),
             hits,
             lambda label: self._weights.get(label or "", 1.0),

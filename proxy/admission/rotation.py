@@ -3,8 +3,8 @@ function over a count (``accounting.count``).
 
 On each healthy rank, the sessions that may be parked are the quiet ones (their latest request
 answered) that have been answered since they took their seat and held it at least their
-``patience``, once the waiter has waited that long too (hysteresis: a seat just given is not taken
-back before it served; the gate gives every session the rotation bound). A waiter of a higher
+rotation bound ``hold_s``, once the waiter has waited that long too (hysteresis: a seat just given is
+not taken back before it served). A waiter of a higher
 priority class parks a lower class's quiet session without waiting, held or not (once it served).
 
 They go in order: the lowest class first, then quiet longest since their last answer; on a tie (the
@@ -49,7 +49,7 @@ def choose_parked(
     now: float,
     waited: float,
     priority: int,
-    patience: Callable[[Session, str], float],
+    hold_s: float,
     tie_s: float,
     hits: Mapping[str, int],
     weight: Callable[[str | None], float],
@@ -70,7 +70,7 @@ def choose_parked(
             now,
             waited,
             priority,
-            patience,
+            hold_s,
             tie_s,
             weight,
         )
@@ -98,7 +98,7 @@ def _park_on(
     now: float,
     waited: float,
     priority: int,
-    patience: Callable[[Session, str], float],
+    hold_s: float,
     tie_s: float,
     weight: Callable[[str | None], float],
 ) -> tuple[str, ...] | None:
@@ -120,10 +120,9 @@ def _park_on(
         return (session.priority, -quiet_ticks, -session.turns / max(weight(session.client), 1e-9))
 
     def due(session: Session) -> bool:
-        wait = patience(session, state.name)
         if session.priority < priority:  # a higher class waits neither for the bound nor the hold
             return parkable(session, now, 0.0)
-        return waited >= wait and parkable(session, now, wait)
+        return waited >= hold_s and parkable(session, now, hold_s)
 
     candidates = sorted((item for item in state.lru if due(item[0])), key=order)
     chosen: list[str] = []

@@ -40,10 +40,10 @@ def choose(  # type: ignore[no-untyped-def]
     states: dict[str, RankState], need: int = 400, now: float = 100.0, cap: int | None = None, **kw
 ):
     ranks = [Rank(name, f"http://{name}") for name in states]
-    waited, patience = kw.get("waited", HOLD), kw.get("patience", lambda session, rank: HOLD)
+    waited, bound = kw.get("waited", HOLD), kw.get("bound", HOLD)
     tie, hits, weight = kw.get("tie", 0.5), kw.get("hits", {}), kw.get("weight", lambda c: 1.0)
     priority = kw.get("priority", 0)
-    args = (now, waited, priority, patience, tie, hits, weight)
+    args = (now, waited, priority, bound, tie, hits, weight)
     return choose_parked(ranks, states, need, None, 0, cap, *args)
 
 
@@ -72,18 +72,11 @@ def test_a_seat_just_given_or_not_yet_served_is_not_taken_back() -> None:
     assert choose({"r0": full_rank("r0", [fresh, unserved])}) is None
 
 
-def test_a_session_is_parked_once_the_waiter_has_waited_its_patience() -> None:
+def test_a_session_is_parked_once_the_waiter_has_waited_the_bound() -> None:
     cheap, dear = resident("cheap", 90.0), resident("dear", 60.0)  # dear is quiet longest
-    patience = {"cheap": 1.0, "dear": 4.0}
-
-    def by_session(session: Session, rank: str) -> float:
-        return patience[session.key]
-
-    early = choose({"r0": full_rank("r0", [cheap, dear])}, waited=2.0, patience=by_session)
-    assert early is not None and early.keys == ("cheap",)  # dear's recompute outweighs 2 s of waiting
-    late = choose({"r0": full_rank("r0", [cheap, dear])}, waited=4.0, patience=by_session)
-    assert late is not None and late.keys == ("dear",)
-    assert choose({"r0": full_rank("r0", [cheap, dear])}, waited=0.5, patience=by_session) is None
+    early = choose({"r0": full_rank("r0", [cheap, dear])}, waited=2.0, bound=1.0)
+    assert early is not None and early.keys == ("dear",)  # past the bound: the quiet longest goes
+    assert choose({"r0": full_rank("r0", [cheap, dear])}, waited=0.5, bound=1.0) is None
 
 
 def test_ties_go_to_the_most_service_for_the_client_keys_weight() -> None:
