@@ -103,8 +103,8 @@ def effects(args: Any) -> list[Effect]:
             ),
             crowded,
             notes=(
-                "admission on: a new session waits for room (its wait is in its TTFT),",
-                "never longer than its first token would wait if it went in at once",
+                "admission on: a session without a seat waits for one (its wait is in its TTFT);",
+                "past the rotation bound a quiet session's seat is rotated to it",
             ),
         ),
     ]
