@@ -103,7 +103,7 @@ def effects(args: Any) -> list[Effect]:
             ),
             crowded,
             notes=(
-                "admission on: a session without a seat waits for one (its wait is in its TTFT);",
+                "admission on: a session without a seat waits for one (the wait is in TTFT);",
                 "past the rotation bound a quiet session's seat is rotated to it",
             ),
         ),
