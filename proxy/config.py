@@ -55,8 +55,8 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    url: str
+    name: str = Field(description="the rank's name in logs, metrics, the dashboard and x-prefixgate-backend")
+    url: str = Field(description="http(s)://host:port of its OpenAI-compatible server")
     pool_tokens: int | None = Field(
         default=None, gt=0, description="KV pool size in tokens; learned from vllm:cache_config_info if unset"
     )

@@ -78,7 +78,9 @@ class TokenizerConfig(BaseModel):
         "8 of them keep an encoder of their own, ~20 MB each)",
     )
     backend_cache_entries: int = Field(default=1024, ge=0, description="backend: /tokenize answers kept")
-    backend_timeout_s: float = Field(default=10.0, gt=0)
+    backend_timeout_s: float = Field(
+        default=10.0, gt=0, description="backend: seconds a /tokenize call may take"
+    )
 
     @field_validator("hash_algo")
     @classmethod

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("bench.sim.cli", "run simulated vLLM ranks (prefix cache, KV events, faults)"),
     "tokenize": ("tokenization.cli", "print a request's token and block counts and block hashes"),
     "top": ("proxy.cli.top", "live terminal view of a running prefixgate: hit rates, ranks, sessions"),
+    "config-reference": ("proxy.cli.reference", "print the reference of every setting, in Markdown"),
 }
 
 
