@@ -1,4 +1,6 @@
-"""The README's two set-up commands are the ones the project really runs."""
+"""The README is a user's manual: its two set-up commands are the ones the project really runs, it fits
+in 250 lines of at most 120 characters, its links resolve, and every setting is in the reference it
+links to."""
 
 from __future__ import annotations
 
@@ -27,16 +29,54 @@ def test_ci_runs_the_readme_test_command():
     assert readme_commands()[1] in ci_lines
 
 
-def test_readme_documents_every_option():
-    text = (ROOT / "README.md").read_text()
+MAX_LINES, MAX_WIDTH = 250, 120
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)\s]*)?\)")
+
+
+def test_readme_is_a_manual_of_at_most_250_lines_of_120_characters():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= MAX_LINES
+    wide = [(number, len(line)) for number, line in enumerate(lines, 1) if len(line) > MAX_WIDTH]
+    assert wide == []
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_resolves():
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target, anchor in LINK.findall(page.read_text()):
+            if "://" in target:
+                continue
+            linked = (page.parent / target).resolve()
+            assert linked.exists(), (page.name, target)
+            if anchor and linked.suffix == ".md":
+                assert anchor[1:] in anchors(linked.read_text()), (page.name, target + anchor)
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings."""
+    headings = re.findall(r"^#+ (.+)$", markdown, re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_readme_links_the_reference_that_documents_every_option():
+    assert "(docs/configuration.md)" in (ROOT / "README.md").read_text()
+    text = CONFIGURATION.read_text()
     for option in OPTIONS:
         assert re.search(rf"`{re.escape(option.flag)}`", text), option.flag
         assert option.env in text
 
 
-def test_readme_documents_every_tokenization_key():
+def test_the_readmes_flags_are_flags_serve_takes():
+    from tests.test_config_reference import serve_flags
+
+    section = (ROOT / "README.md").read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(--[a-z-]+)", section))
+    assert named and named <= set(serve_flags()), named - set(serve_flags())
+
+
+def test_the_reference_documents_every_tokenization_key():
     from tokenization.config import TokenizerConfig
 
-    section = (ROOT / "README.md").read_text().split("`tokenization:` section", 1)[1]
+    section = CONFIGURATION.read_text().split("`tokenization:` section", 1)[1]
     for key in TokenizerConfig.model_fields:
         assert f"| `{key}` |" in section, key

@@ -1,6 +1,7 @@
-"""What issue 21 found missing from the README and the compose file, kept there: the by-hand quickstart
-with `prefixgate sim`, sessions and their identification, KV events on the vLLM `serve` line, the test
-suite's needs and skip reasons, the probes."""
+"""What issue 21 found missing from the README and the compose file, kept there or in the docs the README
+links: the by-hand quickstart with `prefixgate sim`, sessions and their identification
+(docs/agents.md), KV events on the vLLM `serve` line, the test suite's needs and skip reasons
+(docs/testing.md), the probes, the Redis URLs (docs/deploying.md)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,19 @@ from tests.test_readme import readme_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+TESTING = (DOCS / "testing.md").read_text()
 
 
-def section(title: str) -> str:
-    return README.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+def section(title: str, text: str = README) -> str:
+    return text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
 
 
 def test_the_test_command_ends_with_failures_and_skip_reasons_and_names_what_the_suite_needs():
     assert readme_commands()[1].endswith("pytest -q -rfEs")  # the failures last: a CI log shows its tail
-    setup = section("Set up on a fresh machine")
+    assert "(docs/testing.md)" in section("Set up on a fresh machine")
+    setup = section("The test command", TESTING)
+    assert f"    {readme_commands()[1]}\n" in setup  # the README's command, the one explained there
     assert "`../shared`" in setup and "chromium" in setup and "install_browser.sh" in setup
 
 
@@ -34,7 +39,7 @@ def test_the_deselected_tiers_and_the_lines_that_run_them_are_named():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     markers = [m.split(":", 1)[0] for m in pyproject["markers"]]
     assert markers == ["vllm", "agents"]
-    setup = section("Set up on a fresh machine")
+    setup = TESTING
     deselect, parallel = re.fullmatch(r"(-m '[^']*') (.*)", pyproject["addopts"]).groups()
     assert f"`{deselect}`" in setup  # what deselects them, as written there
     assert f"`{parallel}`" in setup and "`-n 0`" in setup  # the parallel run, and how to leave it
@@ -63,7 +68,8 @@ def test_the_by_hand_quickstart_matches_the_sim_and_serve_defaults():
 
 
 def test_sessions_are_explained_with_every_way_they_are_identified():
-    text = section("Sessions and admission control")
+    assert "(docs/agents.md)" in README
+    text = section("Sessions", (DOCS / "agents.md").read_text())
     for header in DEFAULT_SESSION_HEADERS:
         assert f"`{header}`" in text
     for field in ("prompt_cache_key", "metadata.session_id", "metadata.user_id", "`user`"):
@@ -79,7 +85,9 @@ def test_the_vllm_serve_line_subscribes_to_the_ranks_kv_events():
     backends = re.findall(r"--backend (\S+)", serve)
     settings = load_settings(flags={"kv_events": spec}, backend_specs=backends, environ={})
     assert settings.kv_events == spec and all(f":{vllm_endpoint_port}" in s for s in spec.split(","))
-    assert "/ready" in text and "readinessProbe" in text and "livenessProbe" in text
+    assert "/ready" in text
+    deploying = section("Deploying it")
+    assert "readinessProbe" in deploying and "livenessProbe" in deploying
 
 
 def test_compose_probes_readiness_and_wires_kv_events_and_redis():
@@ -108,8 +116,10 @@ def test_the_redis_url_is_written_one_way_and_each_form_is_accepted():
     for form in forms:
         assert form.split("://", 1)[1].startswith("[[user]:password@]host:port"), form
         assert form in REDIS_URL_FORMS, form  # the same as `prefixgate serve --help` says
+    deploying = (DOCS / "deploying.md").read_text()
+    assert "`--redis-url`" in README and "(docs/deploying.md)" in README
     for template in REDIS_URLS:
-        assert f"`{template}`" in README, template
+        assert f"`{template}`" in deploying, template
         # the template, filled in, is a URL --redis-url takes
         url = (
             template.replace("[[user]:password@]", "u:p@")
