@@ -2,7 +2,8 @@
 
 Precedence: flags override environment, which overrides the file, which overrides the defaults.
 Every scalar setting is declared once in ``OPTIONS`` below; the CLI, the environment reader and the
-README's reference are all generated from that table, so they cannot disagree.
+reference in docs/configuration.md (``prefixgate config-reference``) are all generated from that
+table, so they cannot disagree.
 """
 
 from __future__ import annotations
