@@ -4,7 +4,9 @@ figures of issue 20's "Done when" and write them to ``bench/out/agents.json``.
 Targets: Claude Code's hit rate with a file edited between ``--continue`` prompts within 0.002 of
 the same session without the edit; three sessions in different directories share at least their
 system + tools; no false break in any session; side requests and sub-agents listed
-as threads; every estimate within one block of the reported cached tokens; no index correction.
+as threads; every estimate within one block of the reported cached tokens; no index correction;
+every session keyed by the agent's own session header; a session's last request with the
+end-of-session header leaves it ended, its seat free, as soon as it is answered.
 Exits 1 when a target is missed (0 when met; 2 when the CLIs are not installed).
 """
 
@@ -22,20 +24,33 @@ from bench.agents.tier import SIM, SessionFigures
 from bench.common import write_json
 
 HIT_RATE_TOLERANCE = 0.002
+#: Variants run with a rule off, to show what it buys: their sessions' breaks are the rule's to avoid.
+CONTROLS = frozenset({"edit_rule_off", "late_rule_off"})
 
 
 def _sessions(results: dict[str, Any]) -> dict[str, SessionFigures]:
-    """Every session measured, by scenario/variant (the rule-off control excluded)."""
+    """Every session measured, by scenario/variant (the rule-off controls excluded)."""
     out: dict[str, SessionFigures] = {}
     for name, result in results.items():
         variants = {"": result} if "_figures" in result else result
         for variant, data in variants.items():
-            if variant == "edit_rule_off" or not isinstance(data, dict):
+            if variant in CONTROLS or not isinstance(data, dict):
                 continue
             found = data.get("_figures")
             for i, fig in enumerate(found if isinstance(found, list) else [found]):
                 if isinstance(fig, SessionFigures):
                     out[f"{name}/{variant or '-'}/{i}"] = fig
+    return out
+
+
+def _variants(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every deployment's result, by scenario/variant."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, result in results.items():
+        if "corrections" in result:
+            out[name] = result
+        else:
+            out.update({f"{name}/{v}": r for v, r in result.items() if isinstance(r, dict)})
     return out
 
 
@@ -50,11 +65,13 @@ def targets(results: dict[str, Any]) -> dict[str, tuple[bool, str]]:
             f"edit {edit:.4f} vs no edit {still:.4f} (rule off: {off:.4f})",
         )
     if "claude_dirs" in results:
-        on, off = results["claude_dirs"]["defaults"], results["claude_dirs"]["memory_rule_off"]
+        dirs = results["claude_dirs"]
+        on, off, late = dirs["defaults"], dirs["memory_rule_off"], dirs["late_rule_off"]
         out["3 dirs share system + tools"] = (
             on["covers_system_tools"],
             f"{on['shared_prefix_tokens']} shared of {on['system_tools_tokens']} system+tools tokens "
-            f"(claude_memory off: {off['shared_prefix_tokens']})",
+            f"(claude_memory off: {off['shared_prefix_tokens']}, late_system off: "
+            f"{late['shared_prefix_tokens']} of {late['system_tools_tokens']})",
         )
     sessions = _sessions(results)
     false = {k: [b.get("cause") for b in f.false_breaks] for k, f in sessions.items() if f.false_breaks}
@@ -77,6 +94,25 @@ def targets(results: dict[str, Any]) -> dict[str, tuple[bool, str]]:
         max(errors, default=0) <= SIM.block_size,
         f"max {max(errors, default=0)} tokens over {len(errors)} requests (block {SIM.block_size}); "
         f"exact on {sum(1 for e in errors if e == 0)}",
+    )
+    deployments = _variants(results)
+    identified = {k: r["identified"] for k, r in deployments.items() if "identified" in r}
+    strays = {k: i["unmatched"] for k, i in identified.items() if i["unmatched"] or not i["sessions"]}
+    out["sessions identified from the agents' own headers"] = (
+        bool(identified) and not strays,
+        ", ".join(f"{k}: {i['sessions']} by {i['header']}" for k, i in identified.items())
+        + (f"; not matching: {strays}" if strays else ""),
+    )
+    ended = [(k, e) for k, r in deployments.items() for e in r.get("ended", [])]
+    not_freed = [
+        (k, e)
+        for k, e in ended
+        if not (e["status"] == 200 and e["decision"] == "ended" and e["released"] and not e["active"])
+    ]
+    out["end-of-session header frees the seat within one request"] = (
+        bool(ended) and not not_freed,
+        f"{len(ended) - len(not_freed)} of {len(ended)} sessions ended and freed right after their "
+        f"last request" + (f"; not: {not_freed}" if not_freed else ""),
     )
     # steady state: a deployment's corrections after its first session (all of them where there is one)
     steady = total = 0.0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: Versions whose request formats the canonicalization rules recognise (see each rule's module).
-VERSIONS = {"@anthropic-ai/claude-code": "2.1.197", "@openai/codex": "0.171.0", "opencode-ai": "1.18.33"}
+VERSIONS = {"@anthropic-ai/claude-code": "2.1.332", "@openai/codex": "0.171.0", "opencode-ai": "1.18.33"}
 CLAUDE_MODEL = "claude-opus-4-8"
 #: Seconds one CLI run may take (a few requests to a simulated rank).
 RUN_TIMEOUT_S = 180.0

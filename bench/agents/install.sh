@@ -7,7 +7,7 @@
 set -euo pipefail
 
 DIR="${PREFIXGATE_AGENTS_DIR:-$HOME/.cache/prefixgate/agents}"
-PACKAGES="@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 opencode-ai@1.18.33"
+PACKAGES="@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 opencode-ai@1.18.33"
 STAMP="$DIR/.prefixgate-installed"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$PACKAGES" ]] \
@@ -23,7 +23,7 @@ fi
 
 mkdir -p "$DIR"
 export npm_config_cache="$DIR/npm-cache" npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
-if ! timeout 60 npm view "@anthropic-ai/claude-code@2.1.197" version >/dev/null 2>&1; then
+if ! timeout 60 npm view "@anthropic-ai/claude-code@2.1.332" version >/dev/null 2>&1; then
   echo "the npm registry cannot be reached (npm view @anthropic-ai/claude-code failed)" >&2
   exit 3
 fi

@@ -5,13 +5,17 @@ figures of issue 20's "Done when" they measure.
   a file edited before each (or not): its hit rate against the same session without the edits,
   and with the ``claude_git_status`` rule off (what the edit cost before);
 - ``claude_dirs``: three concurrent Claude Code sessions in different directories: the prefix their
-  first requests share, against their system + tools (with the defaults, and ``claude_memory`` off);
+  first requests share, against their system + tools (with the defaults, and ``claude_memory`` or
+  ``late_system`` off);
 - ``claude_agents``: Claude Code calling its Agent tool: sub-agents under the session;
 - ``codex``: ``codex exec`` then ``exec resume --last``;
 - ``opencode``: ``opencode run`` then ``--continue`` (its title generator first).
 
 Every session's breaks, threads and per-request estimate errors are kept; the index corrections per
-deployment too.
+deployment too. Per deployment, ``identified``: whether prefixgate's sessions are the ids the agent
+sent in its own session header; per agent session, once measured, ``ended``: its last, minimal
+request with Dynamo's session-final header (as a harness sends it), and the session read back at
+once (ended, its seat free).
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ from typing import Any
 from bench.agents import clis
 from bench.agents.tier import Deployment, SessionFigures, figures, shared_prefix
 
+#: Each agent's own session header (Codex's and opencode's as the README's session-header table names them).
+CLAUDE_HEADER = "x-claude-code-session-id"
+CODEX_HEADER = "session-id"
+OPENCODE_HEADER = "x-session-affinity"
 MEMORY_OFF = {"canonical": {"rules": {"claude_memory": {"enabled": False}}}}
+LATE_RULE_OFF = {"canonical": {"rules": {"late_system": {"enabled": False}}}}
 GIT_RULE_OFF = {"canonical": {"rules": {"claude_git_status": {"enabled": False}}}}
 
 
@@ -50,6 +59,8 @@ def claude_edit(root: Path) -> dict[str, Any]:
             ws.git_init()
             fig = _claude_session(dep, ws, 3, edit)
             out[name] = {**fig.to_dict(), "corrections": dep.metric("prefixgate_index_corrections_total")}
+            out[name]["identified"] = dep.identified(CLAUDE_HEADER)
+            out[name]["ended"] = [dep.end_session(fig.key, CLAUDE_HEADER)]
             out[name]["_figures"] = fig
     return out
 
@@ -77,7 +88,11 @@ def _concurrently(jobs: list[Callable[[], object]]) -> list[object]:
 def claude_dirs(root: Path, sessions: int = 3) -> dict[str, Any]:
     """Concurrent Claude Code sessions in different directories: what their first requests share."""
     out: dict[str, Any] = {}
-    for name, flags in (("defaults", {}), ("memory_rule_off", MEMORY_OFF)):
+    for name, flags in (
+        ("defaults", {}),
+        ("memory_rule_off", MEMORY_OFF),
+        ("late_rule_off", LATE_RULE_OFF),
+    ):
         with Deployment(root / name, flags=flags, subagents=False) as dep:
             spaces = [clis.Workspace(root / name / f"dir-{i}") for i in range(sessions)]
             for ws in spaces:
@@ -89,17 +104,21 @@ def claude_dirs(root: Path, sessions: int = 3) -> dict[str, Any]:
             found = _concurrently([session(ws) for ws in spaces])
             firsts: dict[str, dict[str, Any]] = {}
             for request in dep.requests():
-                key = request["headers"].get("x-claude-code-session-id")
+                key = request["headers"].get(CLAUDE_HEADER)
                 if key and "x-claude-code-agent-id" not in request["headers"]:
                     firsts.setdefault(key, request)
             common, head = shared_prefix(list(firsts.values()))
+            measured = [f for f in found if isinstance(f, SessionFigures)]
+            identified = dep.identified(CLAUDE_HEADER)
             out[name] = {
                 "sessions": [f.to_dict() for f in found if isinstance(f, SessionFigures)],
                 "shared_prefix_tokens": common,
                 "system_tools_tokens": head,
                 "covers_system_tools": common >= head > 0,
                 "corrections": dep.metric("prefixgate_index_corrections_total"),
-                "_figures": [f for f in found if isinstance(f, SessionFigures)],
+                "identified": identified,
+                "ended": [dep.end_session(f.key, CLAUDE_HEADER) for f in measured],
+                "_figures": measured,
             }
     return out
 
@@ -113,6 +132,8 @@ def claude_agents(root: Path) -> dict[str, Any]:
         return {
             **fig.to_dict(),
             "corrections": dep.metric("prefixgate_index_corrections_total"),
+            "identified": dep.identified(CLAUDE_HEADER),
+            "ended": [dep.end_session(fig.key, CLAUDE_HEADER)],
             "_figures": fig,
         }
 
@@ -133,6 +154,8 @@ def codex(root: Path) -> dict[str, Any]:
         return {
             **fig.to_dict(),
             "corrections": dep.metric("prefixgate_index_corrections_total"),
+            "identified": dep.identified(CODEX_HEADER),
+            "ended": [dep.end_session(fig.key, CODEX_HEADER)],
             "_figures": fig,
         }
 
@@ -153,10 +176,13 @@ def opencode(root: Path) -> dict[str, Any]:
             if n == 0:
                 learning = dep.metric("prefixgate_index_corrections_total")
         total = dep.metric("prefixgate_index_corrections_total")
+        identified = dep.identified(OPENCODE_HEADER)
         return {
             "sessions": [f.to_dict() for f in found],
             "corrections": total,
             "corrections_steady": total - learning,
+            "identified": identified,
+            "ended": [dep.end_session(f.key, OPENCODE_HEADER) for f in found],
             "_figures": found,
         }
 

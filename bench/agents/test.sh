@@ -19,4 +19,8 @@ if [[ $status -eq 3 ]]; then
 elif [[ $status -ne 0 ]]; then
   exit "$status"
 fi
-exec timeout 1800 "$PYTHON" -m pytest -m agents tests/agents -q -p no:cacheprovider -n 0 "$@"
+# --confcutdir: the tier needs none of tests/conftest.py's fixtures, and loading it puts tests/ first on
+# sys.path, where the test package tests/bench shadows the project's bench (bench.agents then comes
+# from wherever an installed prefixgate points, not from this checkout).
+exec timeout 1800 "$PYTHON" -m pytest -m agents tests/agents -q -p no:cacheprovider -n 0 \
+  --confcutdir tests/agents "$@"

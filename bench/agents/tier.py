@@ -4,7 +4,9 @@
 shell tool makes that many calls per user turn; sub-agent tools are called once) recording what
 reaches them, and prefixgate with its defaults (plus the flags a scenario sets) on loopback, and
 reads back what prefixgate measured: the session table, each session's threads, its turns with the
-estimated and reported cached tokens, the index corrections.
+estimated and reported cached tokens, the index corrections. ``end_session`` sends a session's last,
+minimal request as an agent harness does (Dynamo's session-final header), and ``identified`` checks
+that prefixgate keyed every session by the agent's own session header.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ from proxy.server import ServerThread
 from tokenization.base import ChatPrompt, common_prefix_len
 from tokenization.chat_conversion import anthropic_to_chat, responses_to_chat
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+
+#: Dynamo's session-final header: a harness sends it on a session's last, minimal request.
+END_HEADER = "x-dynamo-session-final"
+_ENDING = "The session ends."
+#: That last request, per API the agents speak (the agent's model added).
+_END_REQUESTS: dict[str, dict[str, Any]] = {
+    "/v1/messages": {"max_tokens": 1, "messages": [{"role": "user", "content": _ENDING}]},
+    "/v1/responses": {"max_output_tokens": 16, "input": _ENDING},
+    "/v1/chat/completions": {"max_tokens": 1, "messages": [{"role": "user", "content": _ENDING}]},
+}
 
 #: The ranks of the tier: fast (no modelled time), pools large enough that nothing is evicted.
 SIM = SimConfig(time_scale=0.0, kv_tokens=1_000_000, scripted_tool_calls=2, scripted_subagents=True)
@@ -97,6 +109,40 @@ class Deployment:
         if not self.records.exists():
             return []
         return [json.loads(line) for line in self.records.read_text(encoding="utf-8").splitlines()]
+
+    def identified(self, header: str) -> dict[str, Any]:
+        """Whether prefixgate's sessions are exactly the ids the agent sent in its own session
+        ``header`` (its child sessions, which name a parent, are threads of the parent's)."""
+        sent = {
+            r["headers"][header]
+            for r in self.requests()
+            if r["headers"].get(header) and not any(r["headers"].get(h) for h in _PARENT_HEADERS)
+        }
+        keys = {s["key"] for s in self.sessions()}
+        return {"header": header, "sessions": len(keys), "unmatched": sorted(keys ^ sent)}
+
+    def end_session(self, key: str, header: str) -> dict[str, Any]:
+        """Send session ``key``'s last request as an agent harness does when the session ends (a
+        minimal one, in the agent's API, with its session header and ``END_HEADER``), then read the
+        session back at once: ended and its seat free after that one request?"""
+        first = next(
+            r for r in self.requests() if r["headers"].get(header) == key and r["path"] in _END_REQUESTS
+        )
+        body = {"model": first["body"].get("model"), **_END_REQUESTS[first["path"]]}
+        answer = httpx.post(
+            self.url + first["path"],
+            json=body,
+            headers={header: key, END_HEADER: "true"},
+            timeout=60,
+            trust_env=False,
+        )
+        session = self.session(key)
+        return {
+            "status": answer.status_code,
+            "decision": (session.get("admission") or {}).get("decision"),
+            "released": session["released"],
+            "active": session["active"],
+        }
 
 
 @dataclass(frozen=True)

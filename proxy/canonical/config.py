@@ -32,7 +32,15 @@ from pydantic import (
 )
 
 from proxy.canonical.rules import REGISTRY
-from proxy.canonical.rules.base import Rule, RuleConfig, SessionToolsRule, StrictModel, TextRule, ToolsRule
+from proxy.canonical.rules.base import (
+    MessagesRule,
+    Rule,
+    RuleConfig,
+    SessionToolsRule,
+    StrictModel,
+    TextRule,
+    ToolsRule,
+)
 from proxy.canonical.rules.volatile_date import DatePattern
 
 __all__ = ["CanonicalConfig", "CanonicalOverride", "DatePattern", "RuleSettings"]
@@ -92,7 +100,7 @@ class RuleSettings(BaseModel):
         assert isinstance(value, RuleConfig)
         return value
 
-    def of(self, rule: TextRule[S] | ToolsRule[S] | SessionToolsRule[S]) -> S:
+    def of(self, rule: MessagesRule[S] | TextRule[S] | ToolsRule[S] | SessionToolsRule[S]) -> S:
         """The settings of ``rule``, typed."""
         return cast(S, self.get(rule.name))
 

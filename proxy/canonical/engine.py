@@ -2,8 +2,9 @@
 
 The rules come from the configuration's ``RuleSettings`` (derived from the rule registry), in order
 of application; each enabled rule is compiled once per resolved rule set into its step, by kind:
-system-text steps (``proxy.canonical.messages``: the leading system messages, and where what they
-take out goes) and tool steps (``proxy.canonical.tools``). The engine knows no rule by name.
+message-list steps (run first, over the whole message list), system-text steps
+(``proxy.canonical.messages``: the leading system messages, and where what they take out goes) and
+tool steps (``proxy.canonical.tools``). The engine knows no rule by name.
 
 Work is cached per resolved rule set: the canonical form of a system text is keyed by the text
 itself, the stateless tool steps by a digest of the raw tools, so an unchanged prefix costs a hash and
@@ -22,7 +23,15 @@ from typing import Any, Literal
 
 from proxy.canonical.config import CanonicalConfig, RuleSettings
 from proxy.canonical.messages import TextSteps, canon_messages
-from proxy.canonical.rules.base import SessionToolsStep, TextRule, TextStep, ToolsRule, ToolsStep
+from proxy.canonical.rules.base import (
+    MessagesRule,
+    MessagesStep,
+    SessionToolsStep,
+    TextRule,
+    TextStep,
+    ToolsRule,
+    ToolsStep,
+)
 from proxy.canonical.state import SessionCanonState
 from proxy.canonical.tools import ToolSteps
 
@@ -47,13 +56,17 @@ class _RuleSet:
     """One resolved rule configuration: its enabled rules compiled into steps, with their caches."""
 
     def __init__(self, rules: RuleSettings, cache_entries: int) -> None:
+        self.message_steps: list[tuple[str, MessagesStep]] = []
         text: list[tuple[str, TextStep]] = []
         tools: list[tuple[str, ToolsStep]] = []
         session_tools: list[tuple[str, SessionToolsStep]] = []
         for rule, settings in rules.items():
             if not settings.enabled:
                 continue
-            if isinstance(rule, TextRule):
+            if isinstance(rule, MessagesRule):
+                if (messages_step := rule.build(settings)) is not None:
+                    self.message_steps.append((rule.name, messages_step))
+            elif isinstance(rule, TextRule):
                 if (text_step := rule.build(settings)) is not None:
                     text.append((rule.name, text_step))
             elif isinstance(rule, ToolsRule):
@@ -116,8 +129,17 @@ class Canonicalizer:
             rewrites: dict[str, int] = {}
             messages = body.get("messages")
             new_messages = None
-            if isinstance(messages, list) and ruleset.texts is not None:
-                new_messages = canon_messages(messages, ruleset.texts, session, rewrites)
+            if isinstance(messages, list):
+                for name, step in ruleset.message_steps:
+                    edit = step(messages if new_messages is None else new_messages)
+                    if edit.messages is not None:
+                        new_messages = edit.messages
+                        rewrites[name] = rewrites.get(name, 0) + edit.count
+                if ruleset.texts is not None:
+                    texts = canon_messages(
+                        messages if new_messages is None else new_messages, ruleset.texts, session, rewrites
+                    )
+                    new_messages = texts if texts is not None else new_messages
             tools = body.get("tools")
             new_tools = None
             if isinstance(tools, list) and tools and ruleset.tools is not None:

@@ -1,4 +1,4 @@
-"""Issue 20's "Done when", measured with the real agent CLIs (Claude Code 2.1.197, Codex CLI 0.171.0,
+"""Issue 20's "Done when", measured with the real agent CLIs (Claude Code 2.1.332, Codex CLI 0.171.0,
 opencode 1.18.33) through prefixgate with its defaults against simulated ranks that render system
 before tools (``python -m bench.agents`` prints the same figures)."""
 
@@ -43,6 +43,16 @@ def test_estimates_within_one_block_of_the_reports(met: dict[str, tuple[bool, st
 
 def test_no_index_corrections_in_steady_state(met: dict[str, tuple[bool, str]]) -> None:
     check(met, "no index corrections in steady state")
+
+
+def test_every_agents_sessions_are_keyed_by_its_own_session_header(met: dict[str, tuple[bool, str]]) -> None:
+    check(met, "sessions identified from the agents' own headers")
+
+
+def test_the_end_of_session_header_frees_the_seat_within_one_request(
+    met: dict[str, tuple[bool, str]],
+) -> None:
+    check(met, "end-of-session header frees the seat within one request")
 
 
 def test_every_agent_ran_multi_turn_sessions_with_tool_calls(tier: dict[str, Any]) -> None:

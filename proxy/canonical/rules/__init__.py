@@ -1,10 +1,10 @@
 """The canonicalization rules, one module per rule, and the registry that lists them in order.
 
 Each rule module defines ``RULE`` (see ``proxy.canonical.rules.base``: name, settings model, kind and
-step). ``BUILTIN_RULES`` below is the order of application (``RULE_ORDER``): the system-text rules, per
-text, then the tool rules. ``whitespace`` runs after the rules that edit text in place so that what
-they cut out leaves no ragged edges; the rules moving an agent's whole volatile section
-(``proxy.canonical.rules.sections``) come after it and leave none themselves.
+step). ``BUILTIN_RULES`` below is the order of application (``RULE_ORDER``): the message-list rules,
+then the system-text rules, per text, then the tool rules. ``whitespace`` runs after the rules that
+edit text in place so that what they cut out leaves no ragged edges; the rules moving an agent's
+whole volatile section (``proxy.canonical.rules.sections``) come after it and leave none themselves.
 
 Adding a rule: write ``proxy/canonical/rules/<module>.py`` with its ``RULE``, import the module here
 and put ``<module>.RULE`` in ``BUILTIN_RULES`` at its place. The ``canonical.rules`` configuration
@@ -27,6 +27,7 @@ from proxy.canonical.rules import (
     claude_memory,
     dedupe_tools,
     env_block,
+    late_system,
     opencode_env,
     param_order,
     schema_keys,
@@ -37,6 +38,7 @@ from proxy.canonical.rules import (
 from proxy.canonical.rules.base import Rule
 
 BUILTIN_RULES: tuple[Rule, ...] = (
+    late_system.RULE,
     attribution.RULE,
     volatile_date.RULE,
     env_block.RULE,

@@ -1,6 +1,6 @@
 """The rule interface: what a canonicalization rule declares, and one step signature per kind.
 
-A rule is a module of ``proxy/canonical/rules`` that defines ``RULE``, an instance of one of the three
+A rule is a module of ``proxy/canonical/rules`` that defines ``RULE``, an instance of one of the four
 kinds below (the class is the kind), with:
 
 - ``name``: its key in the ``canonical.rules`` configuration section and its label in the rewrite
@@ -12,6 +12,9 @@ kinds below (the class is the kind), with:
 
 The kinds and their steps:
 
+- ``MessagesRule``: ``step(messages) -> MessagesEdit``, over the request's whole message list, before
+  every other step (the text steps then see its result). A pure function of the list: it must be
+  cheap (it runs on every request) and keep every message it leaves alone as the same object.
 - ``TextRule``: ``TextStep.run(text) -> TextEdit``, over each text of the leading system messages,
   cached by the text. What the step takes out of the text and where it goes is declared in
   ``TextEdit.moved`` (``Destination``); the engine carries it there.
@@ -149,10 +152,28 @@ class ToolsEdit:
     count: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class MessagesEdit:
+    """A message step's result: the new message list (None: unchanged) and the rewrite count."""
+
+    messages: list[Any] | None
+    count: int = 0
+
+
+MessagesStep: TypeAlias = Callable[[list[Any]], MessagesEdit]
 ToolsStep: TypeAlias = Callable[[ToolList], ToolsEdit]
 SessionToolsStep: TypeAlias = Callable[[ToolList, SessionCanonState | None], ToolsEdit]
 
 S = TypeVar("S", bound=RuleConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesRule(Generic[S]):
+    """A rule over the request's message list as a whole (which messages there are, their roles)."""
+
+    name: str
+    settings: type[S]
+    build: Callable[[S], MessagesStep | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,4 +203,4 @@ class SessionToolsRule(Generic[S]):
     build: Callable[[S], SessionToolsStep | None]
 
 
-Rule: TypeAlias = TextRule[Any] | ToolsRule[Any] | SessionToolsRule[Any]
+Rule: TypeAlias = MessagesRule[Any] | TextRule[Any] | ToolsRule[Any] | SessionToolsRule[Any]

@@ -19,7 +19,7 @@ from proxy.canonical.rules.sections import Format, SectionSettings, section_step
 NAME = "claude_memory"
 
 FORMATS: dict[str, Format] = {
-    # Claude Code 2.1 (seen on 2.1.197): the section runs to the next top-level heading.
+    # Claude Code 2.1 (seen on 2.1.197 and 2.1.332): the section runs to the next top-level heading.
     "claude-code-2.1": Format(
         "You have a persistent file-based memory at `",
         re.compile(
