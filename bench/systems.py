@@ -23,7 +23,7 @@ import psutil
 from bench.common import free_port_run, metric_totals, wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
 from bench.process_cpu import cpu_seconds
-from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
+from bench.sim import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
 from proxy.server import free_port
 
 #: Counters summed over the fleet (Prometheus exposes counters with a ``_total`` suffix).

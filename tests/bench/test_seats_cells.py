@@ -24,9 +24,7 @@ from bench.replay import (
     post_with_retries,
     replay_trace,
 )
-from bench.sim.config import SimConfig
-from bench.sim.prompts import Prompt
-from bench.sim.scheduler import Engine
+from bench.sim import Engine, Prompt, SimConfig
 from bench.systems import FleetConfig, SimFleetProcess
 from bench.traces import TraceRequest, TraceSession
 from bench.turn_figures import turn_figures
