@@ -22,7 +22,6 @@ import psutil
 
 from bench.common import free_port_run, metric_totals, wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
-from bench.process_cpu import cpu_seconds
 from bench.sim import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
 from proxy.server import free_port
 
@@ -159,7 +158,8 @@ class ProcessCpu:
 
     def _now(self) -> float:
         assert self.process is not None
-        return cpu_seconds(self.process)
+        times = self.process.cpu_times()  # every thread's, from the OS
+        return times.user + times.system
 
     def start(self) -> None:
         if self.process is not None:
