@@ -69,6 +69,16 @@ def wait_until_up(url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes]
         time.sleep(0.05)
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM ``proc`` and reap it; SIGKILL when it has not exited within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def metric_totals(url: str, names: Sequence[str]) -> dict[str, float]:
     """Each of ``names`` (without a ``_total`` suffix) summed over its labels in the Prometheus text
     at ``url + "/metrics"``; 0 for a metric the server does not have."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import wait_until_up
+from bench.common import stop_process, wait_until_up
 from proxy.app import create_app
 from proxy.config import load_settings
 from proxy.server import ServerThread, free_port
@@ -121,12 +121,7 @@ class Subprocess:
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc)
         os.close(self._log_fd)
 
     def __del__(self) -> None:
