@@ -1,9 +1,16 @@
-"""Synthetic multi-turn sessions of six coding-agent shapes, each with its real drift between requests.
+"""Synthetic multi-turn sessions of two coding-agent shapes, each with its real drift between requests.
 
-The shapes follow ``specs/agent-requests.md``; ``bench/canonical.py`` describes each agent's drift
-and replays these sessions with canonicalization off and on. ``Agents.build(agent, session, turns,
-drift)`` gives the request bodies of one session's turns; with ``drift=False`` the volatile fields
-stay frozen at the session's first request and the tools keep their order (the bound's sessions).
+The shapes follow ``specs/agent-requests.md``:
+
+- ``codex``: MCP tools in a new (HashMap) order every request, envelopes re-serialized in another
+  key order; environment in the first user message;
+- ``claude_code``: a first system line ``x-anthropic-billing-header: ...; cch=...`` whose hash
+  changes per request; ``<env>`` with a date; an MCP server connecting mid-session (new tools: a
+  real change), reconnecting later with its tools in another order and schema keys re-serialized.
+
+``Agents.build(agent, session, turns, drift)`` gives the request bodies of one session's turns; with
+``drift=False`` the volatile fields stay frozen at the session's first request and the tools keep
+their order (the bound's sessions). The demo's drift effect replays them.
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from typing import Any
 
 from bench.workload import make_tools, text_of
 
+#: The agents a seed draws system text and tools for, in this order (the draws of the four that are
+#: no longer built stay, so that a seed gives the same bodies it always gave).
 AGENTS = ("codex", "claude_code", "cline", "opencode", "openhands", "aider")
-MIDNIGHT_TURN = 4  # the turn before which midnight passes, in session 0 of the date-in-system agents
 
 
 @dataclass(frozen=True)
@@ -103,11 +111,6 @@ def sequence(
     return turns
 
 
-def _date(session: int, turn: int, drift: bool) -> int:
-    """Day of the month: midnight passes before ``MIDNIGHT_TURN`` in session 0 (only with drift)."""
-    return 4 if drift and session == 0 and turn >= MIDNIGHT_TURN else 3
-
-
 class Agents:
     """Session builders: ``build(agent, session, turns, drift)`` -> the request bodies of its turns."""
 
@@ -181,92 +184,3 @@ class Agents:
             return base + [_reserialized(x) for x in reversed(mcp)]  # reconnected: other order and keys
 
         return sequence(system_for, first, steps, tools_for)
-
-    def cline(self, session: int, turns: int, drift: bool) -> list[Body]:
-        rng = self._rng("cline", session)
-        base, mcp = self.tools["cline"], self.mcp["cline"]
-        first = self._first(rng, session)
-        steps = tool_steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
-
-        def user_for(t: int) -> Body:
-            when = f"11/3/2025, {9 + session}:{t:02d}:{(t * 17) % 60:02d} AM (Europe/Berlin, UTC+1:00)"
-            return {
-                "role": "user",
-                "content": f"<environment_details>\n# Current Time\n{when}\n"
-                f"# Context Window Usage\n{t * 3}%\n</environment_details>",
-            }
-
-        def tools_for(t: int) -> list[Body]:
-            return base + (mcp[::-1] if drift and t >= 3 else mcp)
-
-        return sequence(
-            lambda t: [{"role": "system", "content": self.system["cline"]}], first, steps, tools_for, user_for
-        )
-
-    def opencode(self, session: int, turns: int, drift: bool) -> list[Body]:
-        rng = self._rng("opencode", session)
-        base, mcp = self.tools["opencode"], self.mcp["opencode"]
-        first = self._first(rng, session)
-        steps = tool_steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
-
-        def system_for(t: int) -> list[Body]:
-            day = _date(session, t, drift)
-            env = (
-                f"Here is some useful information about the environment you are running in:\n<env>\n"
-                f"  Working directory: /home/dev/svc{session}\n  Platform: linux\n"
-                f"  Today's date: {'Mon' if day == 3 else 'Tue'} Nov 0{day} 2025\n</env>"
-            )
-            return [
-                {"role": "system", "content": self.system["opencode"]},
-                {"role": "system", "content": env},
-            ]
-
-        def tools_for(t: int) -> list[Body]:
-            return base + (mcp[1:] + mcp[:1] if drift and t >= 3 else mcp)  # restart: another order
-
-        return sequence(system_for, first, steps, tools_for)
-
-    def openhands(self, session: int, turns: int, drift: bool) -> list[Body]:
-        rng = self._rng("openhands", session)
-        base, mcp = self.tools["openhands"], self.mcp["openhands"]
-        runtime = (
-            f"<RUNTIME_INFORMATION>\nHosts: http://localhost:5{session}234\n"
-            "Today's date is 2025-11-03 (UTC).\n</RUNTIME_INFORMATION>\n"
-        )
-        first = self._first(rng, session, runtime)
-        steps = tool_steps(rng, session, turns, self.shape, [t["function"]["name"] for t in base])
-
-        def tools_for(t: int) -> list[Body]:
-            return base + mcp + (mcp[:1] if drift and t >= 3 else [])  # fetch sent twice after a reconnect
-
-        return sequence(
-            lambda t: [{"role": "system", "content": self.system["openhands"]}], first, steps, tools_for
-        )
-
-    def aider(self, session: int, turns: int, drift: bool) -> list[Body]:
-        rng = self._rng("aider", session)
-        repo_map = "Here are summaries of some files in my git repo:\n\n" + text_of(rng, 300)
-        first = [
-            {"role": "user", "content": repo_map},
-            {"role": "assistant", "content": "Ok, I won't try and edit those files without asking first."},
-            *self._first(rng, session),
-        ]
-        steps = [
-            [
-                {
-                    "role": "assistant",
-                    "content": "src/calc.py\n```\n<<<<<<< SEARCH\n" + text_of(rng, 80) + "\n=======\n",
-                },
-                {"role": "user", "content": text_of(rng, self.shape.step_tokens)},
-            ]
-            for _ in range(1, turns)
-        ]
-
-        def system_for(t: int) -> list[Body]:
-            text = (
-                self.system["aider"].replace("\n", "  \r\n")
-                + f"\r\n- Platform: Linux\r\n- Current date: 2025-11-0{_date(session, t, drift)}\r\n"
-            )
-            return [{"role": "system", "content": text}]
-
-        return sequence(system_for, first, steps, lambda t: None)

@@ -95,7 +95,7 @@ from bench.common import positive_count
 from bench.plots import plots_available
 from bench.replay import TraceReplayConfig
 from bench.rounds import combine_all, rotation
-from bench.sim.config import DEFAULT_KV_TOKENS
+from bench.sim import DEFAULT_KV_TOKENS
 from bench.traces import TracesMissing, reuse_breakdown, trace_block_reuse
 from bench.verdict import verdict, verdict_lines
 

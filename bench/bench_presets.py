@@ -33,7 +33,7 @@ from typing import Any
 
 from bench.cells import FLEETS, SHAPES, plan_cell
 from bench.pressure import mean_working_set, pool_for
-from bench.sim.config import DEFAULT_KV_TOKENS
+from bench.sim import DEFAULT_KV_TOKENS
 from bench.traces import CLAUDE_CODE_DIR, MOONCAKE_DIR, TraceSession, load_claude_code, load_mooncake
 
 

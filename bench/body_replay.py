@@ -10,7 +10,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.replay import Rejected, ReplayResult, post_chat_stream, turn_result
+from bench.chat_stream import Rejected, post_chat_stream
+from bench.replay import ReplayResult, turn_result
 
 
 async def replay_bodies(

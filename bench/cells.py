@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bench.pressure import mean_working_set, pool_for
-from bench.sim.config import DEFAULT_KV_TOKENS
+from bench.sim import DEFAULT_KV_TOKENS
 from bench.traces import TraceSession
 
 

@@ -30,8 +30,7 @@ from typing import Any
 from bench.common import OUT_DIR, write_json
 from bench.demo_effects import Effect, effects, run_arm, within_noise
 from bench.demo_rounds import FIGURES, combine, overlapping
-from bench.sim import SimConfig
-from bench.sim.config import DEFAULT_KV_TOKENS
+from bench.sim import DEFAULT_KV_TOKENS, SimConfig
 
 NAME = 22
 HEADER = (

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import psutil
 
-from bench.common import free_port_run, metric_totals, wait_until_up
+from bench.common import free_port_run, metric_totals, stop_process, wait_until_up
 from bench.peers import PEERS, PeerRouter, PeerSpec
-from bench.process_cpu import cpu_seconds
-from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
+from bench.sim import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE
 from proxy.server import free_port
 
 #: Counters summed over the fleet (Prometheus exposes counters with a ``_total`` suffix).
@@ -126,12 +125,7 @@ class SimFleetProcess:
     def stop(self) -> None:
         if self.proc is None:
             return
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc)
         self.proc = None
 
     def metrics(self) -> dict[str, float]:
@@ -159,7 +153,8 @@ class ProcessCpu:
 
     def _now(self) -> float:
         assert self.process is not None
-        return cpu_seconds(self.process)
+        times = self.process.cpu_times()  # every thread's, from the OS
+        return times.user + times.system
 
     def start(self) -> None:
         if self.process is not None:
@@ -263,9 +258,4 @@ def _prefixgate(
                 raise RuntimeError(f"prefixgate --policy {policy} {how} (log: {log})")
             yield RunningSystem(url, proc.pid)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_process(proc)

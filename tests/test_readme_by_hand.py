@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.sim.cli import DEFAULT_SIM_PORT
+from bench.sim import DEFAULT_SIM_PORT
 from proxy.config import Settings
 from tests.test_readme_operator import section
 

@@ -24,6 +24,12 @@ Python API::
     fleet = start_fleet(4, cfg)               # names sim-0..sim-3, each on its own free port
     stop_fleet(fleet)
 
+    engine = Engine(cfg)                      # the scheduler alone, stepped by hand (no HTTP)
+    PromptProcessor(engine.hasher).chat(...)  # a chat request's Prompt as the rank tokenizes and hashes it
+
+This package imports nothing else of ``bench/``; the demo, the benchmarks and the tests outside
+``tests/sim`` use it through these names (``tests/sim`` tests its modules one by one).
+
 HTTP: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``, ``/version``,
 ``/tokenize``, ``/detokenize``, ``/metrics``, ``/kv_event_sources``, ``/server_info``, ``/model_info``,
 and the controls ``POST /sim/faults`` (JSON knobs), ``POST /sim/reset`` (clear the prefix cache,
@@ -32,8 +38,25 @@ and the controls ``POST /sim/faults`` (JSON knobs), ``POST /sim/reset`` (clear t
 CLI: ``prefixgate sim --port P`` or ``prefixgate sim --ranks 4 --base-port P`` (``bench/sim/cli.py``).
 """
 
-from bench.sim.config import FaultConfig, SimConfig
+from bench.sim.cli import DEFAULT_SIM_PORT
+from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, DEFAULT_PREFILL_RATE, FaultConfig, SimConfig
+from bench.sim.prompts import Prompt, PromptProcessor
 from bench.sim.rank import SimRank
 from bench.sim.runner import SimRankServer, start_fleet, stop_fleet
+from bench.sim.scheduler import Engine
 
-__all__ = ["FaultConfig", "SimConfig", "SimRank", "SimRankServer", "start_fleet", "stop_fleet"]
+__all__ = [
+    "DEFAULT_KV_TOKENS",
+    "DEFAULT_MODEL",
+    "DEFAULT_PREFILL_RATE",
+    "DEFAULT_SIM_PORT",
+    "Engine",
+    "FaultConfig",
+    "Prompt",
+    "PromptProcessor",
+    "SimConfig",
+    "SimRank",
+    "SimRankServer",
+    "start_fleet",
+    "stop_fleet",
+]

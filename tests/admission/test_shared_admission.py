@@ -12,8 +12,8 @@ import threading
 
 import httpx
 
-from bench.common import proxy_process
 from tests.admission.conftest import KV_TOKENS, chat
+from tests.helpers.gateway import proxy_process
 from tests.helpers.ranks import RankServers
 from tests.helpers.redis_server import RedisServer
 

@@ -1,10 +1,11 @@
-"""``bench.lockstep``'s order: every request once, each session's in its own order, sub-agents before
-the parent's request that waits for them, at most ``concurrency`` top-level sessions at once."""
+"""``tests/helpers/lockstep.py``'s order: every request once, each session's in its own order,
+sub-agents before the parent's request that waits for them, at most ``concurrency`` top-level
+sessions at once."""
 
 from __future__ import annotations
 
-from bench.lockstep import Step, lockstep_order
 from bench.traces.sessions import TraceRequest, TraceSession
+from tests.helpers.lockstep import Step, lockstep_order
 
 
 def session(key: str, thinks: list[float], start: float = 0.0) -> TraceSession:

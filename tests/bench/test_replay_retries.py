@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from bench.replay import post_with_retries
+from bench.chat_stream import post_with_retries
 from tests.helpers.ranks import RankServers
 from tests.helpers.wait import wait_until_async
 

@@ -15,18 +15,10 @@ from bench.bench_cmd import configure_parser
 from bench.bench_presets import preset_cells, resolve
 from bench.bench_tables import markdown_table, new_cells, retried
 from bench.cells import FLEETS, plan_cell, shaped
+from bench.chat_stream import Rejected, post_chat_stream, post_with_retries
 from bench.pressure import mean_working_set
-from bench.replay import (
-    Rejected,
-    TraceReplayConfig,
-    output_tokens,
-    post_chat_stream,
-    post_with_retries,
-    replay_trace,
-)
-from bench.sim.config import SimConfig
-from bench.sim.prompts import Prompt
-from bench.sim.scheduler import Engine
+from bench.replay import TraceReplayConfig, output_tokens, replay_trace
+from bench.sim import Engine, Prompt, SimConfig
 from bench.systems import FleetConfig, SimFleetProcess
 from bench.traces import TraceRequest, TraceSession
 from bench.turn_figures import turn_figures

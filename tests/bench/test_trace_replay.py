@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from bench.lockstep import replay_lockstep
 from bench.plots import windowed_hit_rate
 from bench.replay import TraceReplayConfig, bound_hit_rate, replay_trace
 from bench.traces import TraceRequest, TraceSession
+from tests.helpers.lockstep import replay_lockstep
 
 
 def _session(key: str, local: str, turns: int, think_s: float = 0.0) -> TraceSession:

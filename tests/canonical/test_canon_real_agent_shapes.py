@@ -1,5 +1,5 @@
-"""bench.real_agent_shapes: sessions of real agents' prompts with their drift, on a folder built here;
-and what the canonicalizer makes of them: every session's system + tools the same bytes again."""
+"""tests/helpers/real_agent_shapes.py: sessions of real agents' prompts with their drift, on a folder
+built here; and what the canonicalizer makes of them: every session's system + tools the same bytes again."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 
 from bench.agent_shapes import Shape
-from bench.real_agent_shapes import RealAgents, agent_names
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
+from tests.helpers.real_agent_shapes import RealAgents, agent_names
 
 CLOCK_FIELD = {
     "name": "current_date_time",

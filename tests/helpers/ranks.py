@@ -3,7 +3,8 @@
 Two kinds, each on a free port of 127.0.0.1:
 
 - simulated vLLM ranks (``bench.sim.SimRankServer``): prefix cache, block pool, metrics, faults;
-- stub ranks (``bench.stub_rank``): instant fixed answers, switchable failures, every request recorded.
+- stub ranks (``tests/helpers/stub_rank.py``): instant fixed answers, switchable failures, every
+  request recorded.
 
 The ``rank_servers`` fixture (tests/conftest.py) gives each test a ``RankServers`` built from its
 suite's ``sim_config`` and ``stub_model`` fixtures; code that outlives one test (a module-scoped
@@ -17,8 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.sim import FaultConfig, SimConfig, SimRankServer
-from bench.stub_rank import StubBehavior, create_stub_app
 from proxy.server import ServerThread
+from tests.helpers.stub_rank import StubBehavior, create_stub_app
 
 
 @dataclass

@@ -10,8 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.sim import SimRankServer
-from bench.sim.prompts import PromptProcessor
+from bench.sim import PromptProcessor, SimRankServer
 from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import KVEvent, KVEventSubscriber, RankMirror, decode_batch, decode_event

@@ -1,6 +1,6 @@
 """Each thread that encodes gets an ``Encoding`` of its own, up to a limit (``tokenization.encoding``):
 tiktoken is slower on an ``Encoding`` another thread used first (``bench.proxy_cpu``'s first turns
-measure what that costs)."""
+measured what that costs: docs/investigations.md)."""
 
 from __future__ import annotations
 

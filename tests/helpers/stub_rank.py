@@ -1,6 +1,6 @@
-"""A minimal, fast OpenAI-compatible rank for proxy tests and the overhead benchmark.
+"""A minimal, fast OpenAI-compatible rank for proxy tests.
 
-It answers instantly with fixed text, so a benchmark through it measures the proxy, not the rank.
+It answers instantly with fixed text, so a test through it sees the proxy, not the rank.
 ``StubBehavior`` switches on the failures tests need: slow or gated chunks, dying mid-stream,
 hanging, error statuses, an unhealthy ``/health``. It records every request it receives.
 """
@@ -206,30 +206,3 @@ async def _stream(
         yield b"data: [DONE]\n\n"
     finally:
         behavior.streams_closed += 1
-
-
-def main() -> None:
-    import argparse
-
-    import uvicorn
-
-    parser = argparse.ArgumentParser(description="a fast stub OpenAI-compatible rank (for benchmarks)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--chunks", type=int, default=3, help="content chunks per streamed answer")
-    parser.add_argument(
-        "--chunk-delay",
-        type=float,
-        default=0.0,
-        help="seconds between streamed chunks (default 0: all at once; a model's decode spaces them)",
-    )
-    args = parser.parse_args()
-    behavior = StubBehavior(
-        chunks=args.chunks, chunk_delay=args.chunk_delay, record=False, cache_details=False
-    )
-    app = create_stub_app(behavior)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, loop="uvloop")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,9 +1,9 @@
 """A trace replayed one request at a time, in an order fixed by the trace alone.
 
 ``bench.replay.replay_trace`` runs sessions concurrently: which request reaches the proxy first
-depends on how long the others took, so two runs of the same system differ (the 1-replica rounds of
-``bench.replica_replay`` spread 6-12 points of hit rate), and a comparison of 1 against N replicas
-cannot resolve the 0.01 the replicas are asked to match. Here the requests go one after another, in
+depends on how long the others took, so two runs of the same system differ (1-replica rounds of a
+trace replay spread 6-12 points of hit rate), and a comparison of 1 against N replicas cannot resolve
+the 0.01 the replicas are asked to match. Here the requests go one after another, in
 the order the trace's own clock gives them when answers take no time: each top-level session starts
 at its ``start_s`` (or when one of the ``concurrency`` slots frees), each request comes its think
 time after the previous one, sub-agents run (interleaved with their siblings) before the parent's

@@ -28,7 +28,7 @@ from bench.agent_shapes import Body, Shape, sequence, tool_steps
 from bench.workload import text_of
 
 #: The shared agents folder, beside the project root.
-SHARED_AGENTS = Path(__file__).resolve().parents[2] / "shared" / "agents"
+SHARED_AGENTS = Path(__file__).resolve().parents[3] / "shared" / "agents"
 #: A clock in ``volatile.json``'s examples: a date and a time of day.
 _CLOCK = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 #: Tools at the end of the list reshuffled on every turn (MCP tools in HashMap order).
