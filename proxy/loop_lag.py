@@ -3,15 +3,16 @@
 One task sleeps about ``interval`` seconds at a time and records how much later than asked it woke
 up, in ``prefixgate_event_loop_lag_seconds`` (a histogram on the process's metrics registry):
 anything that holds the loop (a long parse, a tokenization not offloaded, a garbage collection, a
-burst of ready callbacks) shows there. ``bench/load.py`` reads it before and after a phase for its p99.
+burst of ready callbacks) shows there. The load investigation (docs/investigations.md) read
+its p99 before and after each phase.
 
 Each sleep is drawn uniformly between half and one and a half ``interval``, so the wake-ups fall at
 random moments rather than in step with the process's periodic work (health checks, admission's
 poll): the histogram is then the lag a timer due at any moment meets, whatever the sampling rate.
 The rate only decides how many samples a minute holds (600 at the default) and what the sampler
 costs: a wake-up of an otherwise idle process took ~0.2 ms of CPU on a 2-vCPU VM, so sampling every
-10 ms kept an idle proxy at ~2-3 % of a core (``bench.paced_load``'s idle phase). Under load the
-wake-ups ride on the loop's own and cost little.
+10 ms kept an idle proxy at ~2-3 % of a core (the paced-load investigation's idle phase,
+docs/investigations.md). Under load the wake-ups ride on the loop's own and cost little.
 """
 
 from __future__ import annotations

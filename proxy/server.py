@@ -49,7 +49,8 @@ TRIM_AFTER_BYTES = 1024 * 1024
 #: A request in flight holds its parsed body, its tasks and its connections' parsers for as long as
 #: the rank takes, so with the default young threshold most of them outlive two young collections and
 #: land in the oldest generation, whose full collections walk every session's cached turn: at 1,000
-#: streaming sessions (``python -m bench.load``) full collections came every 0.8 s, ~190 ms each,
+#: streaming sessions (the load investigation, docs/investigations.md) full collections came every
+#: 0.8 s, ~190 ms each,
 #: a third of the process's CPU. With 10,000 allocations between young collections far fewer in-flight
 #: objects are promoted (one full collection in 30 s), and the middle generation, collected every
 #: 200,000 allocations, still frees reference cycles (an exception's traceback holding a body) within

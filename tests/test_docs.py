@@ -8,7 +8,12 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: docs/investigations.md is left out: it records removed scripts by design, each with the commit
+#: that still holds it.
+PAGES = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "investigations.md"),
+]
 METRIC = re.compile(r"\bprefixgate_[a-z_]+[a-z]\b")
 MODULE = re.compile(r"python -m ([\w.]+)")
 REPO_PATH = re.compile(r"`((?:proxy|routing|tokenization|bench|tests|deploy|docs|\.ci)/[\w./-]*)`")

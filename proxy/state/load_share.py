@@ -35,7 +35,7 @@ from routing.redis_link import RedisLink
 #: or none does (``SHARE_INTERVAL_S``): how stale the other replicas' counts may be. A prefill
 #: another replica sent leaves its queue at the first token; read 50 ms late, it still weighed on
 #: the next new session's rank, which another replica then placed away from the blocks its agent's
-#: head was on (a replay sending one request at a time, ``bench/lockstep.py``: 10 of 40 first turns
+#: head was on (a replay sending one request at a time, ``tests/helpers/lockstep.py``: 10 of 40 first turns
 #: placed as one process placed them, 21-22 at 10 ms). Not a decision's clock: a request's prefill
 #: stays queued for at least a round trip to its rank.
 BUSY_INTERVAL_S = 0.01

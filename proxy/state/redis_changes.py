@@ -2,7 +2,8 @@
 
 Admission counts the active sessions every poll (``Ledger.refresh``, every 10-250 ms), and reading
 every active record from Redis each time (a sorted-set range, then every record, parsed) made the
-poll O(sessions): with 256 sessions it was a sixth of the event loop's time (py-spy, ``bench.workers``).
+poll O(sessions): with 256 sessions it was a sixth of the event loop's time (py-spy, the
+workers investigation in docs/investigations.md).
 So every script that writes a record also logs it: ``{prefix}:changes`` is a sorted set of session
 keys scored by a write counter (``{prefix}:counters`` field ``seq``), one entry per key, its last
 write. ``ActiveRecords`` keeps the records it read and, at each poll, reads the keys logged since its

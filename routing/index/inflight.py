@@ -41,7 +41,8 @@ LAG_WINDOW = 1000
 MIN_SAMPLES = 20
 #: The allowance is this many times this quantile of the lags seen, and never below the floor:
 #: most events come before their request's first token and teach 0, while a busy host holds some
-#: back in bursts (up to ~400 ms on the real-vLLM tier, `python -m bench.real_vllm.siblings`) that
+#: back in bursts (up to ~400 ms on the real-vLLM tier, the siblings investigation in
+#: docs/investigations.md) that
 #: a fresh window has not seen yet. Counting an unconfirmed block longer costs little: only a
 #: request that failed before its prefill leaves one.
 LAG_QUANTILE = 0.99

@@ -55,7 +55,7 @@ def saturated(home: Rank, bound: int) -> bool:
     off it recomputes the session's whole context elsewhere, crowds the other rank's pool behind
     admission's back and leaves a dead copy behind. It was once judged saturated when its requests
     in flight filled its pool: on replays over capacity that moved 22 of 40 sessions, halved the
-    hit rate's gain and made turns slower (``bench.replica_replay``; the closing note of stop 30).
+    hit rate's gain and made turns slower (``tests/helpers/replica_replay.py``; the closing note of stop 30).
     """
     return not home.pool_tokens and not within_bound(home, bound)
 
