@@ -10,8 +10,10 @@ priority class parks a lower class's quiet session without waiting, held or not 
 They go in order: the lowest class first, then quiet longest since their last answer; on a tie (the
 same poll interval), the one that has had the most service for its client key's weight. On each
 rank, as few as free the waiter's need (tokens within the budget, and a session place under
-``max_sessions_per_rank``); among the ranks, the one that parks the fewest, then the one holding
-most of the waiter's prompt, then the one whose parked session has been quiet longest.
+``max_sessions_per_rank``); among the ranks, the one that parks the fewest, then one that keeps
+the blocks its GPU evicts in CPU memory (``Rank.offloads_kv``: a session parked there costs a reload
+of its context when it comes back, not a recompute), then the one holding most of the waiter's
+prompt, then the one whose parked session has been quiet longest.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def choose_parked(
 ) -> Parking | None:
     """The sessions to park for a waiter needing ``need`` projected tokens (see the module
     docstring); None when no rank can free enough with the sessions parkable now."""
-    best: tuple[tuple[int, int, float], Parking] | None = None
+    best: tuple[tuple[int, bool, int, float], Parking] | None = None
     for rank in healthy:
         state = states.get(rank.name)
         if state is None:
@@ -77,7 +79,7 @@ def choose_parked(
         if chosen is None:
             continue
         quiet = max(now - session.answered_at for session in state_sessions(state, chosen))
-        score = (len(chosen), -hits.get(rank.name, 0), -quiet)
+        score = (len(chosen), not rank.offloads_kv, -hits.get(rank.name, 0), -quiet)
         if best is None or score < best[0]:
             best = (score, Parking(rank.name, chosen))
     return best[1] if best is not None else None
