@@ -75,6 +75,11 @@ class RankMetrics(Collector):
         )
         if rank.engine.cpu_tier is not None:
             yield from cpu_tier_metrics(counter, c.cpu_tier_hits, c.cpu_load_s * cfg.time_scale)
+            yield counter(
+                "prefixgate_sim:passed_over_cpu_tier",
+                "Prompts admitted while another rank held more of them, part in its CPU tier.",
+                c.passed_over_cpu_tier,
+            )
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens)
         for short, histogram in engine.latencies.histograms.items():
