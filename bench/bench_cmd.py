@@ -92,6 +92,7 @@ from bench.bench_presets import (
 )
 from bench.bench_tables import markdown_table, print_table
 from bench.common import positive_count
+from bench.cpu_tier_cell import add_cpu_tier_option, cpu_tier_prefixgate_flags, with_cpu_tier
 from bench.plots import plots_available
 from bench.replay import TraceReplayConfig
 from bench.rounds import combine_all, rotation
@@ -219,6 +220,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=DEFAULT_OUT, help="output folder (default bench/out/bench)"
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_cpu_tier_option(parser)
 
 
 def available_policies() -> list[str]:
@@ -377,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
         "scenarios": {},
     }
     # prefixgate's defaults: its clocks learn the replay's pace (``--scaled-clocks`` compares)
-    prefixgate_args = shlex.split(args.prefixgate_args)
+    prefixgate_args = shlex.split(args.prefixgate_args) + cpu_tier_prefixgate_flags(args.cpu_tier)
     report["prefixgate_args"] = prefixgate_args
     report["prefixgate_root"] = str(args.prefixgate_root or Path(__file__).resolve().parents[1])
     report["git_head"] = _git_head()
@@ -393,6 +395,7 @@ def run(args: argparse.Namespace) -> int:
             max_num_seqs=cell.max_num_seqs,
             report_timing=True,
         )
+        fleet = with_cpu_tier(fleet, args.cpu_tier)
         replay_config = TraceReplayConfig(
             model=fleet.model,
             concurrency=cell.concurrency,

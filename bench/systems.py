@@ -36,6 +36,10 @@ FLEET_COUNTERS = (
     # client's TTFT shows what the proxy in front added.
     "vllm:time_to_first_token_seconds_sum",
     "vllm:time_to_first_token_seconds_count",
+    # With a CPU tier (``bench --cpu-tier``): tokens loaded back from it, and prompts sent away from
+    # a rank holding more of them there (``bench/sim/cpu_tier.py: passed_over_cpu_blocks``).
+    "vllm:external_prefix_cache_hits",
+    "prefixgate_sim:passed_over_cpu_tier",
 )
 
 
@@ -54,6 +58,10 @@ class FleetConfig:
     max_num_seqs: int = 256
     #: Streams tell when the rank got the request and first scheduled it (``sim --report-timing``).
     report_timing: bool = False
+    #: Each rank's CPU tier (KV offloading, ``sim --cpu-tier-tokens``): 0 for none.
+    cpu_tier_tokens: int = 0
+    #: Tokens per (modelled) second the ranks load back from their CPU tier (``sim --cpu-load-rate``).
+    cpu_load_rate: float = 0.0
 
 
 #: Tries to start a server whose port another process took between its choice and its bind.
@@ -115,6 +123,8 @@ class SimFleetProcess:
             args += ["--report-timing"]
         if c.kv_events:
             args += ["--kv-events"]
+        if c.cpu_tier_tokens:
+            args += ["--cpu-tier-tokens", str(c.cpu_tier_tokens), "--cpu-load-rate", str(c.cpu_load_rate)]
         if self.log is not None:
             self.log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor

@@ -4,7 +4,8 @@ checks (never per request), and its ``max_model_len`` from ``GET /v1/models``.
 A ``RankSample`` holds the figures vLLM exports that admission reads: the scheduler's queues
 (``vllm:num_requests_waiting`` / ``running``), KV use (``vllm:kv_cache_usage_perc``), the prompt
 and prefix-cache-hit token counters, and the sums and counts of its per-request histograms (time
-in prefill, time to first token, time queued, whole request). Counters and histograms are summed
+in prefill, time to first token, time queued, whole request), and with KV offloading the tokens
+loaded back from CPU memory and the seconds that took. Counters and histograms are summed
 over the label sets a rank reports (one per engine, one per model). Older vLLM names
 (``gpu_cache_usage_perc``, ``gpu_prefix_cache_hits``) are read too.
 """
@@ -34,6 +35,10 @@ SCALARS = {
     "vllm:prompt_tokens_total": "prompt_tokens",
     "vllm:prefix_cache_hits_total": "cached_tokens",
     "vllm:gpu_prefix_cache_hits_total": "cached_tokens",
+    # KV offloading (vLLM's OffloadingConnector): prompt tokens its connector loaded back instead
+    # of prefilling (the CPU tier's hits, outside ``cached_tokens``), and the seconds those loads took.
+    "vllm:external_prefix_cache_hits_total": "cpu_loaded_tokens",
+    "vllm:kv_offload_load_time_total": "cpu_load_seconds",
 }
 #: Histograms read (their ``_sum`` and ``_count``).
 HISTOGRAMS = {
@@ -146,6 +151,7 @@ async def poll_all(
             await learn_max_model_len(client, rank, timeout)
         sample = await fetch_sample(client, rank, timeout)
         if sample is not None:
+            rank.offloads_kv = sample.value("cpu_load_seconds") is not None
             on_sample(rank.name, sample)
 
     await asyncio.gather(*(one(r) for r in fleet.healthy()))

@@ -35,6 +35,10 @@ class Rank:
     last_error: str | None = None
     last_checked: float | None = None
     models: list[str] = field(default_factory=list)
+    #: The rank keeps the KV blocks its GPU evicts in CPU memory (vLLM's KV offloading): its
+    #: ``/metrics`` carry the offload load counters (``routing.rank_metrics``). A session parked
+    #: there reloads its context instead of recomputing it (``proxy/admission/rotation.py``).
+    offloads_kv: bool = False
     #: When the rank last went down (None while it is up).
     down_since: float | None = None
 

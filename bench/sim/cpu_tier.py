@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from tokenization.block_hash import BlockHash
+
+if TYPE_CHECKING:
+    from bench.sim.block_pool import BlockPool
 
 #: KV events' medium of the tier's blocks, as vLLM's offloading connector names it.
 CPU_MEDIUM = "CPU"
@@ -78,3 +82,24 @@ class CpuTier:
 
     def clear(self) -> None:
         self.blocks.clear()
+
+
+def passed_over_cpu_blocks(
+    block_hashes: Sequence[BlockHash], max_blocks: int, held: int, peers: Iterable[tuple[BlockPool, CpuTier]]
+) -> bool:
+    """Whether a prompt this rank holds ``held`` leading blocks of was sent away from a peer rank
+    holding more of it, part of that in the peer's CPU tier: a session moved off the rank keeping
+    its blocks in CPU memory (the benchmark's count, ``SimConfig.cpu_tier_tokens``). Peers are
+    other ranks of this process, read from this rank's thread: membership tests only, each atomic
+    under the GIL, so a read never sees a dict mid-change nor changes it."""
+    for pool, tier in peers:
+        cached, offloaded = pool.cached, tier.blocks
+        gpu = 0
+        while gpu < max_blocks and cached.get(block_hashes[gpu]):
+            gpu += 1
+        cpu = 0
+        while gpu + cpu < max_blocks and block_hashes[gpu + cpu] in offloaded:
+            cpu += 1
+        if cpu and gpu + cpu > held:
+            return True
+    return False

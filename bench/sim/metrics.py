@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from bench.sim.latency import NAMES
 from bench.sim.rank import SimRank
+
+
+def cpu_tier_metrics(
+    counter: Callable[[str, str, float], CounterMetricFamily], loaded_tokens: int, load_s: float
+) -> Iterator[Metric]:
+    """vLLM's KV-offloading counters: the tokens its connector loaded back (outside the local
+    prefix-cache hits) and the seconds those loads took (as the rank lived them, time-scaled)."""
+    yield counter(
+        "vllm:external_prefix_cache_hits",
+        "External prefix cache hits from KV connector cross-instance cache sharing, in terms of "
+        "number of cached tokens.",
+        loaded_tokens,
+    )
+    yield counter(
+        "vllm:kv_offload_load_time", "Total load time from offload storage to GPU, in seconds.", load_s
+    )
 
 
 class RankMetrics(Collector):
@@ -57,6 +73,13 @@ class RankMetrics(Collector):
         yield counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.num_preemptions
         )
+        if rank.engine.cpu_tier is not None:
+            yield from cpu_tier_metrics(counter, c.cpu_tier_hits, c.cpu_load_s * cfg.time_scale)
+            yield counter(
+                "prefixgate_sim:passed_over_cpu_tier",
+                "Prompts admitted while another rank held more of them, part in its CPU tier.",
+                c.passed_over_cpu_tier,
+            )
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens)
         for short, histogram in engine.latencies.histograms.items():

@@ -218,6 +218,10 @@ def start_fleet(n: int, base_config: SimConfig | None = None) -> list[SimRankSer
         for s in servers:
             s.stop()
         raise
+    if base.cpu_tier_tokens:
+        engines = [s.rank.engine for s in servers]
+        for engine in engines:
+            engine.peers = engines
     return servers
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from bench.sim.block_pool import Block, BlockPool, PoolEvent
 from bench.sim.config import SimConfig
-from bench.sim.cpu_tier import CpuTier
+from bench.sim.cpu_tier import CpuTier, passed_over_cpu_blocks
 from bench.sim.latency import RequestLatencies
 from bench.sim.prompts import Prompt
 from bench.sim.sequences import OUTPUT_TOKEN_IDS, OutQueue, RequestTooLarge, SimRequest, Status
@@ -71,6 +71,9 @@ class Counters:
     cpu_tier_hits: int = 0
     #: Modelled (unscaled) seconds spent loading them.
     cpu_load_s: float = 0.0
+    #: Prompts admitted here while another rank of the fleet held more of them, part of that in its
+    #: CPU tier: turns moved off the rank keeping their session's blocks in CPU memory.
+    passed_over_cpu_tier: int = 0
     num_preemptions: int = 0
     requests_admitted: int = 0
     requests_finished: int = 0
@@ -91,6 +94,9 @@ class Engine:
         self.block_size = config.block_size
         blocks = config.cpu_tier_blocks
         self.cpu_tier = CpuTier(blocks) if blocks > 0 else None
+        #: The other ranks of this process's fleet (``runner.start_fleet``): read to count prompts
+        #: sent away from a rank holding their blocks in its CPU tier (``passed_over_cpu_tier``).
+        self.peers: list[Engine] = []
         self.pool = BlockPool(
             config.total_blocks,
             config.block_size,
@@ -195,6 +201,13 @@ class Engine:
             hits.append(block)
         return hits
 
+    def _count_passed_over(self, req: SimRequest, held: int) -> None:
+        """Count ``req`` when a peer rank held more of its prompt, part in its CPU tier."""
+        max_blocks = min(len(req.block_hashes), (req.num_tokens - 1) // self.block_size)
+        peers = [(p.pool, p.cpu_tier) for p in self.peers if p is not self and p.cpu_tier is not None]
+        if passed_over_cpu_blocks(req.block_hashes, max_blocks, held, peers):
+            self.counters.passed_over_cpu_tier += 1
+
     def _cpu_hits(self, req: SimRequest, gpu_hits: int) -> int:
         """Blocks the CPU tier holds right after the ``gpu_hits`` leading GPU hits (a read)."""
         tier = self.cpu_tier
@@ -298,6 +311,8 @@ class Engine:
                     plan.loaded_tokens += loaded * self.block_size
                     if not req.num_preemptions:
                         self.counters.cpu_tier_hits += loaded * self.block_size
+                if fresh and self.peers and not req.num_preemptions:
+                    self._count_passed_over(req, len(hits) + loaded)
                 if not req.skip_prefix_cache:
                     self._record_lookup(req, num_gpu_hit_tokens)
                 if req.num_cached_tokens < 0:

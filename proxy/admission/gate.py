@@ -11,7 +11,9 @@ The whole rule:
 - Else it waits, in order: priority, then fair across client keys, then arrival (``queue.py``). It
   is never refused for lack of room; the client is told nothing until it is seated.
 - **Rotation.** Once a waiter has waited the rotation bound, quiet residents are parked for it
-  (``rotation.py``: quiet longest since their last answer first, then the most service). Parking
+  (``rotation.py``: quiet longest since their last answer first, then the most service). On a rank
+  that offloads KV to CPU memory parking costs a reload, not a recompute: rotation prefers it, and
+  a waiter coming back to its own blocks there does not wait the bound. Parking
   gives up the seat and leaves the blocks to age out of the rank's cache; the session's next turn
   waits for a seat like a newcomer's. A seat is not taken back before it has served one answer and
   been held one bound (so seats do not flap).

@@ -9,6 +9,13 @@ Without ``vllm:request_prefill_time_seconds`` the time to first token minus the 
 in. A rank that has not computed enough yet borrows the fleet's mean; with no rank measured the
 speed is unknown (``None``) and admission holds the budget (``cost.py``): each answer while
 sessions wait then asks for a scrape at once (``wanted``).
+
+With KV offloading a rank also says how fast it loads blocks back from CPU memory: the seconds its
+loads took (``vllm:kv_offload_load_time``) per token its connector loaded instead of prefilling
+(``vllm:external_prefix_cache_hits``), between two scrapes that loaded at least
+``MIN_LOADED_TOKENS``, smoothed alike. Those tokens are not computed: they leave the prefill
+figure's tokens. ``cpu_load_costs`` gives each rank's load cost against its prefill cost, what
+routing weighs a CPU-held block by (``routing.policies.bounds.tier_weighed_hit``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from routing.rank_metrics import RankSample
 
 #: Prompt tokens a rank must have computed between two scrapes to measure its speed.
 MIN_COMPUTED_TOKENS = 4096
+#: Tokens a rank must have loaded back from CPU memory between two scrapes to measure its load speed.
+MIN_LOADED_TOKENS = 4096
 #: Weight of the newest measurement in the smoothed speed.
 SMOOTHING = 0.3
 
@@ -48,7 +57,7 @@ def _computed_tokens(sample: RankSample) -> float | None:
     prompt = sample.value("prompt_tokens")
     if prompt is None:
         return None
-    return prompt - (sample.value("cached_tokens") or 0.0)
+    return prompt - (sample.value("cached_tokens") or 0.0) - (sample.value("cpu_loaded_tokens") or 0.0)
 
 
 class RankSpeeds:
@@ -57,6 +66,9 @@ class RankSpeeds:
     def __init__(self) -> None:
         self._base: dict[str, RankSample] = {}
         self._seconds_per_token: dict[str, float] = {}
+        #: Per rank: smoothed seconds of CPU-to-GPU load per loaded token, and the scrape it is from.
+        self._load_seconds_per_token: dict[str, float] = {}
+        self._load_base: dict[str, RankSample] = {}
         self._load: dict[str, RankLoad] = {}
         #: Per rank: whether its last scrape carried what a speed is measured from.
         self._measurable: dict[str, bool] = {}
@@ -80,6 +92,7 @@ class RankSpeeds:
         self._load[rank] = RankLoad(
             sample.value("waiting") or 0.0, sample.value("running") or 0.0, sample.value("kv_usage")
         )
+        self._observe_loads(rank, sample)
         base = self._base.get(rank)
         seconds, computed = _prefill_seconds(sample), _computed_tokens(sample)
         self._measurable[rank] = seconds is not None and computed is not None
@@ -105,6 +118,39 @@ class RankSpeeds:
         old = self._seconds_per_token.get(rank)
         self._seconds_per_token[rank] = measured if old is None else old + SMOOTHING * (measured - old)
         self._base[rank] = sample
+
+    def _observe_loads(self, rank: str, sample: RankSample) -> None:
+        """The CPU tier's load speed from ``sample``'s offload counters (ranks without: nothing)."""
+        seconds, loaded = sample.value("cpu_load_seconds"), sample.value("cpu_loaded_tokens")
+        if seconds is None or loaded is None:
+            return
+        base = self._load_base.get(rank)
+        if base is None:
+            self._load_base[rank] = sample
+            return
+        d_seconds = seconds - (base.value("cpu_load_seconds") or 0.0)
+        d_tokens = loaded - (base.value("cpu_loaded_tokens") or 0.0)
+        if d_seconds < 0 or d_tokens < 0:
+            self._load_base[rank] = sample  # the rank restarted
+            return
+        if d_tokens < MIN_LOADED_TOKENS:
+            return
+        measured = d_seconds / d_tokens
+        old = self._load_seconds_per_token.get(rank)
+        self._load_seconds_per_token[rank] = measured if old is None else old + SMOOTHING * (measured - old)
+        self._load_base[rank] = sample
+
+    def cpu_load_costs(self) -> dict[str, float]:
+        """Per rank whose loads and prefill are both measured: what loading a token back from CPU
+        memory costs against prefilling it there (seconds per loaded token over seconds per
+        computed token; the fleet's mean prefill speed for a rank not measured yet). Ranks missing
+        here are weighed by routing's prior (``bounds.CPU_LOAD_COST_PRIOR``)."""
+        costs: dict[str, float] = {}
+        for rank, load in self._load_seconds_per_token.items():
+            prefill = self.seconds_per_token(rank)
+            if prefill:
+                costs[rank] = load / prefill
+        return costs
 
     def seconds_per_token(self, rank: str) -> float | None:
         """Seconds of prefill per computed token on ``rank`` (the fleet's mean while it has not

@@ -172,6 +172,8 @@ class Router(Observer):
             self.inflight_tokens,
             blocks.head()[1] if blocks is not None else 0,
             speeds.measured() if speeds is not None else _UNMEASURED,
+            found.offloaded,
+            speeds.cpu_load_costs() if speeds is not None else _UNMEASURED,
         )
         plan = RoutePlan(self.policy.order(request, candidates))
         bound = self._bind(key, plan, found) if key else False

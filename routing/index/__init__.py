@@ -36,8 +36,13 @@ class Lookup:
         """Of ``rank``'s first ``blocks`` matched blocks, those with no GPU copy. The GPU evicts a
         chain's tail first and vLLM looks up its GPU blocks before its CPU ones, so the offloaded
         blocks are the match's last: the blocks past ``blocks`` are taken off them first."""
-        offloaded = self.offloaded.get(rank, 0)
-        return max(0, min(offloaded - (self.matches.get(rank, 0) - blocks), blocks))
+        return offloaded_within(self.matches.get(rank, 0), self.offloaded.get(rank, 0), blocks)
+
+
+def offloaded_within(matched: int, offloaded: int, blocks: int) -> int:
+    """Of a rank's first ``blocks`` matched blocks, those with no GPU copy, when ``offloaded`` of
+    its ``matched`` blocks have none (they are the match's last: ``Lookup.offloaded_in``)."""
+    return max(0, min(offloaded - (matched - blocks), blocks))
 
 
 class PrefixIndex(Protocol):

@@ -173,6 +173,20 @@ class MemoryPrefixIndex:
             offloaded = mirror.offloaded_only_count()
             return mirror.size - offloaded, offloaded
 
+    def offloaded_among(self, rank: str, block_hashes: Sequence[bytes]) -> set[bytes]:
+        """Those of ``block_hashes`` that ``rank`` holds in CPU memory only (no GPU copy)."""
+        with self._lock:
+            mirror = self._mirrors.get(rank)
+            if mirror is None or not mirror.off_gpu:
+                return set()
+            return mirror.off_gpu.intersection(block_hashes)
+
+    def offloaded_blocks(self, rank: str) -> list[bytes]:
+        """Every block ``rank`` holds in CPU memory only (a snapshot)."""
+        with self._lock:
+            mirror = self._mirrors.get(rank)
+            return [] if mirror is None else list(mirror.off_gpu)
+
     def blocks(self, rank: str) -> list[bytes]:
         """``rank``'s mirrored hashes, least recently used first."""
         with self._lock:

@@ -55,6 +55,10 @@ _TRIM_TO_CAPACITY = """if cap >= 0 then
 end
 """
 
+# Per rank, the leading blocks held, then how many of those the rank holds in CPU memory only.
+#   KEYS: lru:{rank} x nb, cpu:{rank} x nb, [sess:{key}]   ARGV: blob, TTL us, nb
+#   returns: held per rank (nb), the session's rank (or nil), CPU-only per rank (nb)
+# A rank's CPU-only blocks are its match's last (the GPU evicts a chain's tail first): bisected too.
 MATCH = (
     _BLOB
     + _NOW
@@ -64,6 +68,9 @@ local out = {}
 local function held(key, i)
   local s = redis.call('ZSCORE', key, string.sub(blob, i * 8 - 7, i * 8))
   return s and tonumber(s) >= cutoff
+end
+local function offloaded(key, i)
+  return redis.call('SISMEMBER', key, string.sub(blob, i * 8 - 7, i * 8)) == 1
 end
 for k = 1, nb do
   local key = KEYS[k]
@@ -81,13 +88,50 @@ for k = 1, nb do
     if held(key, mid) then lo = mid else hi = mid end
   end
   out[k] = lo
+  local cpu = KEYS[nb + k]
+  local off = 0
+  if lo > 0 and offloaded(cpu, lo) then
+    -- the first CPU-only block: in (a, b], block a on the GPU (0: none), block b CPU-only
+    local a, b = 0, lo
+    while b - a > 1 do
+      local mid = math.floor((a + b) / 2)
+      if offloaded(cpu, mid) then b = mid else a = mid end
+    end
+    off = lo - b + 1
+  end
+  out[nb + 1 + k] = off
 end
 local session = false
-if #KEYS > nb then session = redis.call('GET', KEYS[nb + 1]) end
+if #KEYS > 2 * nb then session = redis.call('GET', KEYS[2 * nb + 1]) end
 out[nb + 1] = session
 return out
 """
 )
+
+# A rank's blocks held in CPU memory only (``cpu:{rank}``, a set of 8-byte keys): KV events moved
+# them there (a GPU removal of a block with a CPU copy) or back (a reload, an eviction).
+#   KEYS: cpu:{rank}   ARGV: keys added, keys removed, '1': replace the whole set, TTL ms
+TIERS = """
+local function apply(cmd, blob)
+  local n = #blob / 8
+  local i = 0
+  while i < n do
+    local m = math.min(%(chunk)d, n - i)
+    local args = {}
+    for j = 1, m do
+      local idx = i + j
+      args[j] = string.sub(blob, idx * 8 - 7, idx * 8)
+    end
+    redis.call(cmd, KEYS[1], unpack(args))
+    i = i + m
+  end
+end
+if ARGV[3] == '1' then redis.call('DEL', KEYS[1]) end
+apply('SREM', ARGV[2])
+apply('SADD', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+""".replace("%(chunk)d", str(WRITE_CHUNK))
 
 RECORD = (
     _BLOB

@@ -7,11 +7,15 @@ replicas hashing differently):
   last use in microseconds (a shared monotonic tick, so a request's blocks get distinct scores, head
   highest: past capacity ``ZPOPMIN`` drops the tail of the least recent chain first, and entries older
   than the TTL are dropped and never matched);
+- ``cpu:{rank}``: a set per rank of the keys of its blocks held in CPU memory only (vLLM's KV
+  offloading; written from KV events, by the rank's event writer below), so that a lookup tells every
+  replica, by tier, what the rank holds: ``Lookup.offloaded``;
 - ``tick``: that clock; ``sess:{key}``: a session's rank, with the same TTL, bound first writer wins
   (``redis_scripts.BIND``: two replicas placing one new session at once agree on the first's).
 
 A lookup is ONE round trip: a Lua script finds, per rank, the longest held (and unexpired) prefix by
-galloping then bisecting over block positions (about 2 log2(n) ``ZSCORE`` probes instead of n), and
+galloping then bisecting over block positions (about 2 log2(n) ``ZSCORE`` probes instead of n), then
+how many of those it holds in CPU memory only (bisecting again: they are the match's last), and
 reads the session's rank. Bisection assumes each rank's blocks form prefixes, which the mirror keeps:
 blocks are evicted tail first and corrections trim a chain's suffix; a hole in the middle of a chain
 (rare) can make the match overstate that chain.
@@ -49,7 +53,7 @@ from collections.abc import Callable, Sequence
 
 from routing.index import GPU, Lookup
 from routing.index.memory import MemoryPrefixIndex
-from routing.index.redis_scripts import BIND, EXTEND, LEASE, MATCH, RECORD, REMOVE
+from routing.index.redis_scripts import BIND, EXTEND, LEASE, MATCH, RECORD, REMOVE, TIERS
 from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
 from routing.redis_topology import reply_text, slot_prefix
 
@@ -113,6 +117,7 @@ class RedisPrefixIndex:
         self._extend = self._client.register_script(EXTEND)
         self._bind = self._client.register_script(BIND)
         self._lease = self._client.register_script(LEASE)
+        self._tiers = self._client.register_script(TIERS)
         self.replica_id = uuid.uuid4().hex
         self.events_lease_s = events_lease_s
         #: Event-fed ranks whose lease this replica held at its last renewal (the link's thread's).
@@ -129,6 +134,7 @@ class RedisPrefixIndex:
         self._capacity: dict[str, int | None] = {}
         self._ranks: list[str] = []
         self._lru_keys: list[str] = []
+        self._cpu_keys: list[str] = []
         if on_state is not None:
             self.link.on_state(on_state)
         self.link.on_resync(self.resync)
@@ -166,10 +172,14 @@ class RedisPrefixIndex:
         """Use ``model``'s namespace from now on (agreed once a first rank is up), the mirror pushed there."""
         self.namespace = self._namespace(model)
         self._lru_keys = [self._lru_key(rank) for rank in self._ranks]
+        self._cpu_keys = [self._cpu_key(rank) for rank in self._ranks]
         self._submit(self.resync)
 
     def _lru_key(self, rank: str) -> str:
         return f"{self.namespace}lru:{rank}"
+
+    def _cpu_key(self, rank: str) -> str:
+        return f"{self.namespace}cpu:{rank}"
 
     def _session_key(self, session_key: str) -> str:
         return f"{self.namespace}sess:{session_key}"
@@ -196,6 +206,7 @@ class RedisPrefixIndex:
             blocks.reverse()
             keys, args = self._record_call(rank, blocks)
             self._record(keys=keys, args=args)
+            self._write_tiers(rank, self.local.offloaded_blocks(rank), (), whole=True)
         sessions = self.local.sessions()
         if sessions:
             pipe = self._client.pipeline(transaction=False)
@@ -209,6 +220,7 @@ class RedisPrefixIndex:
         if rank not in self._capacity:
             self._ranks.append(rank)
             self._lru_keys.append(self._lru_key(rank))
+            self._cpu_keys.append(self._cpu_key(rank))
         self._capacity[rank] = blocks
         self.local.set_capacity(rank, blocks)
 
@@ -219,7 +231,7 @@ class RedisPrefixIndex:
         local = self.local.lookup(block_hashes, session_key)
         if not self._available() or not self._ranks or (not block_hashes and not session_key):
             return local
-        keys = list(self._lru_keys)
+        keys = [*self._lru_keys, *self._cpu_keys]
         if session_key:
             keys.append(self._session_key(session_key))
         try:
@@ -229,26 +241,32 @@ class RedisPrefixIndex:
         except ERRORS as exc:
             self.link.failed(exc)
             return local
+        nb = len(self._ranks)
         matches = {b: int(n) for b, n in zip(self._ranks, out, strict=False) if n}
+        offloaded = {b: int(n) for b, n in zip(self._ranks, out[nb + 1 :], strict=False) if n}
         for rank, blocks in local.matches.items():  # this replica's writes not yet in Redis
             if blocks > matches.get(rank, 0):
                 matches[rank] = blocks
-        session = out[-1] if session_key and out[-1] else None
+                offloaded.pop(rank, None)
+                if local.offloaded.get(rank):
+                    offloaded[rank] = local.offloaded[rank]
+        session = out[nb] if session_key and out[nb] else None
         session_rank = reply_text(session) if session else None
-        # Redis keeps no tiers (issue 47: not yet); this replica's event-fed mirror knows them.
-        offloaded = {r: n for r, n in local.offloaded.items() if r in matches}
         return Lookup(matches, session_rank or local.session_rank, offloaded)
 
     def record(
         self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
     ) -> None:
         if counted:
-            # Counts and tiers live locally; Redis only needs to learn hashes that were not held yet.
+            # Counts live locally; Redis learns the hashes that were not held yet, and which blocks
+            # moved between tiers (a reload puts CPU-only blocks back on the GPU).
             fresh = self.local.missing(rank, block_hashes)
+            before = self.local.offloaded_among(rank, block_hashes)
             self.local.record(rank, block_hashes, counted=True, medium=medium)
             if fresh:
                 chain = fresh if len(fresh) != len(block_hashes) else block_hashes
                 self._event_write(rank, lambda: self._write_whole(rank, chain))
+            self._retier(rank, block_hashes, before)
             return
         # what this replica wrote to Redis already: a chain is recorded from block 0 and evicted
         # tail first, so it is the mirror's held prefix (Redis checks its last block)
@@ -287,8 +305,10 @@ class RedisPrefixIndex:
     def remove(
         self, rank: str, block_hashes: Sequence[bytes], *, counted: bool = False, medium: str = GPU
     ) -> None:
+        before = self.local.offloaded_among(rank, block_hashes) if counted else set()
         self.local.remove(rank, block_hashes, counted=counted, medium=medium)
         if counted:
+            self._retier(rank, block_hashes, before)
             block_hashes = self.local.missing(rank, block_hashes)
         if not block_hashes:
             return
@@ -297,6 +317,25 @@ class RedisPrefixIndex:
             self._event_write(rank, lambda: self._remove(keys=keys, args=args))
         else:
             self._submit(lambda: self._remove(keys=keys, args=args))
+
+    def _retier(self, rank: str, block_hashes: Sequence[bytes], before: set[bytes]) -> None:
+        """After a KV event changed ``block_hashes`` on ``rank``: tell Redis which of them are held in
+        CPU memory only now, and which no longer (``before``: those that were)."""
+        after = self.local.offloaded_among(rank, block_hashes)
+        if after == before:
+            return
+        added, gone = [h for h in after if h not in before], [h for h in before if h not in after]
+        self._event_write(rank, lambda: self._write_tiers(rank, added, gone))
+
+    def _write_tiers(
+        self, rank: str, added: Sequence[bytes], removed: Sequence[bytes], *, whole: bool = False
+    ) -> None:
+        """On the link's thread: ``rank``'s CPU-only set gains ``added`` and loses ``removed``
+        (``whole``: ``added`` is the whole set)."""
+        if not added and not removed and not whole:
+            return
+        args = [_keys_blob(added), _keys_blob(removed), "1" if whole else "0", int(self.ttl_s * 1000)]
+        self._tiers(keys=[self._cpu_key(rank)], args=args)
 
     # -- event-fed ranks: one writer per rank -----------------------------------------------------
 
@@ -337,6 +376,7 @@ class RedisPrefixIndex:
             blocks.reverse()
             if blocks:
                 self._write_whole(rank, blocks)
+            self._write_tiers(rank, self.local.offloaded_blocks(rank), (), whole=True)
             if won == 2:
                 log.info(
                     "rank %s: this replica writes its KV events to Redis (%d blocks pushed)",
@@ -348,14 +388,17 @@ class RedisPrefixIndex:
     def clear(self, rank: str, medium: str | None = None) -> None:
         if medium is not None:  # one tier emptied: Redis drops the blocks no tier holds any more
             held = self.local.blocks(rank)
+            before = set(self.local.offloaded_blocks(rank))
             self.local.clear(rank, medium)
             gone = self.local.missing(rank, held)
             if gone:
                 keys, args = [self._lru_key(rank)], [_keys_blob(gone)]
                 self._event_write(rank, lambda: self._remove(keys=keys, args=args))
+            self._retier(rank, held, before)
             return
         self.local.clear(rank)
         key = self._lru_key(rank)
+        self._submit(lambda: self._client.delete(self._cpu_key(rank)))
         # Now, so that every replica stops matching the rank's old blocks at once; and again behind
         # this replica's writes still queued, which would otherwise bring them back when they land.
         self._submit(lambda: self._client.delete(key))
@@ -367,7 +410,7 @@ class RedisPrefixIndex:
             self.link.failed(exc)
 
     def held_by_tier(self, rank: str) -> tuple[int, int]:
-        # Redis keeps no tiers: this replica's mirror does (exact for the ranks whose events it reads)
+        # this replica's mirror (exact for the ranks whose events it reads): a read, no round trip
         return self.local.held_by_tier(rank)
 
     def set_session_rank(self, session_key: str, rank: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import xxhash
 
+from routing.index import offloaded_within
 from routing.ranks import Rank
 
 #: CHWBL's load bound: a rank takes a request only while its load stays within this factor of the mean.
@@ -60,6 +61,25 @@ def saturated(home: Rank, bound: int) -> bool:
     return not home.pool_tokens and not within_bound(home, bound)
 
 
+#: What loading a token back from a rank's CPU memory costs against prefilling it there, until the
+#: rank has said (``RankSpeeds.cpu_load_costs``: it reports no offload load counters, or has not
+#: loaded enough yet): 0.2, i.e. a CPU-held block saves 0.8 of a GPU-held one, the weight llm-d's
+#: precise prefix scorer gives it (Dynamo's router: 0.75).
+CPU_LOAD_COST_PRIOR = 0.2
+
+
+def tier_weighed_hit(
+    hit_blocks: int, matched: int, offloaded: int, block_size: int, load_cost: float | None
+) -> float:
+    """The prefill, in tokens, that a rank holding ``hit_blocks`` of the prompt's leading blocks
+    saves: a block with a GPU copy saves its prefill, one held in CPU memory only saves its prefill
+    minus loading it back (``load_cost`` per token against prefill; None: the prior). ``matched``
+    and ``offloaded``: the rank's whole match and its CPU-only blocks (``Lookup``)."""
+    cpu = offloaded_within(matched, offloaded, hit_blocks)
+    cost = CPU_LOAD_COST_PRIOR if load_cost is None else min(max(load_cost, 0.0), 1.0)
+    return (hit_blocks - cost * cpu) * block_size
+
+
 def token_weights(candidates: Sequence[Rank], seconds_per_token: Mapping[str, float]) -> dict[str, float]:
     """What a token of prefill costs on each candidate against the others: its measured seconds per
     token over the mean of the candidates measured. A rank not measured weighs 1 (the mean), and
@@ -72,7 +92,7 @@ def token_weights(candidates: Sequence[Rank], seconds_per_token: Mapping[str, fl
     return {r.name: (s / mean if (s := seconds_per_token.get(r.name)) and s > 0 else 1.0) for r in candidates}
 
 
-def placement_score(hit: int, head: int, prompt: int, queued: int, weight: float = 1.0) -> float:
+def placement_score(hit: float, head: int, prompt: int, queued: int, weight: float = 1.0) -> float:
     """What sending a request of ``prompt`` tokens to a rank is worth, in tokens of prefill at the
     fleet's mean speed: the session's own blocks the rank holds, minus the prefill the rank computes
     before this request's first token there (vLLM schedules first come, first served): the

@@ -1,9 +1,11 @@
 """Prefix affinity (the default): the rank that already holds the most of the prompt, load-bounded.
 
 Per candidate rank ``r``, with ``hit_r`` the tokens of the prompt's leading blocks the index says
-``r`` holds, ``head`` the prompt's leading tokens every session of its agent shares (system prompt
-and tools), ``P`` the prompt's tokens and ``w_r`` what a token of prefill costs on ``r`` against the
-other ranks (its measured seconds per token over their mean; 1 while not measured)::
+``r`` holds, weighed by tier (``bounds.tier_weighed_hit``: a block ``r`` holds in CPU memory only
+saves its prefill minus loading it back, at ``r``'s measured load cost), ``head`` the prompt's
+leading tokens every session of its agent shares (system prompt and tools), ``P`` the prompt's
+tokens and ``w_r`` what a token of prefill costs on ``r`` against the other ranks (its measured
+seconds per token over their mean; 1 while not measured)::
 
     own_r   = hit_r - head                         (the session's own blocks there, at least 0)
     score_r = own_r - w_r x (queued_prefill_r + P - hit_r)      (``bounds.placement_score``)
@@ -54,6 +56,7 @@ from routing.policies.bounds import (
     prompt_size,
     rendezvous_order,
     saturated,
+    tier_weighed_hit,
     token_weights,
     within_bound,
 )
@@ -95,9 +98,11 @@ class PrefixAffinity:
         key = request.session_key or ""
         head = request.head_tokens
         weights = token_weights(candidates, request.seconds_per_token)
+        offloaded, costs = request.offloaded_blocks, request.cpu_load_costs
 
         def rank_key(r: Rank) -> tuple[float, int, int]:
-            hit = min(matched.get(r.name, 0), cap) * size
+            held = matched.get(r.name, 0)
+            hit = tier_weighed_hit(min(held, cap), held, offloaded.get(r.name, 0), size, costs.get(r.name))
             score = placement_score(hit, head, prompt, queued.get(r.name, 0), weights[r.name])
             return (score, -r.load, rendezvous_order(key, r))
 

@@ -69,6 +69,12 @@ class RouteRequest:
     #: Each rank's measured seconds of prefill per computed token (by name; a rank not measured is
     #: missing): what a token queued there costs in time.
     seconds_per_token: Mapping[str, float] = field(default_factory=dict)
+    #: Of each rank's matched blocks, how many it holds in CPU memory only (``Lookup.offloaded``):
+    #: they hit, but are loaded back instead of read in place.
+    offloaded_blocks: Mapping[str, int] = field(default_factory=dict)
+    #: Each rank's measured cost of loading a token back from CPU memory against prefilling it
+    #: (``PrefillSpeeds.cpu_load_costs``; a rank not measured is missing and weighs the prior).
+    cpu_load_costs: Mapping[str, float] = field(default_factory=dict)
 
 
 class PrefillSpeeds(Protocol):
@@ -77,6 +83,11 @@ class PrefillSpeeds(Protocol):
 
     def measured(self) -> Mapping[str, float]:
         """Seconds of prefill per computed token, per rank measured so far."""
+        ...
+
+    def cpu_load_costs(self) -> Mapping[str, float]:
+        """Per rank measured so far: seconds to load a token back from CPU memory over seconds to
+        prefill one."""
         ...
 
 

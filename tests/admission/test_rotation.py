@@ -39,12 +39,13 @@ def full_rank(name: str, sessions: list[Session], size: int = 500, budget: int =
 def choose(  # type: ignore[no-untyped-def]
     states: dict[str, RankState], need: int = 400, now: float = 100.0, cap: int | None = None, **kw
 ):
-    ranks = [Rank(name, f"http://{name}") for name in states]
+    offloading = kw.get("offloading", ())
+    ranks = [Rank(name, f"http://{name}", block_size=16, offloads_kv=name in offloading) for name in states]
     waited, bound = kw.get("waited", HOLD), kw.get("bound", HOLD)
     tie, hits, weight = kw.get("tie", 0.5), kw.get("hits", {}), kw.get("weight", lambda c: 1.0)
     priority = kw.get("priority", 0)
     args = (now, waited, priority, bound, tie, hits, weight)
-    return choose_parked(ranks, states, need, None, 0, cap, *args)
+    return choose_parked(ranks, states, need, None, kw.get("head", 0), cap, *args)
 
 
 def test_the_resident_quiet_longest_is_parked() -> None:
@@ -107,6 +108,41 @@ def test_among_ranks_the_fewest_parked_then_what_the_waiter_holds() -> None:
     other = full_rank("r2", [resident("p", 95.0), resident("q", 94.0)])
     parking = choose({"r1": one_needed, "r2": other}, hits={"r2": 30})
     assert parking is not None and parking.rank == "r2"  # it holds the waiter's prompt
+
+
+def test_among_ranks_freeing_alike_one_keeping_parked_blocks_in_cpu_memory_goes_first() -> None:
+    # each frees the waiter's need with one session; r3 holds more of the waiter's prompt
+    offloading = full_rank("r1", [resident("x", 90.0), resident("y", 80.0)])
+    holding = full_rank("r3", [resident("p", 95.0), resident("q", 94.0)])
+    tiers_off = choose({"r1": offloading, "r3": holding}, hits={"r3": 30})
+    assert tiers_off is not None and tiers_off.rank == "r3"
+    # r1 keeps what its GPU evicts in CPU memory: its parked session reloads, not recomputes
+    parking = choose({"r1": offloading, "r3": holding}, hits={"r3": 30}, offloading={"r1"})
+    assert parking is not None and (parking.rank, parking.keys) == ("r1", ("y",))
+    # parking fewer still comes first: two there against one elsewhere
+    two_needed = full_rank("r0", [resident(k, 10.0) for k in ("a", "b", "c")], size=300)
+    parking = choose({"r0": two_needed, "r3": holding}, need=500, offloading={"r0"})
+    assert parking is not None and parking.rank == "r3"
+
+
+def test_a_waiter_back_to_its_own_blocks_on_an_offloading_rank_does_not_wait_the_bound() -> None:
+    def rank() -> RankState:
+        return full_rank("r0", [resident("a", 90.0), resident("b", 60.0)])
+
+    early = {"waited": 0.5}  # far within the bound
+    assert choose({"r0": rank()}, **early) is None
+    # r0 offloads, but the waiter holds nothing there past a 64-token head: it waits as anyone
+    assert choose({"r0": rank()}, offloading={"r0"}, hits={"r0": 4}, head=64, **early) is None
+    # back to its own blocks on r0 (10 blocks of 16 tokens past a 64-token head): parked at once
+    parking = choose({"r0": rank()}, offloading={"r0"}, hits={"r0": 10}, head=64, **early)
+    assert parking is not None and parking.keys == ("b",)
+    # the same waiter on a rank without a CPU tier waits the bound
+    assert choose({"r0": rank()}, hits={"r0": 10}, head=64, **early) is None
+    # a session that has not served since its seat is still not taken back
+    fresh = resident("c", 60.0)
+    fresh.seated_at = 70.0
+    parking = choose({"r0": full_rank("r0", [fresh])}, offloading={"r0"}, hits={"r0": 10}, **early)
+    assert parking is None
 
 
 def test_a_rank_at_its_session_cap_parks_for_a_place() -> None:

@@ -100,6 +100,9 @@ class Speeds:
     def measured(self) -> dict[str, float]:
         return self._measured
 
+    def cpu_load_costs(self) -> dict[str, float]:
+        return {}
+
 
 def head_blocks_ctx(session: str, rest_blocks: int) -> RequestContext:
     """A first turn as the blocks stage leaves it: its prompt's blocks, whose head is the agent's."""

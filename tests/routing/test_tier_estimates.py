@@ -56,3 +56,63 @@ def test_blocks_demoted_to_cpu_count_in_the_estimate_and_its_cpu_part(rank_serve
             assert int(again.headers["x-prefixgate-estimated-cpu-tokens"]) == loaded
     finally:
         proxy.stop()
+
+
+def in_step(client: httpx.Client, proxy_url: str, ranks: list[Any], deadline_s: float = 10.0) -> None:
+    """Wait until prefixgate's index holds, by tier, what every rank holds (its KV events applied):
+    the blocks a rank caches on its GPU, and those only its CPU tier holds (nothing in flight: the
+    ranks' state is read in place)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        overview = client.get(proxy_url + "/admin/overview").json()
+        views = {v["name"]: v["index_tokens"] for v in overview["ranks"]}
+        truth = {}
+        for rank in ranks:
+            gpu = {h for h, copies in rank.rank.pool.cached.items() if copies}
+            cpu_only = [h for h in rank.rank.engine.cpu_tier.blocks if h not in gpu]
+            truth[rank.name] = {"gpu": len(gpu) * 16, "cpu": len(cpu_only) * 16}
+        if views == truth:
+            return
+        assert time.monotonic() < deadline, f"the index never caught up: {views} against {truth}"
+        time.sleep(0.02)
+
+
+def test_every_turn_of_several_sessions_on_two_ranks_is_estimated_as_reported_by_tier(
+    rank_servers: RankServers,
+) -> None:
+    # small pools (27 usable blocks each) and CPU tiers of 256 blocks: the sessions' turns evict
+    # each other's blocks to the tiers and load them back
+    ranks = rank_servers.sim(2, num_blocks=28, cpu_tier_tokens=4096, kv_events=True)
+    by_name = {r.name: r for r in ranks}
+    proxy = start_gateway(ranks, kv_events="auto", no_admission=True)
+    conversations = {
+        name: [
+            {"role": "system", "content": f"You are agent {name}. " + f"Rules of {name}. " * 40},
+            {"role": "user", "content": f"task of {name} " * 20},
+        ]
+        for name in ("a", "b", "c", "d")
+    }
+    turns = loaded_turns = gpu_turns = 0
+    try:
+        with httpx.Client(timeout=30) as client:
+            for turn in range(3):
+                for name, messages in conversations.items():
+                    in_step(client, proxy.url, ranks)
+                    loaded = {r.name: r.rank.counters.cpu_tier_hits for r in ranks}
+                    answer = ask(client, proxy.url, name, messages)
+                    rank = by_name[answer.headers["x-prefixgate-backend"]]
+                    cached = answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    from_cpu = rank.rank.counters.cpu_tier_hits - loaded[rank.name]
+                    where = f"session {name} turn {turn} on {rank.name}"
+                    assert int(answer.headers["x-prefixgate-estimated-cached-tokens"]) == cached, where
+                    assert int(answer.headers["x-prefixgate-estimated-cpu-tokens"]) == from_cpu, where
+                    turns += 1
+                    loaded_turns += from_cpu > 0
+                    gpu_turns += cached > from_cpu
+                    messages.append(answer.json()["choices"][0]["message"])
+                    messages.append({"role": "user", "content": f"step {turn} of {name}"})
+    finally:
+        proxy.stop()
+    assert turns == 12
+    # both tiers were hit: the pools were small enough to offload, and turns loaded from the tiers
+    assert loaded_turns >= 2 and gpu_turns >= 2
