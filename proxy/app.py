@@ -59,7 +59,7 @@ def create_app(settings: Settings) -> LeanApp:
         assert pipe is not None
         return pipe
 
-    app.include_router(admin_router(current))
+    app.include_router(admin_router(current, gateway.dashboard.recorder.turns.as_json))
     app.include_router(gateway.dashboard.router(current))
     # header bound, then auth, then (optional) body logging: on the framework's stack and, the same
     # in the same order, on the lean path (proxy/endpoints.py); middleware added last runs first

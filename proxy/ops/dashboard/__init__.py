@@ -8,7 +8,6 @@ request) and builds the routes over the running gateway. See ``api.py`` for the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
 
@@ -24,10 +23,8 @@ from proxy.ops.dashboard.stats import (
     Turn,
     TurnLog,
 )
+from proxy.ops.running import Running
 from proxy.state.local import SessionLocals
-
-if TYPE_CHECKING:
-    from proxy.gateway import Gateway
 
 __all__ = [
     "HIT_RATE_WINDOW",
@@ -50,6 +47,6 @@ class Dashboard:
     def __init__(self, locals_: SessionLocals, *, interval: float = SAMPLE_INTERVAL_S) -> None:
         self.recorder = Recorder(interval=interval, turn_log=TurnLog(locals_))
 
-    def router(self, gateway: Callable[[], Gateway]) -> APIRouter:
+    def router(self, gateway: Callable[[], Running]) -> APIRouter:
         """``/dashboard`` and ``/admin/overview*`` over the running gateway."""
         return dashboard_router(gateway, lambda: self.recorder)
