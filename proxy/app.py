@@ -22,8 +22,8 @@ from proxy.ops.admin import admin_router
 from proxy.ops.auth import install as install_auth
 from proxy.ops.bodylog import BodyLogMiddleware
 from proxy.ops.dashboard.api import login_page
+from proxy.ops.gauges import export_gauges
 from proxy.ops.limits import HeaderLimitMiddleware
-from proxy.ops.metrics import export_gauges
 from proxy.ops.models import Models, json_response
 from proxy.path_hints import missing_prefix_hint
 from proxy.pipeline import Pipeline

@@ -4,6 +4,7 @@ turn is compared by, ``records.py`` the causes and records."""
 
 from __future__ import annotations
 
+from proxy.context import Expectation
 from proxy.explain.explainer import Explainer
 from proxy.explain.records import (
     CACHE_SALT_CHANGED,
@@ -20,7 +21,7 @@ from proxy.explain.records import (
     TOOLS_REORDERED,
     UNKNOWN,
 )
-from proxy.explain.turns import Expectation, Turn, extends
+from proxy.explain.turns import Turn, extends
 
 __all__ = [
     "CACHE_SALT_CHANGED",

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.canonical import first_differing_part
-from proxy.context import Outcome, RequestContext
+from proxy.context import Expectation, Outcome, RequestContext
 from proxy.explain.classify import classify, explain
 from proxy.explain.records import EVICTED, MOVED, moved, rank_break, without_text
-from proxy.explain.turns import Expectation, Turn, divergence, extends, parts, parts_of
+from proxy.explain.turns import Turn, divergence, extends, parts, parts_of
 from proxy.ops.metrics import Metrics
 from proxy.stages.observe import Observer
 from proxy.state.local import MAIN, SessionLocal, SessionLocals, ThreadLocal
