@@ -205,11 +205,14 @@ class RequestContext:
     #: (``proxy.stages.blocks``): the whole prompt's tokenizing and hashing, off the request's path.
     #: Until it is done, ``prompt_blocks`` and ``block_hashes`` are the head's (or the kept blocks)
     #: and ``prompt_tokens`` an estimate from the prompt's text; then the whole prompt's (or, when it
-    #: could not be rendered, none). The observers learn from the request once it is done.
+    #: could not be rendered, none). What learns from answers is told once it is done.
     landing: asyncio.Task[None] | None = None
     #: ``landing`` is a returning turn's short tail, encoded on the event loop while the request waits
     #: for its rank: it lands before the answer starts (``Blocks.settle``).
     landing_on_loop: bool = False
+    #: The request was answered before ``landing`` was done: its outcome, set when it ends, is told
+    #: once the prompt has landed (``Pipeline._after_landing``).
+    ending: asyncio.Future[Outcome] | None = None
     #: The thread's previous answer carried back in this prompt, and the blocks its rank then holds
     #: (``proxy.stages.blocks``); the router counts them when ``credited``.
     cached_answer: CachedAnswer | None = None
@@ -253,7 +256,7 @@ class RequestContext:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a routed request ended, as the observers (``proxy/stages/observe.py``) see it."""
+    """How a routed request ended, as the pipeline's ending tells it (``proxy/pipeline.py``)."""
 
     ctx: RequestContext
     #: The rank that answered, or None when none did (every attempt failed, or the client left first).

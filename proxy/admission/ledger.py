@@ -24,7 +24,6 @@ from proxy.admission.timing import LearnedTime
 from proxy.admission.turns import settle
 from proxy.context import CLIENT_CLOSED, Admitted, Outcome, RequestContext
 from proxy.ops.metrics import Metrics
-from proxy.stages.observe import Observer
 from proxy.state.claims import Ask, LocalClaims, Reserved, RoomClaims
 from proxy.state.sessions import Session, SessionTable
 from proxy.state.wait_order import Entry, WaitOrder
@@ -46,7 +45,7 @@ class Placement(Protocol):
     def queued(self, rank: str) -> int: ...
 
 
-class Ledger(Observer):
+class Ledger:
     """Admission's accounting: the count, reservations, learned clocks and rank speeds, and the
     session updates after routing and after the answer (``Admission`` adds the decisions)."""
 

@@ -1,4 +1,4 @@
-"""The prefix-break explainer (an observer of the pipeline): ``explainer.py`` detects breaks,
+"""The prefix-break explainer (told by the pipeline's ending): ``explainer.py`` detects breaks,
 ``classify.py`` names the request part that changed, ``turns.py`` holds what a session's previous
 turn is compared by, ``records.py`` the causes and records."""
 

@@ -14,7 +14,7 @@ A first turn (no previous turn to start from) can match on the ranks only what o
 there: essentially its head, the agent's system prompt and tools. When the rest of it is long
 (``IncrementalTokenizer.first_chat_blocks``), the turn goes on with its head's blocks (encoded and
 hashed once per agent) and a size estimated from its text, and the whole prompt is tokenized and
-hashed beside it (``ctx.landing``): its memo, the index's record and what the observers learn use
+hashed beside it (``ctx.landing``): its memo, the index's record and what learns from answers use
 the whole prompt once it lands, and the thread's next turn awaits it. A returning turn whose new
 tail is worker-thread work (``returning_chat_blocks``) goes on the same way with the blocks it
 keeps of its previous turn: its new tail is in no rank's cache, so routing loses nothing by not

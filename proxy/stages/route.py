@@ -25,7 +25,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from proxy.context import Outcome, RequestContext, RoutePlan
 from proxy.ops.metrics import Metrics
 from proxy.stages.move_reason import move_reason
-from proxy.stages.observe import Observer
 from proxy.stages.pin import Pins
 from proxy.state.load_share import Load
 from proxy.unavailable import no_rank
@@ -51,7 +50,7 @@ UNKNOWN_POOL_BLOCKS = 131_072
 _UNMEASURED: Mapping[str, float] = {}
 
 
-class Router(Observer):
+class Router:
     """Ranks the candidates per request and keeps the prefix index in step with what was routed."""
 
     def __init__(

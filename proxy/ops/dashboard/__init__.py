@@ -1,6 +1,6 @@
 """The live dashboard: ``GET /dashboard`` and the JSON endpoints it and ``prefixgate top`` poll.
 
-``Dashboard`` holds the ``Recorder`` (an observer of the pipeline: it counts every finished
+``Dashboard`` holds the ``Recorder`` (told by the pipeline's ending: it counts every finished
 request) and builds the routes over the running gateway. See ``api.py`` for the routes and
 ``views.py`` for the documents they return.
 """
