@@ -103,7 +103,7 @@ class Pipeline:
         self.debug_headers = debug_headers
         #: The requests answered before their prompt landed, waiting for it to end them
         #: (``_after_landing``): the event loop keeps only weak references to tasks.
-        self._landing: set[asyncio.Task[None]] = set()
+        self._after_landings: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request, api: Api, endpoint: Endpoint) -> Response:
         """A completion request of ``api`` (``POST``), through every stage."""
@@ -314,7 +314,7 @@ class Pipeline:
             self._landed(ctx)
         else:
             ctx.ending = asyncio.get_running_loop().create_future()
-            self._landing.add(asyncio.create_task(self._after_landing(ctx, landing, ctx.ending)))
+            self._after_landings.add(asyncio.create_task(self._after_landing(ctx, landing, ctx.ending)))
 
     def _landed(self, ctx: RequestContext) -> None:
         """The whole prompt of a turn routed on its head is on ``ctx``: the router charges it whole, then
@@ -328,13 +328,14 @@ class Pipeline:
         """A request answered before its whole prompt landed: once it has, what learns from answers is
         told it was answered, then how it ended (``_finished`` hands the outcome over)."""
         try:
-            await asyncio.shield(landing)  # never raises (``Blocks._rest``); shielded: the thread's too
+            # never raises (``Blocks._rest``); shielded: the thread's next turn awaits it too
+            await asyncio.shield(landing)
             self._landed(ctx)
             self._ended(await ending)
         finally:
             current = asyncio.current_task()
             if current is not None:
-                self._landing.discard(current)
+                self._after_landings.discard(current)
 
     def _unanswered(self, ctx: RequestContext | None, status: int, error: str) -> None:
         """An admitted request that no rank answered (routed or not): what learns from answers
