@@ -176,7 +176,7 @@ class Gateway:
             Identify(self.locals),
             threads,
             Canonicalize.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
-            blocks := Blocks(incremental, self.locals, lambda: local_index and not router.exact),
+            blocks := Blocks(incremental, self.locals, local_index, router.exact),
             admission,
             router,
             Forwarder(

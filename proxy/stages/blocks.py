@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from proxy.context import RequestContext
@@ -50,14 +50,17 @@ class Blocks:
         self,
         incremental: IncrementalTokenizer | None,
         locals_: SessionLocals,
-        tails_on_loop: Callable[[], bool] = lambda: True,
+        tails_on_loop: bool = True,
+        exact_ranks: AbstractSet[str] = frozenset(),
     ) -> None:
         self.incremental = incremental
         self.locals = locals_
         #: Whether a returning turn's short tail may be encoded on the loop after it was routed: not
-        #: while any rank is fed by KV events (``Router.landed`` could not estimate its whole prompt),
-        #: nor with a shared index (its re-estimate would be one more round trip on the loop).
+        #: with a shared index (its re-estimate would be one more round trip on the loop), nor while
+        #: any rank is fed by KV events (``Router.landed`` could not estimate its whole prompt).
         self.tails_on_loop = tails_on_loop
+        #: The ranks fed by KV events: the router's own set (``Router.exact``), read as it changes.
+        self.exact_ranks = exact_ranks
         # The first turns' landings in flight: the event loop keeps only weak references to tasks.
         self._landing: set[asyncio.Task[None]] = set()
 
@@ -83,7 +86,7 @@ class Blocks:
                 blocks = first
             else:
                 later = await incremental.returning_chat_blocks(
-                    prompt, previous, on_loop=self.tails_on_loop()
+                    prompt, previous, on_loop=self.tails_on_loop and not self.exact_ranks
                 )
                 if isinstance(later, PromptHead):
                     self._go_on_head(ctx, thread, later, incremental, previous)
