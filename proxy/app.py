@@ -22,8 +22,8 @@ from proxy.ops.admin import admin_router
 from proxy.ops.auth import install as install_auth
 from proxy.ops.bodylog import BodyLogMiddleware
 from proxy.ops.dashboard.api import login_page
+from proxy.ops.gauges import export_gauges
 from proxy.ops.limits import HeaderLimitMiddleware
-from proxy.ops.metrics import export_gauges
 from proxy.ops.models import Models, json_response
 from proxy.path_hints import missing_prefix_hint
 from proxy.pipeline import Pipeline
@@ -59,7 +59,7 @@ def create_app(settings: Settings) -> LeanApp:
         assert pipe is not None
         return pipe
 
-    app.include_router(admin_router(current))
+    app.include_router(admin_router(current, gateway.dashboard.recorder.turns.as_json))
     app.include_router(gateway.dashboard.router(current))
     # header bound, then auth, then (optional) body logging: on the framework's stack and, the same
     # in the same order, on the lean path (proxy/endpoints.py); middleware added last runs first

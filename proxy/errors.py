@@ -8,6 +8,8 @@ import orjson
 from starlette.responses import Response
 
 NO_BACKEND = "none"
+#: Status logged (and counted) for a request whose client went away: nginx's convention.
+CLIENT_CLOSED = 499
 
 
 class ProxyError(Exception):

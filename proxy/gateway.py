@@ -32,7 +32,6 @@ from proxy.stages.blocks import Blocks
 from proxy.stages.canonicalize import Canonicalize
 from proxy.stages.forward import Forwarder, upstream_session
 from proxy.stages.identify import Identify
-from proxy.stages.observe import Observers, UsageMetrics
 from proxy.stages.parse import Parse
 from proxy.stages.pin import Pins
 from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
@@ -177,7 +176,7 @@ class Gateway:
             Identify(self.locals),
             threads,
             Canonicalize.from_settings(not settings.no_canonicalize, settings.canonical, self.metrics),
-            blocks := Blocks(incremental, self.locals, lambda: local_index and not router.exact),
+            blocks := Blocks(incremental, self.locals, local_index, router.exact),
             admission,
             router,
             Forwarder(
@@ -187,18 +186,9 @@ class Gateway:
                 fresh=self._fresh_client,
                 first_byte_timeout=settings.first_byte_timeout,
             ),
-            Observers(
-                [
-                    UsageMetrics(self.metrics),
-                    threads,
-                    admission,
-                    self.dashboard.recorder,
-                    self.explainer,
-                    router,
-                    self.pins,
-                ]
-            ),
             self.pins,
+            self.explainer,
+            self.dashboard.recorder,
             self.metrics,
             debug_headers=settings.debug_headers,
         )

@@ -1,12 +1,31 @@
 """The request pipeline, for every API (``proxy/apis/``), stage by stage:
 
 parse -> identify session -> its thread -> canonicalize -> render and hash blocks -> admit -> route ->
-forward and stream -> observe.
+forward and stream -> the ending.
 
 ``handle`` below is that sequence; each stage is one object from ``proxy/stages/`` (admission from
 ``proxy/admission/``) that reads what the stages before it wrote on the request's context and
-writes its own part. What happened to the request goes to the observers (``proxy/stages/observe``);
-for a first turn routed on its head (``ctx.landing``) once its whole prompt's blocks have landed.
+writes its own part.
+
+The ending is told here too, in one place (``# -- the ending``), by explicit calls in order, to what
+learns from answers: the router and its prefix index, admission and the session table, the threads,
+the prefix-break explainer, the dashboard, the stored-answer pins and the token counts. Each call is
+a step that may fail alone: it is logged, and the steps after it still run. The moments, in this order
+for every routed request:
+
+- placed: a rank holds the request (the plan's first choice once routed, and again the rank a retry
+  landed on when that is another): admission seats the session there, the router moves its charge;
+- prefilled: a stream's first token came (past its API's preamble: ``proxy/stages/preamble.py``),
+  never deferred by a landing: the router takes the prefill off the rank's queue;
+- answered: the rank answered (its stream opened, or its whole body came): the explainer compares
+  the turn with the session's previous one (after the router charged a turn routed on its head with
+  its whole prompt, once that landed);
+- ended: the request ended, answered, failed on every rank or left by its client (``_ended``).
+
+A first turn routed on its head (``ctx.landing``) that is answered before its whole prompt has landed
+is told ``answered`` and ``ended`` once it has: one await of its landing (``_after_landing``), so
+that everything learns from the whole prompt.
+
 The other entry points serve the APIs' side endpoints: token counting (canonicalized, any rank),
 stored-answer retrieval (the rank that stored it) and the ranks' own ``/tokenize``.
 """
@@ -16,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import ParamSpec
 from urllib.parse import quote
 
 import aiohttp
@@ -26,13 +47,14 @@ from proxy.admission import Admission
 from proxy.apis.base import Api, Endpoint, Translation
 from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
 from proxy.errors import NO_BACKEND, ProxyError, upstream_failed
+from proxy.explain import Explainer
+from proxy.ops.dashboard.stats import Recorder
 from proxy.ops.metrics import Metrics
 from proxy.stages.blocks import Blocks
 from proxy.stages.canonicalize import DEBUG_HEADER, Canonicalize, rewrites_header
 from proxy.stages.disconnect import ClientDisconnected, until_disconnected
 from proxy.stages.forward import Forwarder, Opened, response_headers, upstream_headers
 from proxy.stages.identify import Identify
-from proxy.stages.observe import Observers
 from proxy.stages.parse import Parse, read_body
 from proxy.stages.pin import Pins
 from proxy.stages.preamble import PrefillWatch
@@ -41,6 +63,7 @@ from proxy.stages.route import Router
 from proxy.stages.threads import Threads
 from proxy.stages.usage import json_or_none, last_event_with
 from proxy.tenants import client_view
+from routing.ranks import Rank
 
 log = logging.getLogger("prefixgate.pipeline")
 
@@ -58,8 +81,9 @@ class Pipeline:
         admission: Admission,
         route: Router,
         forwarder: Forwarder,
-        observers: Observers,
         pins: Pins,
+        explainer: Explainer,
+        recorder: Recorder,
         metrics: Metrics,
         *,
         debug_headers: bool = False,
@@ -72,10 +96,14 @@ class Pipeline:
         self.admission = admission
         self.route = route
         self.forwarder = forwarder
-        self.observers = observers
         self.pins = pins
+        self.explainer = explainer
+        self.recorder = recorder
         self.metrics = metrics
         self.debug_headers = debug_headers
+        #: The requests answered before their prompt landed, waiting for it to end them
+        #: (``_after_landing``): the event loop keeps only weak references to tasks.
+        self._after_landings: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request, api: Api, endpoint: Endpoint) -> Response:
         """A completion request of ``api`` (``POST``), through every stage."""
@@ -91,7 +119,7 @@ class Pipeline:
                 ctx, lambda wait: until_disconnected(request.receive, wait)
             )
             ctx.plan = await self.route(ctx)
-            self.observers.placed(ctx, ctx.plan.ranks[0])
+            self._placed(ctx, ctx.plan.ranks[0])
             translation = api.translation()
             content = translation.request(ctx.body) if translation is not None else ctx.upstream_body()
             opened = await until_disconnected(
@@ -185,7 +213,7 @@ class Pipeline:
             return self._client_gone(path, None)
         return self._relay_whole(path, opened, started)
 
-    # -- forward and stream, observe --------------------------------------------------------------
+    # -- forward and stream -----------------------------------------------------------------------
 
     def _answer(
         self,
@@ -196,24 +224,24 @@ class Pipeline:
         translation: Translation | None,
     ) -> Response:
         """The client's response for a routed request: the stream relayed, or the whole answer
-        (translated into the client's API when the rank does not serve it); the observers are told
-        when it ends."""
+        (translated into the client's API when the rank does not serve it); its ending is told when
+        it ends."""
         rank = opened.rank
         ctx.rank, ctx.attempts = rank, opened.attempts
         plan = ctx.plan
         assert plan is not None
         if plan.charged != rank.name:  # a retry landed on another rank
-            self.observers.placed(ctx, rank)
+            self._placed(ctx, rank)
         api = ctx.api
         prefill: PrefillWatch | None = None
         if opened.chunks is not None:
             # not deferred by a landing: the rank's prefill is done whatever our tokenizer does;
             # a stream opening with its API's preamble is prefilled at the first chunk past it
             preamble = api.stream_preamble if translation is None else frozenset()
-            prefill = PrefillWatch(preamble, lambda: self.observers.prefilled(ctx))
+            prefill = PrefillWatch(preamble, lambda: self._prefilled(ctx))
             if prefill.feed(opened.first_chunk):
                 prefill = None
-        self._routed(ctx)
+        self._answered(ctx)
         session_headers = self._session_headers(ctx)
         if opened.chunks is not None:
 
@@ -248,43 +276,6 @@ class Pipeline:
         self._count_whole(endpoint, rank.name, status, started)
         return Response(body, status_code=status, headers=headers)
 
-    def _unanswered(self, ctx: RequestContext | None, status: int, error: str) -> None:
-        """An admitted request that no rank answered (routed or not): the observers release what they
-        hold for it."""
-        if ctx is not None and (ctx.plan is not None or ctx.admitted is not None):
-            self._finished(Outcome(ctx, None, status, error=error))
-
-    def _routed(self, ctx: RequestContext) -> None:
-        """Tell the observers the request is routed: one whose prompt is landing, once it landed
-        (at once when it has: the answer's headers carry what landing changed)."""
-        landing = ctx.landing
-        if landing is None:
-            self.observers.routed(ctx)
-            return
-
-        def tell(_: object) -> None:
-            self.observers.landed(ctx)
-            self.observers.routed(ctx)
-
-        if landing.done():
-            tell(landing)
-        else:
-            landing.add_done_callback(tell)
-
-    def _finished(self, outcome: Outcome) -> None:
-        """Tell the observers how the request ended: a request routed on its head once its blocks
-        landed (after ``routed``: done callbacks run in the order they were added). Its prefill is
-        no longer queued at the rank from now, whatever our tokenizer does: told at once, or a wave
-        of first turns answered whole kept its prefill queued for seconds after the answers, until
-        the last one's whole prompt was tokenized here (3.8M phantom tokens per rank on 128
-        first turns of 57k tokens), and routing and admission weighed ranks by it."""
-        landing = outcome.ctx.landing
-        if landing is None or landing.done():
-            self.observers.finished(outcome)
-        else:
-            self.observers.prefilled(outcome.ctx)
-            landing.add_done_callback(lambda _: self.observers.finished(outcome))
-
     def _session_headers(self, ctx: RequestContext) -> dict[str, str]:
         """The ``x-prefixgate-*`` headers telling the client its session and expected hits."""
         key = ctx.session_key
@@ -299,7 +290,99 @@ class Pipeline:
             headers[DEBUG_HEADER] = rewrites_header(ctx.rewrites or {})
         return headers
 
+    # -- the ending -------------------------------------------------------------------------------
+
+    def _placed(self, ctx: RequestContext, rank: Rank) -> None:
+        """``rank`` holds the request now: admission seats its session there (its reservation becomes
+        the session's place), then the router moves its charge there when a retry landed elsewhere."""
+        safely(self.admission.placed, ctx, rank)
+        safely(self.route.placed, ctx, rank)
+
+    def _prefilled(self, ctx: RequestContext) -> None:
+        """The rank's prefill of ``ctx`` is done: its stream's first token came, or a request still
+        landing ended (told both, the router acts on the first)."""
+        safely(self.route.prefilled, ctx)
+
+    def _answered(self, ctx: RequestContext) -> None:
+        """The rank ``ctx.rank`` answered: the explainer compares the turn with the session's previous
+        one. A turn routed on its head whose prompt has landed is charged whole first (at once: the
+        answer's headers carry what landing changed); one still landing, once it has landed."""
+        landing = ctx.landing
+        if landing is None:
+            safely(self.explainer.routed, ctx)
+        elif landing.done():
+            self._landed(ctx)
+        else:
+            ctx.ending = asyncio.get_running_loop().create_future()
+            self._after_landings.add(asyncio.create_task(self._after_landing(ctx, landing, ctx.ending)))
+
+    def _landed(self, ctx: RequestContext) -> None:
+        """The whole prompt of a turn routed on its head is on ``ctx``: the router charges it whole, then
+        the explainer compares it."""
+        safely(self.route.landed, ctx)
+        safely(self.explainer.routed, ctx)
+
+    async def _after_landing(
+        self, ctx: RequestContext, landing: asyncio.Task[None], ending: asyncio.Future[Outcome]
+    ) -> None:
+        """A request answered before its whole prompt landed: once it has, what learns from answers is
+        told it was answered, then how it ended (``_finished`` hands the outcome over)."""
+        try:
+            # never raises (``Blocks._rest``); shielded: the thread's next turn awaits it too
+            await asyncio.shield(landing)
+            self._landed(ctx)
+            self._ended(await ending)
+        finally:
+            current = asyncio.current_task()
+            if current is not None:
+                self._after_landings.discard(current)
+
+    def _unanswered(self, ctx: RequestContext | None, status: int, error: str) -> None:
+        """An admitted request that no rank answered (routed or not): what learns from answers
+        releases what it holds for it."""
+        if ctx is not None and (ctx.plan is not None or ctx.admitted is not None):
+            self._finished(Outcome(ctx, None, status, error=error))
+
+    def _finished(self, outcome: Outcome) -> None:
+        """The request ended. One answered before its whole prompt landed ends once it has (after its
+        ``_answered``); its prefill is no longer queued at the rank from now, whatever our tokenizer
+        does: told at once, or a wave of first turns answered whole kept its prefill queued for seconds
+        after the answers, until the last one's whole prompt was tokenized here (3.8M phantom tokens
+        per rank on 128 first turns of 57k tokens), and routing and admission weighed ranks by it. One
+        never answered ends at once: nothing its ending does reads the prompt it was landing."""
+        ending = outcome.ctx.ending
+        if ending is None:
+            self._ended(outcome)
+        elif not ending.done():
+            self._prefilled(outcome.ctx)
+            ending.set_result(outcome)
+
+    def _ended(self, outcome: Outcome) -> None:
+        """How the request ended, told in this order: the tokens the rank reported counted; the
+        thread's counts and its answer kept for the next turn's estimate; admission's session record
+        (settled, or undone for a failure); the dashboard's hit rates and turn log; the explainer's
+        rank-side break; the router's charge released and its mirror corrected; the rank a stored
+        answer lives on."""
+        safely(self._count_usage, outcome)
+        safely(self.threads.finished, outcome)
+        safely(self.admission.finished, outcome)
+        safely(self.recorder.finished, outcome)
+        safely(self.explainer.finished, outcome)
+        safely(self.route.finished, outcome)
+        safely(self.pins.finished, outcome)
+
     # -- counting ---------------------------------------------------------------------------------
+
+    def _count_usage(self, outcome: Outcome) -> None:
+        """The tokens the rank reported (``prefixgate_{prompt,completion,cached}_tokens``)."""
+        usage = outcome.usage
+        if usage is None or outcome.rank is None:
+            return
+        metrics, rank = self.metrics, outcome.rank
+        metrics.series(metrics.prompt_tokens, rank).inc(usage.prompt_tokens)
+        metrics.series(metrics.completion_tokens, rank).inc(usage.completion_tokens)
+        if usage.cached_tokens is not None:
+            metrics.series(metrics.cached_tokens, rank).inc(usage.cached_tokens)
 
     def _relay_whole(self, endpoint: str, opened: Opened, started: float) -> Response:
         """Count and return an upstream answer as it came (no usage observed, no session headers)."""
@@ -359,3 +442,15 @@ class Pipeline:
         metrics.series(metrics.requests, endpoint, rank, str(CLIENT_CLOSED)).inc()
         metrics.traffic.add(CLIENT_CLOSED)
         log.info("client went away before %s completed", endpoint)
+
+
+Step = ParamSpec("Step")
+
+
+def safely(step: Callable[Step, object], *args: Step.args, **kwargs: Step.kwargs) -> None:
+    """``step(*args, **kwargs)``, one step of a request's ending: when it fails, the failure is logged
+    and the steps after it still run (a charge never released would weigh on its rank for good)."""
+    try:
+        step(*args, **kwargs)
+    except Exception:
+        log.exception("%s failed", getattr(step, "__qualname__", step))

@@ -21,26 +21,14 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def _type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules ``name`` imports at run time (not under ``if TYPE_CHECKING``), at any depth
-    of the module (a function-level import counts too: it runs)."""
+    """The project modules ``name`` imports, at any depth of the module: a function-level import counts
+    (it runs), and so does one under ``if TYPE_CHECKING`` (a module named only for types still depends
+    on what it names: a circle through type imports is a circle of the design)."""
     tree = ast.parse(path.read_text())
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _type_checking(node):
-            skipped.update(id(child) for child in ast.walk(node))
     found: set[str] = set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -74,7 +62,7 @@ def test_type_ignores_are_at_most_five() -> None:
 
 def test_no_import_cycles() -> None:
     """A module's package ``__init__`` may import its submodules; apart from that, no module reaches
-    itself through the modules it imports."""
+    itself through the modules it imports, type-only imports included."""
     found = modules()
     known = set(found)
     graph = {name: imports_of(name, path, known) for name, path in found.items()}

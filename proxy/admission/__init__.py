@@ -5,8 +5,8 @@
 - ``accounting.py``: the pure count of each rank's active sessions and reservations;
 - ``room.py``: which ranks have room for a session within their budgets, which session leaves a
   rank that outgrew its pool;
-- ``rotation.py``: which quiet residents are parked for a session waiting past the rotation bound;
-  ``seat.py``: the seat granted;
+- ``rotation.py``: which quiet residents are parked for a session waiting past the rotation bound
+  (the seat granted, ``Admitted`` and ``Before`` are request records: ``proxy/context.py``);
 - ``queue.py``: the wait for a seat, by priority and weighted-fair across client keys;
 - ``growth.py``, ``think_gaps.py``, ``timing.py``, ``rank_speed.py``: what the traffic and the ranks
   teach (how far sessions grow, how long agents think, when a session has ended, the rotation
@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from proxy.admission.accounting import RankState, Reservation
 from proxy.admission.config import AdmissionConfig
-from proxy.admission.gate import Admission, Admitted, Placement
+from proxy.admission.gate import Admission, Placement
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.config import Settings
+from proxy.context import Admitted
 from proxy.ops.metrics import Metrics
 from proxy.state.claims import RoomClaims
 from proxy.state.sessions import SessionTable

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from proxy.admission.seat import Seat
+from proxy.context import Seat
 from proxy.ops.metrics import Metrics
 from proxy.state.sessions import Session
 from proxy.tenants import shown_to

@@ -42,19 +42,18 @@ from collections.abc import Awaitable, Callable
 
 from proxy.admission.accounting import RankState
 from proxy.admission.explain import decision_record, note_decision, note_parked
-from proxy.admission.ledger import Admitted, Ledger, Placement
+from proxy.admission.ledger import Ledger, Placement
 from proxy.admission.queue import Ticket
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.rotation import Parking, choose_parked
-from proxy.admission.seat import Seat
-from proxy.admission.turns import Before, take_turn
+from proxy.admission.turns import take_turn
 from proxy.admission.weight import head, prompt_tokens
-from proxy.context import RequestContext
+from proxy.context import Admitted, Before, RequestContext, Seat
 from proxy.state.sessions import Session
 from proxy.state.wait_order import Entry, Place
 from proxy.tenants import shown_to
 
-__all__ = ["Admission", "Admitted", "Guard", "Placement"]
+__all__ = ["Admission", "Guard", "Placement"]
 
 log = logging.getLogger("prefixgate.admission")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.admission.accounting import RankState, Reservation, count, log_over_pool
@@ -21,12 +20,10 @@ from proxy.admission.moves import Moves
 from proxy.admission.queue import WaitQueue
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.room import Room, find_room
-from proxy.admission.seat import Seat
 from proxy.admission.timing import LearnedTime
-from proxy.admission.turns import Before, settle
-from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
+from proxy.admission.turns import settle
+from proxy.context import CLIENT_CLOSED, Admitted, Outcome, RequestContext
 from proxy.ops.metrics import Metrics
-from proxy.stages.observe import Observer
 from proxy.state.claims import Ask, LocalClaims, Reserved, RoomClaims
 from proxy.state.sessions import Session, SessionTable
 from proxy.state.wait_order import Entry, WaitOrder
@@ -48,26 +45,7 @@ class Placement(Protocol):
     def queued(self, rank: str) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """Admission's answer for one request: its session's record, and where it may go."""
-
-    #: The session's record (None: the request has no session key, nothing is accounted).
-    session: Session | None = None
-    #: The ranks a new (or re-homed) session may go to; None: any.
-    allowed: frozenset[str] | None = None
-    #: The rank the session is accounted on: the router keeps it there unless it is down or saturated.
-    home: str | None = None
-    #: The session's record before this request (put back if it fails); None: this request made it.
-    before: Before | None = None
-    #: This request admitted the session anew (new, or back after ending).
-    fresh: bool = False
-    #: The seat that admitted it anew (None: active, homed, or admission off).
-    seat: Seat | None = None
-    waited_s: float = 0.0
-
-
-class Ledger(Observer):
+class Ledger:
     """Admission's accounting: the count, reservations, learned clocks and rank speeds, and the
     session updates after routing and after the answer (``Admission`` adds the decisions)."""
 

@@ -1,9 +1,10 @@
-"""The prefix-break explainer (an observer of the pipeline): ``explainer.py`` detects breaks,
+"""The prefix-break explainer (told by the pipeline's ending): ``explainer.py`` detects breaks,
 ``classify.py`` names the request part that changed, ``turns.py`` holds what a session's previous
 turn is compared by, ``records.py`` the causes and records."""
 
 from __future__ import annotations
 
+from proxy.context import Expectation
 from proxy.explain.explainer import Explainer
 from proxy.explain.records import (
     CACHE_SALT_CHANGED,
@@ -20,7 +21,7 @@ from proxy.explain.records import (
     TOOLS_REORDERED,
     UNKNOWN,
 )
-from proxy.explain.turns import Expectation, Turn, extends
+from proxy.explain.turns import Turn, extends
 
 __all__ = [
     "CACHE_SALT_CHANGED",

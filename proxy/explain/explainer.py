@@ -2,7 +2,7 @@
 
 It keeps, on each thread of a session's local state (``proxy.state.local``), the previous turn: its block
 hashes and tokens (shared with the blocks stage, not copied), its prompt body and the rank it went
-to. It observes each request twice:
+to. The pipeline tells it of each request twice:
 
 - ``routed``: the first block whose chained hash differs from the previous turn's is found by
   binary search (a chained hash equal at block k means blocks 0..k are equal). A divergence before
@@ -24,16 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.canonical import first_differing_part
-from proxy.context import Outcome, RequestContext
+from proxy.context import Expectation, Outcome, RequestContext
 from proxy.explain.classify import classify, explain
 from proxy.explain.records import EVICTED, MOVED, moved, rank_break, without_text
-from proxy.explain.turns import Expectation, Turn, divergence, extends, parts, parts_of
+from proxy.explain.turns import Turn, divergence, extends, parts, parts_of
 from proxy.ops.metrics import Metrics
-from proxy.stages.observe import Observer
 from proxy.state.local import MAIN, SessionLocal, SessionLocals, ThreadLocal
 
 
-class Explainer(Observer):
+class Explainer:
     """Detects and explains prefix breaks per session.
 
     ``on_break(session_key, record)`` is called for every break (e.g. the session table's

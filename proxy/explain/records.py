@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from tokenization.base import common_prefix_len
 
 if TYPE_CHECKING:
-    from proxy.explain.turns import Expectation, Turn
+    from proxy.context import Expectation
+    from proxy.explain.turns import Turn
 
 SYSTEM_EDITED = "system_edited"
 TOOLS_ADDED = "tools_added"

@@ -35,18 +35,6 @@ class Turn:
     fingerprint: Fingerprint | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Expectation:
-    """A routed turn awaiting the rank's answer: what it should hit if the rank kept the prefix."""
-
-    turn: int
-    expected_tokens: int  # tokens of the prefix shared with the previous turn, whole hittable blocks
-    num_tokens: int  # the prompt's tokens as prefixgate counted them
-    block_size: int
-    rank: str | None
-    previous_rank: str | None
-
-
 def parts(turn: Turn) -> list[RequestPart]:
     """The request parts of the session's newest ``turn``, split once and kept with it (its
     ``nbytes`` grows), so that the next turn's break is explained without splitting this body again."""

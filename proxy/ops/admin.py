@@ -10,7 +10,7 @@ such a session, else as ``<client>/<id>``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import orjson
 from fastapi import APIRouter
@@ -18,11 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.errors import ProxyError, error_response
+from proxy.ops.running import Running
 from proxy.state.sessions import SORT_FIELDS, Session, SessionTable
 from proxy.tenants import client_view, tenant_key
-
-if TYPE_CHECKING:
-    from proxy.gateway import Gateway
 
 MAX_PAGE = 1000
 
@@ -81,8 +79,11 @@ def session_of(request: Request, table: SessionTable, session_id: str) -> Sessio
     return found[0] if len(found) == 1 else ambiguous_session(session_id, found)
 
 
-def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
-    """Routes for ``/admin/sessions`` over the running ``gateway()``."""
+def admin_router(
+    gateway: Callable[[], Running], turn_log: Callable[[str], list[dict[str, Any]]]
+) -> APIRouter:
+    """Routes for ``/admin/sessions`` over the running ``gateway()``; ``turn_log(key)``: a session's
+    turns as the dashboard logged them."""
     router = APIRouter()
 
     @router.get("/admin/sessions")
@@ -136,7 +137,7 @@ def admin_router(gateway: Callable[[], Gateway]) -> APIRouter:
         row = _row(session, table.clock(), table.idle_ttl, with_breaks=True)
         # Redis loads a record without its breaks: this replica's explainer has the recent ones
         row["breaks"] = session.breaks or gw.explainer.breaks(session.key)
-        row["turns_log"] = gw.dashboard.recorder.turns.as_json(session.key)
+        row["turns_log"] = turn_log(session.key)
         row["threads"] = gw.threads_of(session.key)
         return _json(row)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.context import CLIENT_CLOSED
+from proxy.errors import CLIENT_CLOSED
 
 #: Answers kept for the percentiles and the rate (the hit rate's window is as long).
 RECENT = 1000

@@ -14,7 +14,7 @@ A first turn (no previous turn to start from) can match on the ranks only what o
 there: essentially its head, the agent's system prompt and tools. When the rest of it is long
 (``IncrementalTokenizer.first_chat_blocks``), the turn goes on with its head's blocks (encoded and
 hashed once per agent) and a size estimated from its text, and the whole prompt is tokenized and
-hashed beside it (``ctx.landing``): its memo, the index's record and what the observers learn use
+hashed beside it (``ctx.landing``): its memo, the index's record and what learns from answers use
 the whole prompt once it lands, and the thread's next turn awaits it. A returning turn whose new
 tail is worker-thread work (``returning_chat_blocks``) goes on the same way with the blocks it
 keeps of its previous turn: its new tail is in no rank's cache, so routing loses nothing by not
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from proxy.context import RequestContext
@@ -50,14 +50,17 @@ class Blocks:
         self,
         incremental: IncrementalTokenizer | None,
         locals_: SessionLocals,
-        tails_on_loop: Callable[[], bool] = lambda: True,
+        tails_on_loop: bool = True,
+        exact_ranks: AbstractSet[str] = frozenset(),
     ) -> None:
         self.incremental = incremental
         self.locals = locals_
         #: Whether a returning turn's short tail may be encoded on the loop after it was routed: not
-        #: while any rank is fed by KV events (``Router.landed`` could not estimate its whole prompt),
-        #: nor with a shared index (its re-estimate would be one more round trip on the loop).
+        #: with a shared index (its re-estimate would be one more round trip on the loop), nor while
+        #: any rank is fed by KV events (``Router.landed`` could not estimate its whole prompt).
         self.tails_on_loop = tails_on_loop
+        #: The ranks fed by KV events: the router's own set (``Router.exact``), read as it changes.
+        self.exact_ranks = exact_ranks
         # The first turns' landings in flight: the event loop keeps only weak references to tasks.
         self._landing: set[asyncio.Task[None]] = set()
 
@@ -83,7 +86,7 @@ class Blocks:
                 blocks = first
             else:
                 later = await incremental.returning_chat_blocks(
-                    prompt, previous, on_loop=self.tails_on_loop()
+                    prompt, previous, on_loop=self.tails_on_loop and not self.exact_ranks
                 )
                 if isinstance(later, PromptHead):
                     self._go_on_head(ctx, thread, later, incremental, previous)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from routing.ranks import Rank
 
 if TYPE_CHECKING:
-    from proxy.admission import Admitted
+    from proxy.context import Admitted
 
 
 def move_reason(

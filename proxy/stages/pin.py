@@ -2,7 +2,7 @@
 retrieval of one, must reach the rank that stored it, never another.
 
 ``Pins`` finds that rank (the response map, ``proxy.state.responses``; for ids stored before this
-process knew them, by asking the healthy ranks) and, as an observer of finished requests, remembers
+process knew them, by asking the healthy ranks) and, told by the pipeline's ending, remembers
 the rank of every answer a rank stored.
 
 With client keys configured, an answer belongs to the client that had it stored: the map keeps it
@@ -19,7 +19,6 @@ import aiohttp
 
 from proxy.context import Outcome
 from proxy.errors import ProxyError
-from proxy.stages.observe import Observer
 from proxy.state.local import SessionLocals
 from proxy.state.responses import ResponseRanks
 from proxy.tenants import tenant_key
@@ -49,7 +48,7 @@ def response_not_found(response_id: str) -> ProxyError:
     )
 
 
-class Pins(Observer):
+class Pins:
     """Stored answer id -> the rank that stored it."""
 
     def __init__(

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
-from proxy.context import Outcome, RequestContext
+from proxy.context import Outcome, RequestContext, RoutePlan
 from proxy.ops.metrics import Metrics
 from proxy.stages.move_reason import move_reason
-from proxy.stages.observe import Observer
 from proxy.stages.pin import Pins
 from proxy.state.load_share import Load
 from proxy.unavailable import no_rank
@@ -52,26 +50,7 @@ UNKNOWN_POOL_BLOCKS = 131_072
 _UNMEASURED: Mapping[str, float] = {}
 
 
-@dataclass(slots=True)
-class RoutePlan:
-    """The ranks to try, best first, and what is charged to the one currently holding the request."""
-
-    ranks: list[Rank]
-    #: The rank charged with this request's prefill and prompt tokens (None once released).
-    charged: str | None = None
-    prefill: int = 0
-    tokens: int = 0
-    #: The prompt's full blocks when it was charged (a turn routed on its head: the head's).
-    blocks: int = 0
-    #: The charged rank's stream opened (its first token came): its prefill left the queue already.
-    prefilled: bool = False
-    #: The response id that pins the request to its rank (Responses continuations), if any.
-    pinned: str | None = None
-    #: The blocks recorded in flight on the charged rank (fed by KV events) until its prefill.
-    inflight_blocks: list[Sequence[bytes]] = field(default_factory=list)
-
-
-class Router(Observer):
+class Router:
     """Ranks the candidates per request and keeps the prefix index in step with what was routed."""
 
     def __init__(

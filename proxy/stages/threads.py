@@ -41,7 +41,6 @@ import orjson
 import xxhash
 
 from proxy.context import Outcome, RequestContext
-from proxy.stages.observe import Observer
 from proxy.state.local import MAIN, Answer, SessionLocal, SessionLocals
 from proxy.tenants import safe_key, tenant_key
 from tokenization.lru import LRU
@@ -103,7 +102,7 @@ def _digest(*parts: Any) -> str:
     return xxhash.xxh3_64_hexdigest(orjson.dumps(parts, option=orjson.OPT_NON_STR_KEYS))
 
 
-class Threads(Observer):
+class Threads:
     """Sets ``ctx.thread``; after the answer, counts it on the thread."""
 
     def __init__(

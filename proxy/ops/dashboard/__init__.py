@@ -1,6 +1,6 @@
 """The live dashboard: ``GET /dashboard`` and the JSON endpoints it and ``prefixgate top`` poll.
 
-``Dashboard`` holds the ``Recorder`` (an observer of the pipeline: it counts every finished
+``Dashboard`` holds the ``Recorder`` (told by the pipeline's ending: it counts every finished
 request) and builds the routes over the running gateway. See ``api.py`` for the routes and
 ``views.py`` for the documents they return.
 """
@@ -8,7 +8,6 @@ request) and builds the routes over the running gateway. See ``api.py`` for the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
 
@@ -24,10 +23,8 @@ from proxy.ops.dashboard.stats import (
     Turn,
     TurnLog,
 )
+from proxy.ops.running import Running
 from proxy.state.local import SessionLocals
-
-if TYPE_CHECKING:
-    from proxy.gateway import Gateway
 
 __all__ = [
     "HIT_RATE_WINDOW",
@@ -50,6 +47,6 @@ class Dashboard:
     def __init__(self, locals_: SessionLocals, *, interval: float = SAMPLE_INTERVAL_S) -> None:
         self.recorder = Recorder(interval=interval, turn_log=TurnLog(locals_))
 
-    def router(self, gateway: Callable[[], Gateway]) -> APIRouter:
+    def router(self, gateway: Callable[[], Running]) -> APIRouter:
         """``/dashboard`` and ``/admin/overview*`` over the running gateway."""
         return dashboard_router(gateway, lambda: self.recorder)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib import resources
-from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import APIRouter
@@ -24,10 +23,8 @@ from proxy.errors import ProxyError, error_response
 from proxy.ops.admin import session_of, viewer_of
 from proxy.ops.dashboard import views
 from proxy.ops.dashboard.stats import Recorder
+from proxy.ops.running import Running
 from proxy.state.sessions import SORT_FIELDS
-
-if TYPE_CHECKING:
-    from proxy.gateway import Gateway
 
 MAX_ROWS = 500
 #: The page runs inline script and style only and talks to this origin alone: nothing external loads.
@@ -75,7 +72,7 @@ def _bad(message: str, param: str) -> Response:
     return error_response(ProxyError(400, message, param=param, code="invalid_request"))
 
 
-def dashboard_router(gateway: Callable[[], Gateway], recorder: Callable[[], Recorder]) -> APIRouter:
+def dashboard_router(gateway: Callable[[], Running], recorder: Callable[[], Recorder]) -> APIRouter:
     """Routes over the running ``gateway()`` and the dashboard's ``recorder()``."""
     router = APIRouter()
     html = page_html()

@@ -1,6 +1,6 @@
 """What the dashboard remembers between polls: hit counters, the hit-rate time series, turns per session.
 
-All are fed by ``Recorder.finished`` (an observer of the pipeline: one call per finished request,
+All are fed by ``Recorder.finished`` (told by the pipeline's ending: one call per finished request,
 on the event loop) and are bounded: the fleet window and the series are ring buffers, the turn log
 lives on the sessions' local state with its bounds. Nothing here touches the session store, so
 recording costs a few integer updates.
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from proxy.context import Outcome
-from proxy.stages.observe import Observer
 from proxy.state.local import SessionLocals
 
 #: Seconds between two points of the hit-rate series.
@@ -180,7 +179,7 @@ class TurnLog:
         return sum(1 for local in self.locals.values() if local.turns)
 
 
-class Recorder(Observer):
+class Recorder:
     """Everything the dashboard counts, fed once per finished request."""
 
     def __init__(

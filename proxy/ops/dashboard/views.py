@@ -22,16 +22,14 @@ Every function here reads; none changes the gateway. Shapes (all times wall-cloc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import Counter
 
 from proxy.ops.dashboard.stats import HIT_RATE_WINDOW, Point, Recorder, computed_per_100, hit_rate
+from proxy.ops.running import Running
 from proxy.state.sessions import Session
 from proxy.tenants import client_view
-
-if TYPE_CHECKING:
-    from proxy.gateway import Gateway
 
 SERIES_FIELDS = ("time", "window_rate", "cumulative_rate", "interval_rate", "computed_per_100", "requests")
 
@@ -55,7 +53,7 @@ def _point(point: Point) -> list[Any]:
 
 
 def overview(
-    gateway: Gateway, recorder: Recorder, since: float | None = None, *, show_urls: bool = True
+    gateway: Running, recorder: Recorder, since: float | None = None, *, show_urls: bool = True
 ) -> dict[str, Any]:
     """Fleet, series, ranks and admission as one document (see the module docstring); each rank's
     ``url`` only with ``show_urls`` (the admin)."""
@@ -145,7 +143,7 @@ def overview(
     }
 
 
-def settings_view(gateway: Gateway) -> dict[str, Any]:
+def settings_view(gateway: Running) -> dict[str, Any]:
     """What decides placement in this process, as the operator set it (no secrets, no URLs)."""
     settings = gateway.settings
     router = gateway.router
@@ -167,7 +165,7 @@ def settings_view(gateway: Gateway) -> dict[str, Any]:
     }
 
 
-def _last_break(gateway: Gateway, session: Session) -> dict[str, Any] | None:
+def _last_break(gateway: Running, session: Session) -> dict[str, Any] | None:
     # Redis pages load records without their breaks: this replica's explainer has the recent ones
     breaks = session.breaks or gateway.explainer.breaks(session.key)
     if not breaks:
@@ -176,7 +174,7 @@ def _last_break(gateway: Gateway, session: Session) -> dict[str, Any] | None:
     return {k: last.get(k) for k in ("turn", "time", "cause", "detail", "part")}
 
 
-def session_row(gateway: Gateway, session: Session, now: float, idle_ttl: float) -> dict[str, Any]:
+def session_row(gateway: Running, session: Session, now: float, idle_ttl: float) -> dict[str, Any]:
     """One line of the sessions table."""
     return {
         "key": client_view(session.key, session.client),
@@ -194,7 +192,7 @@ def session_row(gateway: Gateway, session: Session, now: float, idle_ttl: float)
 
 
 def session_rows(
-    gateway: Gateway,
+    gateway: Running,
     *,
     viewer: str | None,
     sort: str = "last_seen",
@@ -214,7 +212,7 @@ def session_rows(
     }
 
 
-def session_detail(gateway: Gateway, recorder: Recorder, session: Session) -> dict[str, Any]:
+def session_detail(gateway: Running, recorder: Recorder, session: Session) -> dict[str, Any]:
     """A session's row with its turns (hit tokens per turn) and its prefix breaks."""
     table = gateway.sessions
     now = table.clock()
