@@ -15,13 +15,9 @@ Invariants: one copy per hash (the pool keeps a copy per request; the tier de-du
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from tokenization.block_hash import BlockHash
-
-if TYPE_CHECKING:
-    from bench.sim.block_pool import BlockPool
 
 #: KV events' medium of the tier's blocks, as vLLM's offloading connector names it.
 CPU_MEDIUM = "CPU"
@@ -85,15 +81,19 @@ class CpuTier:
 
 
 def passed_over_cpu_blocks(
-    block_hashes: Sequence[BlockHash], max_blocks: int, held: int, peers: Iterable[tuple[BlockPool, CpuTier]]
+    block_hashes: Sequence[BlockHash],
+    max_blocks: int,
+    held: int,
+    peers: Iterable[tuple[Mapping[BlockHash, object], CpuTier]],
 ) -> bool:
     """Whether a prompt this rank holds ``held`` leading blocks of was sent away from a peer rank
     holding more of it, part of that in the peer's CPU tier: a session moved off the rank keeping
     its blocks in CPU memory (the benchmark's count, ``SimConfig.cpu_tier_tokens``). Peers are
     other ranks of this process, read from this rank's thread: membership tests only, each atomic
-    under the GIL, so a read never sees a dict mid-change nor changes it."""
-    for pool, tier in peers:
-        cached, offloaded = pool.cached, tier.blocks
+    under the GIL, so a read never sees a dict mid-change nor changes it. Each peer is its GPU pool's
+    cached blocks (``BlockPool.cached``) and its CPU tier."""
+    for cached, tier in peers:
+        offloaded = tier.blocks
         gpu = 0
         while gpu < max_blocks and cached.get(block_hashes[gpu]):
             gpu += 1

@@ -204,7 +204,7 @@ class Engine:
     def _count_passed_over(self, req: SimRequest, held: int) -> None:
         """Count ``req`` when a peer rank held more of its prompt, part in its CPU tier."""
         max_blocks = min(len(req.block_hashes), (req.num_tokens - 1) // self.block_size)
-        peers = [(p.pool, p.cpu_tier) for p in self.peers if p is not self and p.cpu_tier is not None]
+        peers = [(p.pool.cached, p.cpu_tier) for p in self.peers if p is not self and p.cpu_tier is not None]
         if passed_over_cpu_blocks(req.block_hashes, max_blocks, held, peers):
             self.counters.passed_over_cpu_tier += 1
 
