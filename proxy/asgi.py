@@ -4,13 +4,15 @@ There is no framework stack. prefixgate had two paths: FastAPI's stack (server-e
 exception-telemetry, body-limit, exception and exit-stack middleware, then its router) and a lean
 path beside it for the APIs' fixed-path endpoints. Side by side against ``prefixgate sim`` (proxy
 CPU per streamed 16-token chat turn, 9 rounds of 600 turns, concurrency 8), FastAPI's stack for
-every request cost 2.13 ms a turn where the pair cost 1.93; in a second run this one path cost 1.80
-where the pair cost 1.85 and FastAPI alone 1.88 (``python -m bench.http_path --baseline-root DIR``
-compares this tree with another). So every request, the APIs' and the operator's alike, goes
-through the operator's middleware (header bound, auth, body log) to one Starlette ``Router``, which
-tries the routes in the order they were added (the APIs' first: they are the traffic). What the
-framework added that prefixgate needs is here: the app's ``state``, its lifespan, and an HTTP error
-(404, 405) or an unexpected exception (500) answered in the project's error shape.
+every request cost 2.13 ms a turn where the pair cost 1.93. This one path costs what the pair did:
+3.97 against 3.95 ms a 16-token turn and 12.0 against 11.75 ms a ~100k-token one, medians of 9
+rounds (``python -m bench.http_path --rounds 9 --baseline-root DIR``, DIR a tree with the pair).
+
+Every request, the APIs' and the operator's alike, goes through the operator's middleware (header
+bound, auth, body log) to one Starlette ``Router``, which tries the routes in the order they were
+added (the APIs' first: they are the traffic). What the framework added that prefixgate needs is
+here: the app's ``state``, its lifespan, and an HTTP error (404, 405) or an unexpected exception
+(500) answered in the project's error shape.
 """
 
 from __future__ import annotations
