@@ -18,8 +18,6 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
-
 from routing.rank_facts import FactBook, RankFacts
 from routing.ranks import Fleet, Rank
 from tokenization.config import TokenizerConfig
@@ -39,7 +37,7 @@ class FleetTokenizer:
         self.book = book
         self.fleet: Fleet = book.fleet
         self.timeout = timeout
-        self.client = httpx.AsyncClient(trust_env=False)
+        self.client = book.client  # the process's client to its ranks: its pool, its upstream key
         # First turns' encoding in threads of their own, one per core (tiktoken and HF tokenizers
         # release the GIL while encoding): never queued behind other blocking work.
         self.pool = ThreadPoolExecutor(self.config.worker_threads, thread_name_prefix="prefixgate-tokenize")
@@ -90,7 +88,6 @@ class FleetTokenizer:
         return gaps
 
     async def close(self) -> None:
-        await self.client.aclose()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- finding and building ---------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-import httpx
+import aiohttp
 
 _INFO_LINE = re.compile(r"^vllm:cache_config_info\{(?P<labels>.*)\}\s+\S+\s*$", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -26,9 +26,10 @@ def block_size_of(info: dict[str, str]) -> int | None:
 
 
 async def fetch_cache_config(
-    client: httpx.AsyncClient, base_url: str, timeout_s: float = 5.0
+    client: aiohttp.ClientSession, base_url: str, timeout_s: float = 5.0
 ) -> dict[str, str]:
     """``GET {base_url}/metrics`` and parse ``vllm:cache_config_info``."""
-    response = await client.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
-    response.raise_for_status()
-    return parse_cache_config_info(response.text)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with client.get(base_url.rstrip("/") + "/metrics", timeout=timeout) as response:
+        response.raise_for_status()
+        return parse_cache_config_info(await response.text())

@@ -10,12 +10,14 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 import xxhash
 
 from tokenization.base import ChatPrompt, Encoded, Plan, token_ids_plan
 from tokenization.lru import LRU
+
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 class BackendTokenizeError(RuntimeError):
@@ -33,7 +35,7 @@ class BackendTokenizer:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         base_url: str,
         model: str | None = None,
         *,
@@ -57,15 +59,17 @@ class BackendTokenizer:
             return cached
         self.round_trips += 1
         try:
-            response = await self._client.post(
-                self._url, content=raw, headers={"content-type": "application/json"}, timeout=self._timeout
-            )
-        except httpx.HTTPError as exc:
+            async with self._client.post(
+                self._url, data=raw, headers=JSON_HEADERS, timeout=aiohttp.ClientTimeout(total=self._timeout)
+            ) as response:
+                content = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise BackendTokenizeError(f"{self._url}: {exc!r}") from exc
-        if response.status_code != 200:
-            raise BackendTokenizeError(f"{self._url}: HTTP {response.status_code}: {response.text[:200]}")
+        if response.status != 200:
+            text = content[:200].decode(errors="replace")
+            raise BackendTokenizeError(f"{self._url}: HTTP {response.status}: {text}")
         try:
-            ids = orjson.loads(response.content)["tokens"]
+            ids = orjson.loads(content)["tokens"]
             tokens = array("I", ids)
         except (orjson.JSONDecodeError, KeyError, TypeError, OverflowError) as exc:
             raise BackendTokenizeError(f"{self._url}: unexpected answer: {exc!r}") from exc

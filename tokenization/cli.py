@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from tokenization.base import UnsupportedRequest
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # pydantic's ValidationError and orjson's errors are ValueErrors
         print(f"prefixgate tokenize: {exc}", file=sys.stderr)
         return 2
-    except httpx.HTTPError as exc:
+    except (aiohttp.ClientError, TimeoutError) as exc:
         print(f"prefixgate tokenize: backend: {exc!r}", file=sys.stderr)
         return 2
     # auto prints vLLM's hashes here: the point of this command is comparing with a rank's.
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _blocks(config: Any, body: dict[str, Any], backend_url: str | None) -> PromptBlocks:
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         inc = build_incremental(
             config,
             client=client,

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 
 from tokenization.base import ChatPrompt, Tokenizer
 from tokenization.config import TokenizerConfig
@@ -109,27 +110,38 @@ def model_directory(name: str, caches: Sequence[Path]) -> Path | None:
     return None
 
 
-async def _models(client: httpx.AsyncClient, url: str, timeout: float) -> list[dict[str, Any]]:
+async def _json(
+    client: aiohttp.ClientSession, method: str, url: str, timeout: float, body: Any = None
+) -> Any:
+    """The JSON a 200 answer carries, None for any other status; raises ``aiohttp.ClientError``,
+    ``TimeoutError`` or ``ValueError`` (not JSON)."""
+    data = None if body is None else orjson.dumps(body)
+    headers = None if body is None else {"content-type": "application/json"}
+    limit = aiohttp.ClientTimeout(total=timeout)
+    async with client.request(method, url, data=data, headers=headers, timeout=limit) as response:
+        return orjson.loads(await response.read()) if response.status == 200 else None
+
+
+async def _models(client: aiohttp.ClientSession, url: str, timeout: float) -> list[dict[str, Any]]:
     try:
-        response = await client.get(f"{url}/v1/models", timeout=timeout)
-        data = response.json() if response.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
+        data = await _json(client, "GET", f"{url}/v1/models", timeout)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
         return []
     cards = data.get("data") if isinstance(data, dict) else None
     return [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
 
 
 async def _rank_ids(
-    client: httpx.AsyncClient, url: str, model: str | None, timeout: float
+    client: aiohttp.ClientSession, url: str, model: str | None, timeout: float
 ) -> list[list[int]] | None:
     """The rank's token ids for each probe (None: its ``/tokenize`` does not answer them)."""
     out: list[list[int]] = []
     for probe in PROBES:
         body = {**probe, "add_generation_prompt": True, **({"model": model} if model else {})}
         try:
-            response = await client.post(f"{url}/tokenize", json=body, timeout=timeout)
-            tokens = response.json().get("tokens") if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            answer = await _json(client, "POST", f"{url}/tokenize", timeout, body)
+            tokens = answer.get("tokens") if answer is not None else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             return None
         if not isinstance(tokens, list):
             return None
@@ -159,7 +171,7 @@ def _hf(path: Path) -> Tokenizer | None:
 
 async def discover(
     config: TokenizerConfig,
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     url: str | None,
     *,
     timeout: float = 5.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import Executor
 
-import httpx
+import aiohttp
 
 from tokenization.base import Tokenizer
 from tokenization.config import TokenizerConfig, resolve_hash_algo
@@ -17,7 +17,7 @@ DEFAULT_BLOCK_SIZE = 16
 def build_tokenizer(
     config: TokenizerConfig,
     *,
-    client: httpx.AsyncClient | None = None,
+    client: aiohttp.ClientSession | None = None,
     base_url: str | None = None,
     model: str | None = None,
 ) -> Tokenizer:
@@ -34,7 +34,7 @@ def build_tokenizer(
 
         return HfTokenizer(config.path, config.chat_template)
     if client is None or base_url is None:
-        raise ValueError("tokenization.kind 'backend' needs an httpx client and the rank's base URL")
+        raise ValueError("tokenization.kind 'backend' needs an HTTP client and the rank's base URL")
     from tokenization.backend_tokenizer import BackendTokenizer
 
     return BackendTokenizer(
@@ -51,7 +51,7 @@ def build_incremental(
     *,
     block_size: int | None = None,
     tokenizer: Tokenizer | None = None,
-    client: httpx.AsyncClient | None = None,
+    client: aiohttp.ClientSession | None = None,
     base_url: str | None = None,
     model: str | None = None,
     compare_with_rank: bool = False,

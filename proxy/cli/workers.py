@@ -27,10 +27,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
 from pydantic import SecretStr
 from uvicorn.supervisors import Multiprocess
 
+from proxy.asgi import App
 from proxy.config import Settings
 from proxy.server import ServingOptions, listen, return_freed_memory, tune_collector, uvicorn_config
 from proxy.state.embedded_redis import EmbeddedRedis
@@ -77,7 +77,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def worker_app() -> FastAPI:
+def worker_app() -> App:
     """The app of one worker process (uvicorn's factory), from the supervisor's settings file."""
     from proxy.app import create_app
 

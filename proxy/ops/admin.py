@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from proxy.errors import ProxyError, error_response
 from proxy.ops.running import Running
@@ -79,14 +79,12 @@ def session_of(request: Request, table: SessionTable, session_id: str) -> Sessio
     return found[0] if len(found) == 1 else ambiguous_session(session_id, found)
 
 
-def admin_router(
+def admin_routes(
     gateway: Callable[[], Running], turn_log: Callable[[str], list[dict[str, Any]]]
-) -> APIRouter:
+) -> list[Route]:
     """Routes for ``/admin/sessions`` over the running ``gateway()``; ``turn_log(key)``: a session's
     turns as the dashboard logged them."""
-    router = APIRouter()
 
-    @router.get("/admin/sessions")
     async def list_sessions(request: Request) -> Response:
         """``?sort=FIELD&order=asc|desc&offset=N&limit=N&active=1``: a page of the table."""
         params = request.query_params
@@ -126,9 +124,9 @@ def admin_router(
             }
         )
 
-    @router.get("/admin/sessions/{session_id:path}")
-    async def show_session(request: Request, session_id: str) -> Response:
+    async def show_session(request: Request) -> Response:
         """The session's record with its breaks, its turn log and its threads (this replica's)."""
+        session_id = request.path_params["session_id"]
         gw = gateway()
         table = gw.sessions
         session = session_of(request, table, session_id)
@@ -141,9 +139,9 @@ def admin_router(
         row["threads"] = gw.threads_of(session.key)
         return _json(row)
 
-    @router.delete("/admin/sessions/{session_id:path}")
-    async def end_session(request: Request, session_id: str) -> Response:
+    async def end_session(request: Request) -> Response:
         """End a session at once: its working set no longer counts against its rank's budget."""
+        session_id = request.path_params["session_id"]
         gw = gateway()
         session = session_of(request, gw.sessions, session_id)
         if isinstance(session, Response):
@@ -151,7 +149,11 @@ def admin_router(
         gw.end_session(session.key)
         return _json({"id": session_id, "object": "session", "deleted": True})
 
-    return router
+    return [
+        Route("/admin/sessions", list_sessions, methods=["GET"]),
+        Route("/admin/sessions/{session_id:path}", show_session, methods=["GET"]),
+        Route("/admin/sessions/{session_id:path}", end_session, methods=["DELETE"]),
+    ]
 
 
 def _row(session: Session, now: float, idle_ttl: float, with_breaks: bool) -> dict[str, object]:

@@ -291,8 +291,7 @@ def upstream_auth_headers(settings: Settings) -> dict[str, str]:
 def install(
     settings: Settings, metrics: Any = None, login_page: LoginPage | None = None
 ) -> tuple[KeyRing, Callable[[ASGIApp], AuthMiddleware]]:
-    """The key ring for ``settings``, and a maker of the ``AuthMiddleware`` around an app (the
-    framework's stack and the lean path of ``proxy/endpoints.py`` both wrap with it).
+    """The key ring for ``settings``, and a maker of the ``AuthMiddleware`` around an app.
     ``login_page``: what a request for the dashboard without the right credential gets."""
     keys = KeyRing.from_settings(settings)
     options: dict[str, Any] = {

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
@@ -87,7 +87,7 @@ TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type"
 
 async def test_backend_blocks_equal_local_and_answers_are_cached(tokenize_server: tuple[str, list]) -> None:
     url, seen = tokenize_server
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         backend = BackendTokenizer(client, url, "tiny", cache_entries=8, timeout_s=5)
         remote = IncrementalTokenizer(backend, make_hasher("sha256", 16, "0"))
         local = IncrementalTokenizer(TiktokenTokenizer(), make_hasher("sha256", 16, "0"))
@@ -114,7 +114,7 @@ async def test_backend_blocks_equal_local_and_answers_are_cached(tokenize_server
 
 async def test_backend_errors_are_reported(tokenize_server: tuple[str, list]) -> None:
     url, _ = tokenize_server
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         with pytest.raises(BackendTokenizeError, match="HTTP 404"):
             await BackendTokenizer(client, url, "other").tokenize({"model": "other", "prompt": "x"})
         closed = socket.socket()
@@ -129,7 +129,7 @@ async def test_backend_errors_are_reported(tokenize_server: tuple[str, list]) ->
 
 async def test_block_size_from_cache_config_info(tokenize_server: tuple[str, list]) -> None:
     url, _ = tokenize_server
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         info = await fetch_cache_config(client, url)
         assert info["prefix_caching_hash_algo"] == "sha256_cbor" and block_size_of(info) == 32
         inc = build_incremental(
@@ -148,7 +148,7 @@ async def test_block_size_from_cache_config_info(tokenize_server: tuple[str, lis
 
 async def test_against_the_simulated_rank(rank_servers: RankServers) -> None:
     (rank,) = rank_servers.sim(1, hash_seed="0")
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         url = f"http://127.0.0.1:{rank.port}"
         info = await fetch_cache_config(client, url)
         cfg = TokenizerConfig(

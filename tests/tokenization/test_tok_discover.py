@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 import orjson
+from aiohttp import ClientSession, web
 
 from tokenization.base import ChatPrompt, Encoded
 from tokenization.config import TokenizerConfig
@@ -16,35 +16,47 @@ from tokenization.discover import Discovery, discover, model_directory
 from tokenization.hf_tokenizer import HfTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
-URL = "http://rank.test"
-
 
 class Encodes(Protocol):
     def encode_chat(self, prompt: ChatPrompt, prev: Encoded | None = None) -> Encoded: ...
 
 
-def rank(root: str | None, tokenizer: Encodes | None, model: str = "served") -> httpx.AsyncClient:
+def rank(root: str | None, tokenizer: Encodes | None, model: str = "served") -> web.Application:
     """A rank answering ``/v1/models`` (``root``) and, with ``tokenizer``, ``/tokenize`` in its ids."""
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
+    async def handle(request: web.Request) -> web.Response:
+        if request.path == "/v1/models":
             card: dict[str, Any] = {"id": model, "object": "model"}
             if root is not None:
                 card["root"] = root
-            return httpx.Response(200, json={"object": "list", "data": [card]})
-        if request.url.path == "/tokenize" and tokenizer is not None:
-            body = orjson.loads(request.content)
+            return web.json_response({"object": "list", "data": [card]})
+        if request.path == "/tokenize" and tokenizer is not None:
+            body = orjson.loads(await request.read())
             encoded = tokenizer.encode_chat(ChatPrompt(body["messages"], body.get("tools")))
-            return httpx.Response(200, json={"tokens": list(encoded.tokens)})
-        return httpx.Response(404, json={"detail": "Not Found"})
+            return web.json_response({"tokens": list(encoded.tokens)})
+        return web.json_response({"detail": "Not Found"}, status=404)
 
-    return httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
 
 
-def run(client: httpx.AsyncClient, caches: list[Path] | None = None) -> Discovery:
+def run(app: web.Application, caches: list[Path] | None = None) -> Discovery:
+    """What ``discover`` finds asking ``app``, served on a free loopback port for the call."""
+
     async def go() -> Discovery:
-        async with client:
-            return await discover(TokenizerConfig(), client, URL, caches=caches or [])
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with ClientSession() as client:
+                return await discover(
+                    TokenizerConfig(), client, f"http://127.0.0.1:{port}", caches=caches or []
+                )
+        finally:
+            await runner.cleanup()
 
     return asyncio.run(go())
 
@@ -78,7 +90,12 @@ def test_the_ranks_tokenize_when_no_files_and_another_tokenizer(hf_model_dir: Pa
 def test_the_embedded_tokenizer_when_the_rank_says_nothing_with_a_warning() -> None:
     found = run(rank(None, None))
     assert found.config.kind == "tiktoken" and found.warn and "approximate" in found.reason
-    nobody = asyncio.run(discover(TokenizerConfig(), httpx.AsyncClient(), None))
+
+    async def ask_nobody() -> Discovery:
+        async with ClientSession() as client:
+            return await discover(TokenizerConfig(), client, None)
+
+    nobody = asyncio.run(ask_nobody())
     assert nobody.config.kind == "tiktoken" and nobody.warn
 
 

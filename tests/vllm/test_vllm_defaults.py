@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 
@@ -23,7 +24,7 @@ THINK_S = 0.2
 
 def test_discovery_finds_the_served_models_own_tokenizer(ranks: list[VllmRank], model_dir: Path) -> None:
     async def find() -> Discovery:
-        async with httpx.AsyncClient(trust_env=False) as client:
+        async with aiohttp.ClientSession(trust_env=False) as client:
             return await discover(TokenizerConfig(), client, ranks[0].url, timeout=30.0)
 
     found = asyncio.run(find())

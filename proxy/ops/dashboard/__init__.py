@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import APIRouter
+from starlette.routing import Route
 
-from proxy.ops.dashboard.api import dashboard_router, page_html
+from proxy.ops.dashboard.api import dashboard_routes, page_html
 from proxy.ops.dashboard.stats import (
     HIT_RATE_WINDOW,
     SAMPLE_INTERVAL_S,
@@ -47,6 +47,6 @@ class Dashboard:
     def __init__(self, locals_: SessionLocals, *, interval: float = SAMPLE_INTERVAL_S) -> None:
         self.recorder = Recorder(interval=interval, turn_log=TurnLog(locals_))
 
-    def router(self, gateway: Callable[[], Running]) -> APIRouter:
+    def routes(self, gateway: Callable[[], Running]) -> list[Route]:
         """``/dashboard`` and ``/admin/overview*`` over the running gateway."""
-        return dashboard_router(gateway, lambda: self.recorder)
+        return dashboard_routes(gateway, lambda: self.recorder)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from importlib import resources
 
 import orjson
-from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 from proxy.errors import ProxyError, error_response
 from proxy.ops.admin import session_of, viewer_of
@@ -72,20 +72,17 @@ def _bad(message: str, param: str) -> Response:
     return error_response(ProxyError(400, message, param=param, code="invalid_request"))
 
 
-def dashboard_router(gateway: Callable[[], Running], recorder: Callable[[], Recorder]) -> APIRouter:
+def dashboard_routes(gateway: Callable[[], Running], recorder: Callable[[], Recorder]) -> list[Route]:
     """Routes over the running ``gateway()`` and the dashboard's ``recorder()``."""
-    router = APIRouter()
     html = page_html()
 
-    @router.get("/dashboard")
-    async def dashboard() -> Response:
+    async def dashboard(request: Request) -> Response:
         return Response(
             html,
             media_type="text/html; charset=utf-8",
             headers={"content-security-policy": CSP, "cache-control": "no-store"},
         )
 
-    @router.get("/admin/overview")
     async def overview(request: Request) -> Response:
         raw = request.query_params.get("since")
         try:
@@ -95,7 +92,6 @@ def dashboard_router(gateway: Callable[[], Running], recorder: Callable[[], Reco
         # where the ranks are is the operator's business: their URLs go to the admin only
         return _json(views.overview(gateway(), recorder(), since, show_urls=viewer_of(request) is None))
 
-    @router.get("/admin/overview/sessions")
     async def sessions(request: Request) -> Response:
         params = request.query_params
         sort = params.get("sort", "last_seen")
@@ -122,12 +118,16 @@ def dashboard_router(gateway: Callable[[], Running], recorder: Callable[[], Reco
             )
         )
 
-    @router.get("/admin/overview/sessions/{session_id:path}")
-    async def session(request: Request, session_id: str) -> Response:
+    async def session(request: Request) -> Response:
         gw = gateway()
-        found = session_of(request, gw.sessions, session_id)
+        found = session_of(request, gw.sessions, request.path_params["session_id"])
         if isinstance(found, Response):
             return found
         return _json(views.session_detail(gw, recorder(), found))
 
-    return router
+    return [
+        Route("/dashboard", dashboard, methods=["GET"]),
+        Route("/admin/overview", overview, methods=["GET"]),
+        Route("/admin/overview/sessions", sessions, methods=["GET"]),
+        Route("/admin/overview/sessions/{session_id:path}", session, methods=["GET"]),
+    ]

@@ -1,5 +1,5 @@
-"""The APIs' fixed-path endpoints are served before the framework's stack (proxy/endpoints.py), with
-the same middleware and error shapes; every other request still goes through the framework."""
+"""Every request takes the app's one path (proxy/asgi.py): its middleware (header bound, auth) and
+its error shape for an unexpected exception."""
 
 from __future__ import annotations
 
@@ -12,30 +12,7 @@ from tests.helpers.gateway import gateway_app
 CHAT = {"model": "model-0", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
-def test_completions_skip_the_framework_stack_and_the_operator_side_does_not(rank_servers):
-    (rank,) = rank_servers.stub(1)
-    app = gateway_app([rank], policy="round_robin")
-    entered: list[str] = []
-    with ServerThread(app) as server:
-        assert httpx.get(server.url + "/health").status_code == 200  # the framework builds its stack
-        stack = app.middleware_stack
-        assert stack is not None
-
-        async def counting(scope, receive, send):
-            entered.append(scope["path"])
-            await stack(scope, receive, send)
-
-        app.middleware_stack = counting
-        assert httpx.post(server.url + "/v1/chat/completions", json=CHAT).status_code == 200
-        assert httpx.post(server.url + "/v1/completions", json={**CHAT, "prompt": "hi"}).status_code == 200
-        assert entered == []
-        assert httpx.get(server.url + "/v1/chat/completions").status_code == 405
-        assert httpx.get(server.url + "/metrics").status_code == 200
-        assert httpx.get(server.url + "/v1/nothing").status_code == 404
-    assert entered == ["/v1/chat/completions", "/metrics", "/v1/nothing"]
-
-
-def test_an_unexpected_error_on_the_lean_path_answers_500_in_the_error_shape(rank_servers, monkeypatch):
+def test_an_unexpected_error_on_an_api_endpoint_answers_500_in_the_error_shape(rank_servers, monkeypatch):
     (rank,) = rank_servers.stub(1)
 
     async def broken(self, request, api, endpoint):
@@ -51,7 +28,7 @@ def test_an_unexpected_error_on_the_lean_path_answers_500_in_the_error_shape(ran
         assert httpx.get(server.url + "/health").status_code == 200
 
 
-def test_the_lean_path_authenticates_and_bounds_headers_as_the_framework_path(rank_servers):
+def test_api_endpoints_are_authenticated_and_their_headers_bounded(rank_servers):
     (rank,) = rank_servers.stub(1)
     app = gateway_app([rank], api_keys=["k1"], policy="round_robin", max_header_bytes=2_000)
     with ServerThread(app) as server:
