@@ -13,21 +13,14 @@ import pytest
 from routing.index import CPU, GPU, Lookup
 from routing.index.redis_store import RedisPrefixIndex
 from tests.routing.conftest import RedisServer, chain
-
-LEASE_S = 0.3
+from tests.routing.test_redis_event_writer import LEASE_S, replicas_on
 
 
 @pytest.fixture
 def stores(redis_server: RedisServer) -> Iterator[list[RedisPrefixIndex]]:
     """Two replicas subscribed to rank ``r``'s events, and a reader subscribed to nothing."""
-    made = [RedisPrefixIndex(redis_server.url, model="m", events_lease_s=LEASE_S) for _ in range(3)]
-    for store in made:
-        store.set_capacity("r", None)
-    try:
+    with replicas_on(redis_server.url) as made:
         yield made
-    finally:
-        for store in made:
-            store.close()
 
 
 def stored(replicas: Sequence[RedisPrefixIndex], blocks: list[bytes], medium: str = GPU) -> None:
