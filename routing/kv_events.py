@@ -9,6 +9,14 @@ start) is filled from the rank's replay socket (DEALER ``[b"", start_seq]``); ba
 queued while a replay applied them are skipped; live numbers that go back mean the rank restarted,
 so its mirror is cleared and refilled from the new publisher's first batch (``BatchOrder``).
 
+A lower tier's size (vLLM's offloading connector sizes its CPU tier in its own configuration, which
+the rank does not publish) is learned from the events: the tier is full when it first evicts (a
+``BlockRemoved`` of that medium; a load back to the GPU keeps the CPU copy, so such a removal is
+never a reload), and its size is then the blocks the mirror had it hold just before (at most one
+block over, for a rank that stores a block before evicting for it, as the simulator does); the
+largest seen is kept (``RankMirror.tier_full_blocks``, told through ``on_tier_full``). Every
+replica learns it from its own subscription to the same events.
+
 The subscriber runs in its own thread; the index it writes to is thread-safe.
 """
 
@@ -108,14 +116,22 @@ class RankMirror:
         hasher: ChainHasher,
         on_event: Callable[[str], None] | None = None,
         on_stored: Callable[[str, Sequence[bytes]], None] | None = None,
+        on_tier_full: Callable[[str, int], None] | None = None,
     ) -> None:
         """``on_event``: called with each applied event's type; ``on_stored``: with the rank and the
-        own hashes of each run of stored blocks, once the mirror holds them."""
+        own hashes of each run of stored blocks, once the mirror holds them; ``on_tier_full``: with a
+        lower tier's medium and its size in tokens, each time it evicts holding more than ever
+        before (module docstring)."""
         self.rank = rank
         self.index = index
         self.hasher = hasher
         self.on_event = on_event
         self.on_stored = on_stored
+        self.on_tier_full = on_tier_full
+        #: Per lower medium, the blocks with a copy there (the tier's fill, as its events tell it).
+        self.tier_blocks: collections.Counter[str] = collections.Counter()
+        #: Per lower medium, the most blocks it held when it evicted: its size (module docstring).
+        self.tier_full_blocks: dict[str, int] = {}
         #: rank's uint64 -> [own hash, GPU copies, {lower medium: copies} or None]
         self._own: dict[int, list[Any]] = {}
         self.unmapped = 0
@@ -156,6 +172,7 @@ class RankMirror:
 
     def reset(self) -> None:
         self._own.clear()
+        self.tier_blocks.clear()
         self.index.clear(self.rank)
 
     def _cleared(self, medium: str) -> None:
@@ -166,11 +183,13 @@ class RankMirror:
             if medium == GPU:
                 entry[1] = 0
             elif entry[2] is not None:
-                entry[2].pop(medium, None)
+                entry[2].pop(medium, None)  # the tier's fill is zeroed below
                 if not entry[2]:
                     entry[2] = None
             if entry[1] == 0 and entry[2] is None:
                 del table[u64]
+        if medium != GPU:
+            self.tier_blocks.pop(medium, None)
         self.index.clear(self.rank, medium)
 
     def _stored(self, event: KVEvent) -> None:
@@ -200,7 +219,7 @@ class RankMirror:
             entry = table.get(u64)
             if entry is None:
                 entry = table[u64] = [h, 0, None]
-            _count(entry, medium, 1)
+            self._copy(entry, medium, 1)
         self._record(own, medium)
 
     def _stored_known(self, hashes: Sequence[int], medium: str) -> None:
@@ -213,7 +232,7 @@ class RankMirror:
                 self._record(run, medium)
                 run = []
                 continue
-            _count(entry, medium, 1)
+            self._copy(entry, medium, 1)
             run.append(entry[0])
         self._record(run, medium)
 
@@ -226,16 +245,41 @@ class RankMirror:
 
     def _removed(self, hashes: Sequence[int], medium: str) -> None:
         table = self._own
+        held = self.tier_blocks[medium] if medium != GPU else 0
         gone: list[bytes] = []
         for u64 in hashes:
             entry = table.get(u64)
-            if entry is None or not _count(entry, medium, -1):
+            if entry is None or not self._copy(entry, medium, -1):
                 continue
             gone.append(entry[0])
             if entry[1] == 0 and entry[2] is None:
                 del table[u64]
         if gone:
             self.index.remove(self.rank, gone, counted=True, medium=medium)
+            if medium != GPU:
+                self._tier_evicted(medium, held)
+
+    def _tier_evicted(self, medium: str, held: int) -> None:
+        """Tier ``medium`` evicted holding ``held`` blocks just before: it is full at that size."""
+        if held <= self.tier_full_blocks.get(medium, 0):
+            return
+        self.tier_full_blocks[medium] = held
+        if self.on_tier_full is not None:
+            self.on_tier_full(medium, held * self.hasher.block_size)
+
+    def _copy(self, entry: list[Any], medium: str, delta: int) -> bool:
+        """``_count``, keeping ``tier_blocks`` (a lower tier's blocks with a copy) up to date."""
+        if medium == GPU:
+            return _count(entry, medium, delta)
+        before = entry[2].get(medium, 0) if entry[2] is not None else 0
+        if not _count(entry, medium, delta):
+            return False
+        after = entry[2].get(medium, 0) if entry[2] is not None else 0
+        if not before and after:
+            self.tier_blocks[medium] += 1
+        elif before and not after:
+            self.tier_blocks[medium] -= 1
+        return True
 
 
 def _count(entry: list[Any], medium: str, delta: int) -> bool:

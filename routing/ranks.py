@@ -39,6 +39,10 @@ class Rank:
     #: ``/metrics`` carry the offload load counters (``routing.rank_metrics``). A session parked
     #: there reloads its context instead of recomputing it (``proxy/admission/rotation.py``).
     offloads_kv: bool = False
+    #: The rank's CPU tier, in tokens, once it showed its size: the most CPU blocks its KV events
+    #: had it hold when its tier first evicted (``routing.kv_events.RankMirror``; the largest seen
+    #: since). None: not shown yet. Admission's budget counts it (``proxy/admission/accounting.py``).
+    cpu_tier_tokens: int | None = None
     #: When the rank last went down (None while it is up).
     down_since: float | None = None
 
@@ -46,6 +50,15 @@ class Rank:
     def load(self) -> int:
         """Requests in flight on the rank from every replica: what load-bounded routing weighs."""
         return self.in_flight + self.others_in_flight
+
+    def learned_cpu_tier(self, tokens: int) -> None:
+        """The rank's CPU tier held ``tokens`` when it evicted: its size is at least that."""
+        known = self.cpu_tier_tokens
+        if known is not None and tokens <= known:
+            return
+        self.cpu_tier_tokens = tokens
+        if known is None:
+            log.info("rank %s: its CPU tier is full at %d tokens (its first CPU eviction)", self.name, tokens)
 
     def mark_up(self) -> None:
         now = time.time()
@@ -85,6 +98,7 @@ class Rank:
             "pool_tokens": self.pool_tokens,
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,
+            "cpu_tier_tokens": self.cpu_tier_tokens,
             "last_error": self.last_error,
             "last_checked": self.last_checked,
             "down_since": self.down_since,

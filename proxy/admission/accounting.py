@@ -8,6 +8,11 @@ it. Two refinements keep the count close to what the rank's prefix cache really 
   Code), and a rank caches those blocks once: a rank's working set counts each distinct head once.
 - Room is counted in *projected* tokens: each active session as large as recently ended sessions
   of at least its size grew (``proxy/admission/growth.py``).
+
+What a rank holds (``held_tokens``) is its GPU pool, plus its CPU tier on a rank that offloads KV:
+a session whose blocks the GPU evicts there costs a reload, not a recompute. The tier's size is
+learned from the rank's KV events (``Rank.cpu_tier_tokens``); until it has shown it, what the rank
+holds is not bounded (the tier is taken as large enough), so neither its budget nor its pool binds.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass, field
 
 from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
 from proxy.state.sessions import Session
-from routing.ranks import Fleet
+from routing.ranks import Fleet, Rank
 
 log = logging.getLogger("prefixgate.admission")
 
@@ -29,8 +34,12 @@ class RankState:
     """One rank's share of the active sessions, as admission counts it."""
 
     name: str
+    #: The rank's GPU pool.
     pool_tokens: int | None
     budget_tokens: int | None
+    #: What the rank's KV tiers hold (``held_tokens``; None: unbounded): past it, sessions evict
+    #: each other's blocks for good.
+    holds_tokens: int | None = None
     working_set_tokens: int = 0
     #: The working set as its sessions are expected to grow (``PeakEstimator``): what the budget holds.
     projected_tokens: int = 0
@@ -53,7 +62,8 @@ class RankState:
 
     @property
     def over_pool(self) -> bool:
-        return self.pool_tokens is not None and self.working_set_tokens > self.pool_tokens
+        """The working set exceeds what the rank holds (its pool, and its CPU tier when it has one)."""
+        return self.holds_tokens is not None and self.working_set_tokens > self.holds_tokens
 
 
 @dataclass(slots=True)
@@ -71,6 +81,23 @@ class Reservation:
         return self.since >= now_monotonic - RESERVATION_TTL_S
 
 
+def held_tokens(rank: Rank) -> int | None:
+    """What ``rank``'s KV cache holds, in tokens: its GPU pool, plus its CPU tier on a rank that
+    offloads KV (None: not bounded as far as admission knows: the pool is unknown, or the rank
+    offloads and its CPU tier has not shown its size yet)."""
+    pool = rank.pool_tokens
+    if not pool or not rank.offloads_kv:
+        return pool or None
+    tier = rank.cpu_tier_tokens
+    return pool + tier if tier is not None else None
+
+
+def budget_tokens(rank: Rank, target_fraction: float) -> int | None:
+    """``rank``'s seat budget: ``target_fraction`` of what it holds (None: the budget does not bind)."""
+    held = held_tokens(rank)
+    return int(held * target_fraction) if held else None
+
+
 def count(
     fleet: Fleet,
     active: Iterable[Session],
@@ -86,8 +113,7 @@ def count(
     seconds after which it has most likely ended)."""
     fraction = config.target_fraction
     states = {
-        r.name: RankState(r.name, r.pool_tokens, int(r.pool_tokens * fraction) if r.pool_tokens else None)
-        for r in fleet
+        r.name: RankState(r.name, r.pool_tokens, budget_tokens(r, fraction), held_tokens(r)) for r in fleet
     }
     live = [r for r in reservations if r.live(time.monotonic())]
     # sessions a pending reservation will release: their room is spoken for already
@@ -153,11 +179,11 @@ def log_over_pool(states: dict[str, RankState], over: set[str]) -> None:
         if state.over_pool and state.name not in over:
             over.add(state.name)
             log.warning(
-                "rank %s: active working set %d tokens exceeds its pool of %s tokens "
+                "rank %s: active working set %d tokens exceeds what it holds, %s tokens "
                 "(%d sessions): no new sessions go there until it shrinks",
                 state.name,
                 state.working_set_tokens,
-                state.pool_tokens,
+                state.holds_tokens,
                 state.sessions,
             )
         elif not state.over_pool and state.name in over:

@@ -2,7 +2,11 @@
 
 The whole rule:
 
-- A rank's budget is ``target_fraction`` of its KV pool. A session holds a seat on one rank: its
+- A rank's budget is ``target_fraction`` of its KV pool; on a rank that offloads KV to CPU memory,
+  of its GPU pool plus its CPU tier, whose size is learned from the rank's KV events (full at its
+  first eviction: the size is what it held just before; each replica learns it from the same events,
+  ``routing/kv_events.py``). Until an offloading rank has shown its CPU tier's size, its budget does
+  not bind (the tier is taken as large enough). A session holds a seat on one rank: its
   working set (its context, projected as sessions of its size grew; a head its rank already holds
   counts once) counts against that budget while it is active.
 - A seated session's turns are always admitted, on its rank (``Admitted.home``).

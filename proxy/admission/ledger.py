@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from proxy.admission.accounting import RankState, Reservation, count, log_over_pool
+from proxy.admission.accounting import RankState, Reservation, budget_tokens, count, log_over_pool
 from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
 from proxy.admission.explain import note_placed
 from proxy.admission.growth import PeakEstimator
@@ -156,8 +156,7 @@ class Ledger:
 
     def _budget(self, name: str) -> int | None:
         rank = self.fleet.get(name)
-        pool = rank.pool_tokens if rank is not None else None
-        return int(pool * self.config.target_fraction) if pool else None
+        return budget_tokens(rank, self.config.target_fraction) if rank is not None else None
 
     def _claim(self, session: Session, rank: str) -> None:
         """``session`` holds its projected working set on ``rank`` (its head counted once there)."""

@@ -79,8 +79,8 @@ def find_room(
 
 
 def excess_tokens(state: RankState) -> int:
-    """Tokens ``state``'s working set holds past its pool (0 or less: within it)."""
-    return state.working_set_tokens - state.pool_tokens if state.pool_tokens else 0
+    """Tokens ``state``'s working set holds past what its rank holds (0 or less: within it)."""
+    return state.working_set_tokens - state.holds_tokens if state.holds_tokens else 0
 
 
 def should_move(state: RankState, session_key: str) -> bool:

@@ -121,8 +121,8 @@ def _park_on(
     missing_tokens = 0
     if state.budget_tokens is not None:
         missing_tokens = state.projected_tokens + state.reserved_tokens + wanted - state.budget_tokens
-    if state.pool_tokens is not None:  # a rank past its pool takes nobody until it is back within
-        missing_tokens = max(missing_tokens, state.working_set_tokens - state.pool_tokens + 1)
+    if state.holds_tokens is not None:  # a rank past what it holds takes nobody until back within
+        missing_tokens = max(missing_tokens, state.working_set_tokens - state.holds_tokens + 1)
     seated = state.sessions + state.reserved_sessions
     missing_seats = seated - cap + 1 if cap is not None else 0
     if missing_tokens <= 0 and missing_seats <= 0:

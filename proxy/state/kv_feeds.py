@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
+from routing.index import CPU
 from routing.kv_events import KVEventSubscriber, RankMirror
 from routing.kv_sources import EventSource, discover_source, parse_kv_event_specs
 from routing.rank_facts import RankFacts
@@ -70,7 +72,10 @@ class KVFeeds:
 
         # stored blocks are mirrored from then on, no longer in flight
         confirm = self.router.inflight_blocks.confirm
-        mirror = RankMirror(rank, self.router.index, self.hasher, on_event=count, on_stored=confirm)
+        tier_full = _on_cpu_tier_full(self.router.fleet.get(rank))
+        mirror = RankMirror(
+            rank, self.router.index, self.hasher, on_event=count, on_stored=confirm, on_tier_full=tier_full
+        )
         subscriber = KVEventSubscriber(
             mirror, source.endpoint, source.replay_endpoint, source.topic, on_fault=fault
         )
@@ -111,6 +116,20 @@ class KVFeeds:
     def stop(self) -> None:
         for subscriber in self.subscribers.values():
             subscriber.stop()
+
+
+def _on_cpu_tier_full(rank: Rank | None) -> Callable[[str, int], None] | None:
+    """``RankMirror.on_tier_full`` for ``rank``: its CPU tier's size, handed from the subscriber's
+    thread to the event loop (``Rank`` changes only there), where admission's budget reads it."""
+    if rank is None:
+        return None
+    loop = asyncio.get_running_loop()
+
+    def learned(medium: str, tokens: int) -> None:
+        if medium == CPU:
+            loop.call_soon_threadsafe(rank.learned_cpu_tier, tokens)
+
+    return learned
 
 
 def wait_caught_up(subscribers: list[KVEventSubscriber]) -> None:

@@ -27,7 +27,7 @@ def resident(key: str, answered_at: float, *, turns: int = 3, client: str | None
 
 
 def full_rank(name: str, sessions: list[Session], size: int = 500, budget: int = 1000) -> RankState:
-    state = RankState(name, 2000, budget)
+    state = RankState(name, 2000, budget, holds_tokens=2000)
     for session in sessions:
         state.lru.append((session, size))
         state.sessions += 1
