@@ -254,7 +254,12 @@ OPTIONS: tuple[Option, ...] = (
         "most sessions waiting for a seat on this replica; one more is answered 429 with Retry-After "
         "(0: no limit)",
     ),
-    Option("target_fraction", float, "share of a rank's KV pool its active sessions may fill (its budget)"),
+    Option(
+        "target_fraction",
+        float,
+        "share of a rank's KV pool (GPU, plus the CPU tier of a rank that offloads) its active sessions"
+        " may fill (its budget)",
+    ),
     Option(
         "session_idle_ttl",
         float,
