@@ -44,7 +44,7 @@ ENV_PREFIX = "PREFIXGATE_"
 KiB = 1024
 MiB = 1024 * 1024
 
-__all__ = ["OPTIONS", "ConfigError", "Option", "Settings", "load_settings", "yaml_problem"]
+__all__ = ["OPTIONS", "ConfigError", "Option", "Settings", "load_settings"]
 
 
 class ConfigError(ValueError):

@@ -18,8 +18,7 @@ import time
 import aiohttp
 
 from proxy.admission import Admission, RankSpeeds, admission_from_settings
-from proxy.admission.config import DEFAULT_IDLE_TTL_S
-from proxy.config import Settings
+from proxy.config import DEFAULT_IDLE_TTL_S, Settings
 from proxy.explain import Explainer
 from proxy.fleet_tokenizer import FleetTokenizer
 from proxy.loop_lag import LoopLag

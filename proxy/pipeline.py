@@ -45,8 +45,8 @@ from starlette.responses import Response
 
 from proxy.admission import Admission
 from proxy.apis.base import Api, Endpoint, Translation
-from proxy.context import CLIENT_CLOSED, Outcome, RequestContext
-from proxy.errors import NO_BACKEND, ProxyError, upstream_failed
+from proxy.context import Outcome, RequestContext
+from proxy.errors import CLIENT_CLOSED, NO_BACKEND, ProxyError, upstream_failed
 from proxy.explain import Explainer
 from proxy.ops.dashboard.stats import Recorder
 from proxy.ops.metrics import Metrics

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from proxy.admission.accounting import RankState, Reservation
 from proxy.admission.config import AdmissionConfig
-from proxy.admission.gate import Admission, Placement
+from proxy.admission.gate import Admission
+from proxy.admission.ledger import Placement
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.config import Settings
-from proxy.context import Admitted
 from proxy.ops.metrics import Metrics
 from proxy.state.claims import RoomClaims
 from proxy.state.sessions import SessionTable
@@ -60,7 +60,6 @@ def admission_from_settings(
 __all__ = [
     "Admission",
     "AdmissionConfig",
-    "Admitted",
     "Placement",
     "RankSpeeds",
     "RankState",

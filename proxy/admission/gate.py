@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable
 
 from proxy.admission.accounting import RankState
 from proxy.admission.explain import decision_record, note_decision, note_parked
-from proxy.admission.ledger import Ledger, Placement
+from proxy.admission.ledger import Ledger
 from proxy.admission.queue import Ticket
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.rotation import Parking, choose_parked
@@ -57,7 +57,7 @@ from proxy.state.sessions import Session
 from proxy.state.wait_order import Entry, Place
 from proxy.tenants import shown_to
 
-__all__ = ["Admission", "Guard", "Placement"]
+__all__ = ["Admission", "Guard"]
 
 log = logging.getLogger("prefixgate.admission")
 

@@ -22,7 +22,8 @@ from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.room import Room, find_room
 from proxy.admission.timing import LearnedTime
 from proxy.admission.turns import settle
-from proxy.context import CLIENT_CLOSED, Admitted, Outcome, RequestContext
+from proxy.context import Admitted, Outcome, RequestContext
+from proxy.errors import CLIENT_CLOSED
 from proxy.ops.metrics import Metrics
 from proxy.state.claims import Ask, LocalClaims, Reserved, RoomClaims
 from proxy.state.sessions import Session, SessionTable

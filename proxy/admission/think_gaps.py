@@ -8,9 +8,9 @@ short gap, or none at all for a one-request session), so there the population's 
 
 from __future__ import annotations
 
-from routing.samples import DEFAULT_WINDOW, MIN_SAMPLES, RecentSamples
+from routing.samples import RecentSamples
 
-__all__ = ["DEFAULT_WINDOW", "MIN_SAMPLES", "OWN_EVIDENCE", "ThinkGaps"]
+__all__ = ["OWN_EVIDENCE", "ThinkGaps"]
 
 #: A session with at least this many gaps of its own is judged by them alone.
 OWN_EVIDENCE = 3

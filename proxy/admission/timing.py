@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from proxy.admission.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S, TYPICAL_GAP_QUANTILE, AdmissionConfig
+from proxy.admission.config import TYPICAL_GAP_QUANTILE, AdmissionConfig
 from proxy.admission.think_gaps import ThinkGaps
+from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
 from proxy.state.sessions import Session
 
 #: Request durations remembered (the most recent), and how many before the bound is learned.

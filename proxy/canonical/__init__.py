@@ -15,10 +15,11 @@ registry (``RULE_ORDER``); ``proxy.canonical.rules.base`` is the rule interface.
 
 from __future__ import annotations
 
-from proxy.canonical.config import CanonicalConfig, CanonicalOverride, DatePattern, RuleSettings
+from proxy.canonical.config import CanonicalConfig, CanonicalOverride, RuleSettings
 from proxy.canonical.engine import Canonicalizer, CanonResult
 from proxy.canonical.parts import RequestPart, first_differing_line, first_differing_part, split_parts
 from proxy.canonical.rules import RULE_ORDER
+from proxy.canonical.rules.volatile_date import DatePattern
 from proxy.canonical.state import InMemorySessionCanonState, SessionCanonState
 
 __all__ = [

@@ -41,9 +41,8 @@ from proxy.canonical.rules.base import (
     TextRule,
     ToolsRule,
 )
-from proxy.canonical.rules.volatile_date import DatePattern
 
-__all__ = ["CanonicalConfig", "CanonicalOverride", "DatePattern", "RuleSettings"]
+__all__ = ["CanonicalConfig", "CanonicalOverride", "RuleSettings"]
 
 S = TypeVar("S", bound=RuleConfig)
 

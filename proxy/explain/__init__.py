@@ -4,7 +4,6 @@ turn is compared by, ``records.py`` the causes and records."""
 
 from __future__ import annotations
 
-from proxy.context import Expectation
 from proxy.explain.explainer import Explainer
 from proxy.explain.records import (
     CACHE_SALT_CHANGED,
@@ -37,7 +36,6 @@ __all__ = [
     "TOOLS_REMOVED",
     "TOOLS_REORDERED",
     "UNKNOWN",
-    "Expectation",
     "Explainer",
     "Turn",
     "extends",

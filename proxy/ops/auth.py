@@ -30,7 +30,8 @@ import yaml
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.config import ConfigError, Settings, yaml_problem
+from proxy.config import ConfigError, Settings
+from proxy.config_checks import yaml_problem
 from proxy.errors import ProxyError, error_response
 
 log = logging.getLogger("prefixgate.auth")

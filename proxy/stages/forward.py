@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from proxy.context import RoutePlan
 from proxy.errors import ProxyError, upstream_failed
 from proxy.ops.metrics import Metrics
 from proxy.stages.rank_stream import RankStream
-from proxy.stages.route import RoutePlan
 from proxy.stages.sse_check import SseChecker
 from proxy.unavailable import private
 from routing.ranks import Rank

@@ -5,7 +5,7 @@ clocks from all of the traffic, not from the share it served."""
 from __future__ import annotations
 
 from proxy.admission import Admission, AdmissionConfig
-from proxy.admission.config import DEFAULT_WAIT_S
+from proxy.config import DEFAULT_WAIT_S
 from proxy.state.memory import MemorySessionStore
 from proxy.state.sessions import SessionTable
 from routing.ranks import Fleet, Rank

@@ -9,8 +9,9 @@ import random
 import pytest
 
 from proxy.admission import AdmissionConfig
-from proxy.admission.think_gaps import MIN_SAMPLES, OWN_EVIDENCE, ThinkGaps
+from proxy.admission.think_gaps import OWN_EVIDENCE, ThinkGaps
 from proxy.state.sessions import Session
+from routing.samples import MIN_SAMPLES
 from tests.admission.test_release import TTL, make, turn
 
 

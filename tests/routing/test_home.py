@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from proxy.admission import Admitted
+from proxy.context import Admitted
 from proxy.stages.route import Router
 from routing.policies import make_policy
 from tests.routing.conftest import chain, make_ctx, make_pool, observe, pick

@@ -10,8 +10,7 @@ from array import array
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.admission import Admitted
-from proxy.context import RequestContext
+from proxy.context import Admitted, RequestContext
 from proxy.stages.route import Router
 from routing.policies import RouteRequest, make_policy
 from routing.policies.bounds import placement_score, token_weights
