@@ -1,6 +1,6 @@
-"""Sessions moving between ranks in admission's count: a placement, a retry landing elsewhere, the
-``budget`` policy re-homing a session off a rank whose sessions outgrew its pool, and the ended
-sessions a new one takes the room of.
+"""Sessions moving between ranks in admission's count: a placement, a retry landing elsewhere, a
+session re-homed off a rank whose sessions outgrew its pool, and the ended sessions a new one takes
+the room of.
 
 Each rank's working set at the last full count is kept current as sessions grow and move, so a
 session's turn checks its rank against it before counting everything again.

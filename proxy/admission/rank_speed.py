@@ -7,8 +7,8 @@ tokens minus prefix-cache hits), between two scrapes far enough apart to have co
 which is what a request waiting behind it lives. Successive figures are smoothed (``SMOOTHING``).
 Without ``vllm:request_prefill_time_seconds`` the time to first token minus the time queued stands
 in. A rank that has not computed enough yet borrows the fleet's mean; with no rank measured the
-speed is unknown (``None``) and admission holds the budget (``cost.py``): each answer while
-sessions wait then asks for a scrape at once (``wanted``).
+speed is unknown (``None``): each answer while sessions wait then asks for a scrape at once
+(``wanted``).
 
 With KV offloading a rank also says how fast it loads blocks back from CPU memory: the seconds its
 loads took (``vllm:kv_offload_load_time``) per token its connector loaded instead of prefilling
@@ -78,9 +78,8 @@ class RankSpeeds:
 
     def wanted(self) -> None:
         """A request was answered while sessions wait for room and no rank's speed is measured yet:
-        ask for a scrape now, not at the next health interval. Until a speed is known admission
-        holds the budget, so on a wave of first turns sessions waited for the poll (0.3-0.6 s of a
-        compressed replay's first seconds) and were then admitted past the budget anyway. An answer
+        ask for a scrape now, not at the next health interval, so that routing weighs the ranks'
+        queued prefill by measured speeds (``bounds.token_weights``) early in a wave. An answer
         is what gives the ranks something to report; once a rank is measured nothing is asked, nor
         while every rank scraped lacks the series a speed needs (no scrape could measure one)."""
         measurable = self._measurable

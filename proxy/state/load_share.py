@@ -2,11 +2,10 @@
 
 Routing weighs each rank's queued prefill (the uncached tokens of the requests it sent there that
 have no first token yet: ``proxy/stages/route.py``) and bounds each rank's requests in flight
-(CHWBL, ``routing/policies/bounds.py``); admission calls a rank whose queue takes many wait bounds
-saturated (``proxy/admission/cost.py``). Each replica only knows the requests it sent itself:
+(CHWBL, ``routing/policies/bounds.py``). Each replica only knows the requests it sent itself:
 behind a balancer dealing requests to N replicas, each saw about 1/N of every rank's load, spread
-a wave of first turns as if the ranks were idle, never found a rank saturated, and judged the
-load bound on counts so small that one request more put a rank over it.
+a wave of first turns as if the ranks were idle, and judged the load bound on counts so small that
+one request more put a rank over it.
 
 So every replica publishes its own load per rank and reads the others' (``exchange``), 100 times a
 second while any replica has load on a rank and 20 while none has (``share_interval``), in one

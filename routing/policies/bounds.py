@@ -49,8 +49,7 @@ def max_hit_blocks(prompt_tokens: int | None, full_blocks: int, block_size: int)
 def saturated(home: Rank, bound: int) -> bool:
     """Whether an admitted session's ``home`` rank is too loaded to keep it: with an unknown pool,
     over the CHWBL ``bound``; with a known pool never here, since admission keeps the rank's sessions
-    within its pool and stops homing a session on a rank whose prefill queue is saturated
-    (``proxy/admission/cost.py: saturated``).
+    within its pool.
 
     A rank that merely has more requests in flight than the others batches them; moving a session
     off it recomputes the session's whole context elsewhere, crowds the other rank's pool behind

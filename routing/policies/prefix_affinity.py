@@ -23,10 +23,9 @@ fleet mean (CHWBL), checked per candidate; there is no fleet-wide "imbalanced, s
 switch.
 
 - A session admission has accounted on a rank (``home_rank``: admitted and active) stays there
-  unless the rank is down (admission stops homing it on a rank whose prefill queue is saturated).
-  Admission already keeps each rank's sessions within its pool; moving one for load would
-  recompute its whole context and crowd the other rank's pool. Neither the load bound nor the
-  queued prefill applies to it. With an unknown pool (``bounds.saturated``), over the load bound
+  unless the rank is down. Admission already keeps each rank's sessions within its pool; moving
+  one for load would recompute its whole context and crowd the other rank's pool. Neither the load
+  bound nor the queued prefill applies to it. With an unknown pool (``bounds.saturated``), over the load bound
   it leaves for a rank that scores better (below) even though it must recompute its context there.
 - Any other known session (not homed: no admission, or its rank lost most of its blocks) stays on
   its rank while that rank is eligible; over the bound it leaves only for an eligible rank that
