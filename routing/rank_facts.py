@@ -32,10 +32,6 @@ from tokenization.backend_info import block_size_of, parse_cache_config_info
 
 log = logging.getLogger("prefixgate.ranks")
 
-#: Seconds between two readings of every healthy rank's facts, unless configured
-#: (``--rank-facts-interval``).
-DEFAULT_FACTS_INTERVAL_S = 60.0
-
 
 @dataclass(frozen=True, slots=True)
 class RankFacts:

@@ -31,7 +31,6 @@ class Rank:
     #: Requests the other replicas sent and had not answered at their last exchange
     #: (``proxy/state/load_share.py``; 0 for a lone process).
     others_in_flight: int = 0
-    consecutive_failures: int = 0
     last_error: str | None = None
     last_checked: float | None = None
     models: list[str] = field(default_factory=list)
@@ -72,7 +71,6 @@ class Rank:
                 self.last_error or "unknown reason",
             )
         self.healthy = True
-        self.consecutive_failures = 0
         self.last_error = None
         self.last_checked = now
         self.down_since = None
@@ -84,7 +82,6 @@ class Rank:
             log.warning("rank %s at %s is down: %s", self.name, self.url, reason)
             self.down_since = now
         self.healthy = False
-        self.consecutive_failures += 1
         self.last_error = reason
         self.last_checked = now
 

@@ -50,13 +50,9 @@ class ConversionError(ValueError):
 
 
 # -- Anthropic Messages ---------------------------------------------------------------------------
-def anthropic_system_text(body: Mapping[str, Any]) -> str | None:
-    """The system message text vLLM builds from ``system`` and system-role messages (None: none)."""
-    return _system_text_and_messages(body)[0]
-
-
 def _system_text_and_messages(body: Mapping[str, Any]) -> tuple[str | None, list[Mapping[str, Any]]]:
-    """``anthropic_system_text`` and the validated ``messages``, so callers validate them once."""
+    """The system message text vLLM builds from ``system`` and system-role messages (None: none),
+    and the validated ``messages``, so callers validate them once."""
     parts: list[str] = []
     system = body.get("system")
     if isinstance(system, str):

@@ -55,10 +55,6 @@ class SessionCache(LRU[str, PromptMemo]):
 
     A turn larger than the whole budget is not kept (its session's previous turn is dropped)."""
 
-    def session_bytes(self, key: str) -> int | None:
-        """The bytes charged for ``key``'s cached turn, or None when it holds none."""
-        return self.nbytes_of(key)
-
 
 class IncrementalTokenizer:
     """Renders requests into block hashes, reusing each session's previous turn.

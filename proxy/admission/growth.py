@@ -48,10 +48,6 @@ class PeakEstimator:
             above[i] = above[i + 1] + self._sorted[i]
         self._above = above
 
-    def reaching(self, tokens: int) -> int:
-        """How many recorded sessions reached ``tokens``."""
-        return len(self._sorted) - bisect.bisect_left(self._sorted, tokens)
-
     def expected_peak(self, tokens: int) -> int:
         """The mean peak of the recorded sessions that reached ``tokens``; ``tokens`` when none did."""
         first = bisect.bisect_left(self._sorted, tokens)

@@ -18,13 +18,11 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
 from routing.index import CPU
 from routing.kv_events import KVEventSubscriber, RankMirror
-from routing.kv_sources import EventSource, discover_source, parse_kv_event_specs
+from routing.kv_sources import EventSource, parse_kv_event_specs
 from routing.rank_facts import RankFacts
 from routing.ranks import Rank
 from tokenization.hashers import ChainHasher
@@ -140,26 +138,3 @@ def wait_caught_up(subscribers: list[KVEventSubscriber]) -> None:
         if not subscriber.connected.wait(max(0.0, deadline - time.monotonic())):
             rank = subscriber.mirror.rank
             log.warning("rank %s: KV events still catching up after %.0f s", rank, CATCH_UP_S)
-
-
-async def start_kv_event_feeds(
-    spec: str | None,
-    client: aiohttp.ClientSession,
-    router: Router,
-    hasher: ChainHasher | None,
-    metrics: Metrics,
-) -> list[KVEventSubscriber]:
-    """Subscribe to the ranks' KV events named by ``spec`` (the ``kv_events`` setting; ``auto``: the
-    sources the ranks report now) and wait for them to catch up; for a fleet whose ranks may come up
-    later, the gateway follows their facts with ``KVFeeds`` instead."""
-    if not spec or hasher is None:
-        return []
-    feeds = KVFeeds(spec, router, hasher, metrics)
-    started = feeds.start_configured()
-    if feeds.auto:
-        for rank in router.fleet:
-            source = await discover_source(client, rank.name, rank.url)
-            if source is not None:
-                started.append(feeds.subscribe(source))
-    wait_caught_up(started)
-    return started

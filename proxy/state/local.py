@@ -171,9 +171,6 @@ class SessionLocal:
         self.threads[key] = found
         return found
 
-    def has_main(self) -> bool:
-        return MAIN in self.threads
-
 
 class SessionLocals:
     """Every session's ``SessionLocal``, bounded together (see the module docstring)."""

@@ -3,16 +3,16 @@ waits for its slowest, not for their sum."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 
-import aiohttp
 import pytest
 import zmq
 
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
-from proxy.state.kv_feeds import start_kv_event_feeds
+from proxy.state.kv_feeds import KVFeeds, wait_caught_up
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import END_SEQ
 from routing.policies import make_policy
@@ -65,8 +65,9 @@ async def test_every_rank_replays_at_once(caplog: pytest.LogCaptureFixture) -> N
         f"r{k}=tcp://127.0.0.1:{held.pub_ports[k]}|tcp://127.0.0.1:{held.ports[k]}" for k in range(ranks)
     )
     caplog.set_level(logging.WARNING)
-    async with aiohttp.ClientSession() as client:
-        feeds = await start_kv_event_feeds(spec, client, router, BlockHasher(16, "sha256", "0"), Metrics())
+    # as the gateway starts them: every configured feed subscribes, then all are waited for at once
+    feeds = KVFeeds(spec, router, BlockHasher(16, "sha256", "0"), Metrics()).start_configured()
+    await asyncio.to_thread(wait_caught_up, feeds)
     try:
         held.close()
         # With one rank's replay awaited before the next rank subscribed, the first would have

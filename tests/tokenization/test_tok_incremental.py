@@ -181,7 +181,7 @@ async def test_session_cache_budget_evicts_least_recent() -> None:
     inc = IncrementalTokenizer(TiktokenTokenizer(), make_hasher("xxh3", 16, "0"), cache_bytes=10**6)
     body = {"messages": [{"role": "user", "content": "some words here " * 500}]}
     await inc.blocks_for_chat("a", body)
-    one = inc.sessions.session_bytes("a")
+    one = inc.sessions.nbytes_of("a")
     # 1.5k tokens: 6 KB of ids and ~100 hashes at least.
     assert one is not None and 1500 * 4 + 90 * 16 < one < 50_000
     inc.sessions.budget_bytes = int(one * 2.5)  # room for two sessions
@@ -189,7 +189,7 @@ async def test_session_cache_budget_evicts_least_recent() -> None:
     await inc.blocks_for_chat("a", body)  # touch a: b is now the least recent
     await inc.blocks_for_chat("c", body)
     assert inc.sessions.nbytes <= inc.sessions.budget_bytes and len(inc.sessions) == 2
-    assert inc.sessions.session_bytes("b") is None and inc.sessions.session_bytes("a") is not None
+    assert inc.sessions.nbytes_of("b") is None and inc.sessions.nbytes_of("a") is not None
     assert inc.sessions.evictions >= 1
     again = await inc.blocks_for_chat("a", body)
     assert again.reused_tokens == again.num_tokens

@@ -105,7 +105,6 @@ class Series:
     def __init__(self, interval: float = SAMPLE_INTERVAL_S, size: int = SERIES_POINTS) -> None:
         self.interval = interval
         self.points: deque[Point] = deque(maxlen=size)
-        self._last_requests = 0
         self._last_queried = 0
         self._last_hits = 0
 
@@ -116,7 +115,6 @@ class Series:
         """Append the point for ``now`` (whether or not one is due) and return it."""
         point = self.current(now, total, window_queried, window_hits)
         self.points.append(point)
-        self._last_requests = total.requests
         self._last_queried = total.queried
         self._last_hits = total.hits
         return point
