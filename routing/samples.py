@@ -47,10 +47,3 @@ class RecentSamples:
             return None
         ordered = self._sorted
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    def longer_than(self, value: float) -> float | None:
-        """The share of recent samples above ``value`` (None with fewer than ``min_samples``)."""
-        if len(self._recent) < self.min_samples:
-            return None
-        ordered = self._sorted
-        return (len(ordered) - bisect.bisect_right(ordered, value)) / len(ordered)

@@ -17,5 +17,5 @@ OWN_EVIDENCE = 3
 
 
 class ThinkGaps(RecentSamples):
-    """Recent think gaps of all sessions (seconds): ``quantile`` is a typical agent's long pause,
-    ``longer_than`` the share of gaps longer than a quiet spell (``routing.samples``)."""
+    """Recent think gaps of all sessions (seconds): ``quantile`` is a typical agent's long pause
+    (``routing.samples``)."""

@@ -83,15 +83,6 @@ class EmbeddedRedis:
                 raise ConfigError(f"the embedded Redis server did not start (socket {self.socket})")
             time.sleep(0.02)
 
-    def restart(self, down_s: float = 0.0) -> None:
-        """Stop the server and start it again on the same socket ``down_s`` seconds later: what a
-        Redis restart without persistence does to its clients (every key is gone)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(5)
-        time.sleep(down_s)
-        self.start()
-
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

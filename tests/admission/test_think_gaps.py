@@ -71,7 +71,7 @@ async def test_a_one_request_session_is_reclaimable_after_twice_the_typical_gap(
     assert [s.key for s, _ in adm.refresh()["r0"].reclaimable] == ["one-shot"]
 
 
-def test_quantiles_and_shares_match_the_window_sorted_afresh() -> None:
+def test_quantiles_match_the_window_sorted_afresh() -> None:
     """The sorted copy kept gap by gap (insertions, and removals once the window is full, duplicates
     included) answers as sorting the window afresh would."""
     rng = random.Random(22)
@@ -85,6 +85,5 @@ def test_quantiles_and_shares_match_the_window_sorted_afresh() -> None:
         ordered = sorted(added[-window:])
         q = rng.random()
         assert gaps.quantile(q) == ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-        assert gaps.longer_than(2.0) == sum(1 for g in ordered if g > 2.0) / len(ordered)
     gaps.add(-1.0)  # refused: the window is unchanged
     assert gaps.quantile(0.0) == min(added[-window:])
