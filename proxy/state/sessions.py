@@ -85,8 +85,7 @@ class Session:
     parks: int = 0
     #: Its priority class when it took its seat: a higher class's waiter parks a lower one first.
     priority: int = 0
-    #: Admission's last decision for it (``proxy/admission/explain.py``): why it waited, where it went,
-    #: the costs it weighed.
+    #: Admission's last decision for it (``proxy/admission/explain.py``): why it waited, where it went.
     admission: dict[str, Any] | None = None
     #: Saves of this record, whichever replica made them: a shared store keeps the newest version,
     #: so a replica's write that lands late never overwrites a later turn saved by another one.

@@ -98,8 +98,7 @@ class Registry:
 
 
 REGISTRY = Registry(BUILTIN_RULES)
-register = REGISTRY.register
 
 RULE_ORDER: tuple[str, ...] = tuple(rule.name for rule in BUILTIN_RULES)
 
-__all__ = ["BUILTIN_RULES", "REGISTRY", "RULE_ORDER", "Registry", "register"]
+__all__ = ["BUILTIN_RULES", "REGISTRY", "RULE_ORDER", "Registry"]
