@@ -139,8 +139,6 @@ class RoutePlan:
     blocks: int = 0
     #: The charged rank's stream opened (its first token came): its prefill left the queue already.
     prefilled: bool = False
-    #: The response id that pins the request to its rank (Responses continuations), if any.
-    pinned: str | None = None
     #: The blocks recorded in flight on the charged rank (fed by KV events) until its prefill.
     inflight_blocks: list[Sequence[bytes]] = field(default_factory=list)
 

@@ -116,7 +116,7 @@ class Router:
         stored = ctx.api.continues(ctx.body)
         if stored is not None and self.pins is not None:
             rank = await self.pins.rank_of(stored, ctx.client_label)  # only the client's own answers
-            plan = RoutePlan([rank], pinned=stored)
+            plan = RoutePlan([rank])
             self._charge(ctx, plan, rank, Lookup())
             return plan
         return self.plan(ctx)
