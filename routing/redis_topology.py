@@ -27,7 +27,7 @@ from redis.sentinel import Sentinel
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
-#: The URLs ``parse`` takes, written once (``--redis-url``'s help; the README says the same): each
+#: The URLs ``parse`` takes, written once (``--redis-url``'s help; docs/deploying.md says the same): each
 #: form and what it names.
 REDIS_URLS = {
     "redis://[[user]:password@]host:port/db": "one server; rediss:// for TLS, unix:///path?db=N",
