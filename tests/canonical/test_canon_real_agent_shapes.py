@@ -73,3 +73,21 @@ def test_canonical_heads_are_shared_by_every_session(tmp_path: Path) -> None:
         len({head(off.apply(b, api="chat", session=InMemorySessionCanonState()).body) for b in first_turns})
         > 1
     )
+
+
+def test_every_real_agents_sessions_share_their_canonical_head(shared_dir: Path) -> None:
+    # issue 48's drift check on ../shared/agents: each session with its own parameter and tool order,
+    # a per-turn reshuffle, its own clock and a per-request attribution line; canonicalized, every turn
+    # of every session sends the same system + tools bytes, as sessions without drift do
+    folder = shared_dir / "agents"
+    agents = RealAgents(Shape(first_user_tokens=20, step_tokens=20), folder=folder)
+    names = agent_names(folder)
+    assert len(names) >= 6
+    canon = Canonicalizer(CanonicalConfig(), strict=True)
+    for name in names:
+        heads = set()
+        for s in range(4):
+            state = InMemorySessionCanonState()
+            for body in agents.build(name, s, 3, drift=True):
+                heads.add(head(canon.apply(body, api="chat", session=state).body))
+        assert len(heads) == 1, name
