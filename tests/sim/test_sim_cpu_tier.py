@@ -31,7 +31,10 @@ def make_tier_engine(
         prefill_rate=10_000.0,
     )
     engine = Engine(cfg, lambda ts, ev: None)  # events recorded; step_all takes them
-    return engine, SINKS.setdefault(id(engine), [])
+    # a new list: an engine of an earlier test, collected, may have had the same id
+    events: list[PoolEvent] = []
+    SINKS[id(engine)] = events
+    return engine, events
 
 
 #: engine id -> the events its steps recorded, in order
