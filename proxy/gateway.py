@@ -33,7 +33,7 @@ from proxy.stages.forward import Forwarder, upstream_session
 from proxy.stages.identify import Identify
 from proxy.stages.parse import Parse
 from proxy.stages.pin import Pins
-from proxy.stages.route import DEFAULT_BLOCK_SIZE, Router
+from proxy.stages.route import Router
 from proxy.stages.threads import Threads
 from proxy.state import StateBackend, open_state
 from proxy.state.index_namespace import IndexNamespace
@@ -47,6 +47,7 @@ from routing.policies import make_policy, needs_of
 from routing.rank_facts import FactBook, RankFacts
 from routing.rank_metrics import poll_all, run_metrics_polls
 from routing.ranks import Fleet, Rank
+from tokenization.block_hash import DEFAULT_BLOCK_SIZE
 from tokenization.prompt import IncrementalTokenizer
 
 log = logging.getLogger("prefixgate")

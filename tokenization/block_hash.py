@@ -24,6 +24,8 @@ BlockHash = bytes
 HashFunction = Callable[[Any], bytes]
 
 #: The seed vLLM 0.33 uses for NONE_HASH when PYTHONHASHSEED is unset (sha256 variants only).
+#: Tokens per KV block when neither the settings nor the rank say (vLLM's CUDA default).
+DEFAULT_BLOCK_SIZE = 16
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 
 

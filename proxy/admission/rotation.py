@@ -29,9 +29,7 @@ from dataclasses import dataclass
 from proxy.admission.accounting import RankState
 from proxy.state.sessions import Session
 from routing.ranks import Rank
-
-#: Block size assumed for a rank that has not said its own (vLLM's CUDA default).
-DEFAULT_BLOCK_SIZE = 16
+from tokenization.block_hash import DEFAULT_BLOCK_SIZE
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,11 +35,10 @@ from routing.policies import RouteRequest, RoutingPolicy
 from routing.policies.bounds import max_hit_blocks, prompt_size
 from routing.policies.protocol import PrefillSpeeds
 from routing.ranks import Fleet, Rank
+from tokenization.block_hash import DEFAULT_BLOCK_SIZE
 
 log = logging.getLogger("prefixgate.route")
 
-#: Block size assumed when neither the rank nor the configuration says (vLLM's CUDA default).
-DEFAULT_BLOCK_SIZE = 16
 #: Bound of a rank's speculative mirror when its pool size is unknown (no ``vllm:cache_config_info``,
 #: no ``pool_tokens``): without one, routing's own records grow the index forever (~200 B per block).
 #: 131,072 blocks = 2M tokens at block size 16 (~26 MB of mirror), the size of a large GPU pool.
