@@ -69,6 +69,9 @@ class RankSpeeds:
         #: Per rank: smoothed seconds of CPU-to-GPU load per loaded token, and the scrape it is from.
         self._load_seconds_per_token: dict[str, float] = {}
         self._load_base: dict[str, RankSample] = {}
+        #: Per offloading rank: its load cost against its prefill (``cpu_load_costs``), made at each
+        #: scrape, the only time either speed changes, and read by every routed request.
+        self._cpu_load_costs: dict[str, float] = {}
         self._load: dict[str, RankLoad] = {}
         #: Per rank: whether its last scrape carried what a speed is measured from.
         self._measurable: dict[str, bool] = {}
@@ -92,6 +95,11 @@ class RankSpeeds:
             sample.value("waiting") or 0.0, sample.value("running") or 0.0, sample.value("kv_usage")
         )
         self._observe_loads(rank, sample)
+        self._observe_prefill(rank, sample)
+        self._cpu_load_costs = self._load_costs()
+
+    def _observe_prefill(self, rank: str, sample: RankSample) -> None:
+        """The prefill speed from ``sample``'s prompt, hit and prefill-time counters."""
         base = self._base.get(rank)
         seconds, computed = _prefill_seconds(sample), _computed_tokens(sample)
         self._measurable[rank] = seconds is not None and computed is not None
@@ -139,11 +147,15 @@ class RankSpeeds:
         self._load_seconds_per_token[rank] = measured if old is None else old + SMOOTHING * (measured - old)
         self._load_base[rank] = sample
 
-    def cpu_load_costs(self) -> dict[str, float]:
+    def cpu_load_costs(self) -> Mapping[str, float]:
         """Per rank whose loads and prefill are both measured: what loading a token back from CPU
         memory costs against prefilling it there (seconds per loaded token over seconds per
         computed token; the fleet's mean prefill speed for a rank not measured yet). Ranks missing
-        here are weighed by routing's prior (``bounds.CPU_LOAD_COST_PRIOR``)."""
+        here are weighed by routing's prior (``bounds.CPU_LOAD_COST_PRIOR``). A read-only view,
+        made at each scrape."""
+        return self._cpu_load_costs
+
+    def _load_costs(self) -> dict[str, float]:
         costs: dict[str, float] = {}
         for rank, load in self._load_seconds_per_token.items():
             prefill = self.seconds_per_token(rank)
