@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from proxy.state.local import CachedAnswer, SessionLocal, ThreadLocal
     from proxy.state.sessions import Session
     from routing.ranks import Rank
-    from tokenization.prompt_blocks import PromptBlocks
+    from tokenization.prompt import PromptBlocks
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ for every routed request:
 
 - placed: a rank holds the request (the plan's first choice once routed, and again the rank a retry
   landed on when that is another): admission seats the session there, the router moves its charge;
-- prefilled: a stream's first token came (past its API's preamble: ``proxy/stages/preamble.py``),
+- prefilled: a stream's first token came (past its API's preamble: ``proxy/stages/relay.py``),
   never deferred by a landing: the router takes the prefill off the rank's queue;
 - answered: the rank answered (its stream opened, or its whole body came): the explainer compares
   the turn with the session's previous one (after the router charged a turn routed on its head with
@@ -53,12 +53,11 @@ from proxy.ops.metrics import Metrics
 from proxy.stages.blocks import Blocks
 from proxy.stages.canonicalize import DEBUG_HEADER, Canonicalize, rewrites_header
 from proxy.stages.disconnect import ClientDisconnected, until_disconnected
-from proxy.stages.forward import Forwarder, Opened, response_headers, upstream_headers
+from proxy.stages.forward import Forwarder, response_headers, upstream_headers
 from proxy.stages.identify import Identify
 from proxy.stages.parse import Parse, read_body
 from proxy.stages.pin import Pins
-from proxy.stages.preamble import PrefillWatch
-from proxy.stages.relay import RelayResponse, StreamOutcome
+from proxy.stages.relay import Opened, PrefillWatch, RelayResponse, StreamOutcome
 from proxy.stages.route import Router
 from proxy.stages.threads import Threads
 from proxy.stages.usage import json_or_none, last_event_with
@@ -242,7 +241,8 @@ class Pipeline:
             if prefill.feed(opened.first_chunk):
                 prefill = None
         self._answered(ctx)
-        session_headers = self._session_headers(ctx)
+        headers = response_headers(opened.response, rank.name)
+        headers.update(self._session_headers(ctx))
         if opened.chunks is not None:
 
             def done(stream: StreamOutcome) -> None:
@@ -256,9 +256,7 @@ class Pipeline:
                     outcome = Outcome(ctx, rank.name, 200, usage, stored, stream.error)
                 self._finished(outcome)
 
-            relay = RelayResponse(opened, done, api.sse_error, translation, api.stream_end, prefill)
-            relay.headers.update(session_headers)
-            return relay
+            return RelayResponse(opened, headers, done, api.sse_error, translation, api.stream_end, prefill)
 
         status = opened.response.status
         body = opened.body
@@ -271,8 +269,6 @@ class Pipeline:
             if translation is not None:
                 body = translation.body(body)
         self._finished(Outcome(ctx, rank.name, status, usage, stored))
-        headers = response_headers(opened.response, rank.name)
-        headers.update(session_headers)
         self._count_whole(endpoint, rank.name, status, started)
         return Response(body, status_code=status, headers=headers)
 

@@ -14,7 +14,7 @@ from tokenization.base import UnsupportedRequest
 from tokenization.block_hash import kv_event_hash
 from tokenization.config import load_tokenizer_config, resolve_hash_algo
 from tokenization.factory import build_incremental
-from tokenization.prompt_blocks import PromptBlocks
+from tokenization.prompt import PromptBlocks
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -26,6 +26,7 @@ from tokenization.base import (
     ChatPrompt,
     Encoded,
     Plan,
+    TextSize,
     UnsupportedRequest,
     common_prefix_len,
     whole_prompt,
@@ -36,7 +37,6 @@ from tokenization.hf_parts import Walk, message_parts
 from tokenization.hf_splice import splices
 from tokenization.hf_starts import ASCII_PROBE, StartTable, added_positions
 from tokenization.hf_template import load_chat_template, render_chat, select_template
-from tokenization.text_size import TextSize
 
 
 @dataclass(frozen=True, slots=True)

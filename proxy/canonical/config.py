@@ -18,7 +18,6 @@ per registered rule, its settings model validating the value.
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from typing import Any, TypeVar, cast
 
 from pydantic import (
@@ -140,22 +139,15 @@ class CanonicalConfig(StrictModel):
     # Entries per cache (canonical system texts, canonical tool lists), per resolved rule set.
     cache_entries: int = Field(default=256, ge=1)
 
-    def _model_override(self, model: str | None) -> CanonicalOverride | None:
-        if model is None or not self.models:
-            return None
-        exact = self.models.get(model)
-        if exact is not None:
-            return exact
-        for pattern, override in self.models.items():
-            if fnmatchcase(model, pattern):
-                return override
-        return None
-
-    def resolve(self, model: str | None, client_label: str | None) -> tuple[bool, RuleSettings]:
-        """Whether canonicalization is on, and the rule settings, for this model and client label."""
-        overrides = [self._model_override(model)]
-        if client_label is not None:
-            overrides.append(self.clients.get(client_label))
+    def rules_for(self, model_key: str | None, client_key: str | None) -> tuple[bool, RuleSettings]:
+        """Whether canonicalization is on, and the rule settings, under the override of ``models``
+        named ``model_key`` and then that of ``clients`` named ``client_key`` (None: no override).
+        Which override a request's model name falls under is the engine's choice
+        (``Canonicalizer``: the exact name, else the first matching glob)."""
+        overrides = [
+            self.models[model_key] if model_key is not None else None,
+            self.clients[client_key] if client_key is not None else None,
+        ]
         active = [o for o in overrides if o is not None]
         if not active:
             return self.enabled, self.rules

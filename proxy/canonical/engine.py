@@ -1,10 +1,15 @@
 """The rule engine: ``Canonicalizer.apply`` rewrites a chat request into its canonical form.
 
 The rules come from the configuration's ``RuleSettings`` (derived from the rule registry), in order
-of application; each enabled rule is compiled once per resolved rule set into its step, by kind:
-message-list steps (run first, over the whole message list), system-text steps
-(``proxy.canonical.messages``: the leading system messages, and where what they take out goes) and
-tool steps (``proxy.canonical.tools``). The engine knows no rule by name.
+of application; each enabled rule is compiled into its step, by kind: message-list steps (run first,
+over the whole message list), system-text steps (``proxy.canonical.messages``: the leading system
+messages, and where what they take out goes) and tool steps (``proxy.canonical.tools``). The engine
+knows no rule by name.
+
+Every rule set the configuration can resolve to (the base rules, under each model override, each
+client override and each pair of them) is compiled when the canonicalizer is made, at the gateway's
+start: a request picks its compiled set (its model's override: the exact name, else the first
+matching glob in configuration order; its client label's) and only runs steps.
 
 Work is cached per resolved rule set: the canonical form of a system text is keyed by the text
 itself, the stateless tool steps by a digest of the raw tools, so an unchanged prefix costs a hash and
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from proxy.canonical.config import CanonicalConfig, RuleSettings
@@ -85,21 +91,41 @@ class Canonicalizer:
 
     def __init__(self, config: CanonicalConfig | None = None, *, strict: bool = False) -> None:
         """``strict`` re-raises internal errors instead of passing the body through (for tests)."""
-        self.config = config if config is not None else CanonicalConfig()
+        self.config = config = config if config is not None else CanonicalConfig()
         self._strict = strict
-        self._by_settings: dict[RuleSettings, _RuleSet] = {}
+        compiled: dict[RuleSettings, _RuleSet] = {}  # one compiled set per distinct settings
+
+        def compile_rules(model_key: str | None, client_key: str | None) -> _RuleSet | None:
+            enabled, rules = config.rules_for(model_key, client_key)
+            if not enabled:
+                return None
+            ruleset = compiled.get(rules)
+            if ruleset is None:
+                ruleset = compiled[rules] = _RuleSet(rules, config.cache_entries)
+            return ruleset
+
+        #: The compiled rule set (None: off) by the override keys of ``models`` and ``clients``.
+        self._by_overrides: dict[tuple[str | None, str | None], _RuleSet | None] = {
+            (model_key, client_key): compile_rules(model_key, client_key)
+            for model_key in (None, *config.models)
+            for client_key in (None, *config.clients)
+        }
+        #: The rule set of each (model, client label) seen: a glob is matched once per model name.
         self._resolved: dict[tuple[str | None, str | None], _RuleSet | None] = {}
 
     def _ruleset(self, model: str | None, client_label: str | None) -> _RuleSet | None:
         key = (model, client_label)
         if key in self._resolved:
             return self._resolved[key]
-        enabled, rules = self.config.resolve(model, client_label)
-        ruleset: _RuleSet | None = None
-        if enabled:
-            ruleset = self._by_settings.get(rules)
-            if ruleset is None:
-                ruleset = self._by_settings[rules] = _RuleSet(rules, self.config.cache_entries)
+        models, clients = self.config.models, self.config.clients
+        model_key = None
+        if model is not None and models:
+            if model in models:
+                model_key = model
+            else:
+                model_key = next((pattern for pattern in models if fnmatchcase(model, pattern)), None)
+        client_key = client_label if client_label is not None and client_label in clients else None
+        ruleset = self._by_overrides[(model_key, client_key)]
         if len(self._resolved) >= self._MAX_RESOLVED:  # model names come from clients: stay bounded
             self._resolved.clear()
         self._resolved[key] = ruleset

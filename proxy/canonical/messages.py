@@ -78,6 +78,8 @@ class TextSteps:
         for _ in range(_MAX_ROUNDS):
             before = out
             for name, step in self.steps:
+                if step.markers and not any(marker in out for marker in step.markers):
+                    continue  # nothing the step could change is in the text (``TextStep.markers``)
                 edit = step.run(out)
                 out = edit.text
                 if edit.count:

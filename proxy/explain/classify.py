@@ -30,7 +30,7 @@ from proxy.explain.records import (
 )
 from proxy.explain.turns import Turn, parts, parts_of
 from tokenization.chatml import content_text
-from tokenization.prompt_blocks import PromptBlocks
+from tokenization.prompt import PromptBlocks
 
 #: Body fields that steer the chat template or the reasoning without being a request part.
 REASONING_FIELDS = ("reasoning_effort", "reasoning", "chat_template_kwargs", "thinking", "include_reasoning")

@@ -36,8 +36,7 @@ from proxy.context import RequestContext
 from proxy.state.local import Answer, CachedAnswer, SessionLocals, ThreadLocal
 from tokenization.backend_tokenizer import BackendTokenizeError
 from tokenization.base import UnsupportedRequest
-from tokenization.prompt import IncrementalTokenizer
-from tokenization.prompt_blocks import PromptBlocks, PromptHead, PromptMemo
+from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptHead, PromptMemo
 
 log = logging.getLogger("prefixgate.blocks")
 

@@ -3,8 +3,8 @@
 A rank that refuses the connection, times out, answers 5xx or breaks before any byte reached the
 client is retried on the plan's next healthy rank (``retries`` times). For a stream, the rank's first
 chunk is awaited before the client's response starts: that is the only way to still retry, and it
-costs the client nothing since its first byte could not come earlier. The answer is then relayed by
-``proxy/stages/relay.py``.
+costs the client nothing since its first byte could not come earlier. The answer (``Opened``) is
+then relayed by ``proxy/stages/relay.py``.
 
 Pooled connections to a rank are kept idle at most ``keepalive`` seconds, below the rank's own
 keep-alive (uvicorn, which vLLM's API server runs on, closes idle connections after 5 s): a request
@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import aiohttp
 
 from proxy.context import RoutePlan
 from proxy.errors import ProxyError, upstream_failed
 from proxy.ops.metrics import Metrics
-from proxy.stages.rank_stream import RankStream
-from proxy.stages.sse_check import SseChecker
+from proxy.stages.relay import Opened, RankStream, SseChecker
 from proxy.unavailable import private
 from routing.ranks import Rank
 
@@ -117,39 +115,6 @@ def stale_connection(exc: BaseException) -> bool:
     if isinstance(exc, aiohttp.ClientConnectorError):
         return False
     return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
-
-
-@dataclass(slots=True)
-class Opened:
-    """A rank's answer, either complete (``body``) or a stream whose first chunk was read.
-
-    An open stream holds its rank's in-flight count and its connection until ``close``: whoever
-    takes it (the relay) must close it, whatever happens.
-    """
-
-    rank: Rank
-    response: aiohttp.ClientResponse
-    body: bytes | None = None
-    first_chunk: bytes = b""
-    chunks: AsyncIterator[bytes] | None = None
-    checker: SseChecker | None = None
-    #: Ranks tried until this one answered.
-    attempts: int = 1
-    closed: bool = False
-
-    def close(self, reusable: bool = False) -> None:
-        """Done with a stream (idempotent): the rank's in-flight count is released, the connection
-        goes back to the pool when ``reusable`` (read to its end), else is closed."""
-        if self.closed or self.chunks is None:
-            return
-        self.closed = True
-        self.rank.in_flight -= 1
-        if isinstance(self.chunks, RankStream):
-            self.chunks.close()
-        if reusable:
-            self.response.release()
-        else:
-            self.response.close()
 
 
 def every_attempt_failed(path: str, failures: list[tuple[Rank, str]]) -> ProxyError:

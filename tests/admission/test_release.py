@@ -19,7 +19,7 @@ from proxy.state.memory import MemorySessionStore
 from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet, Rank
 from tests.admission.conftest import KV_TOKENS, chat, prompt_of
-from tokenization.prompt_blocks import PromptBlocks
+from tokenization.prompt import PromptBlocks
 
 BLOCK = 16
 POOL = 2000  # budget 1,600 tokens at the default 0.8

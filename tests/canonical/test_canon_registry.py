@@ -175,6 +175,67 @@ def test_unregistered_rule_is_unknown_and_configs_made_before_keep_it() -> None:
     assert c.apply(request(), api="chat", session=InMemorySessionCanonState()).rewrites["toy_strip"] == 1
 
 
+class ToyMarkedSettings(RuleConfig):
+    """A ``[session ...]`` tag dropped from system text; the step declares its tag as its marker."""
+
+
+def _build_marked(texts_run: list[str]) -> Any:
+    def build(settings: ToyMarkedSettings) -> TextStep:
+        def run(text: str) -> TextEdit:
+            texts_run.append(text)
+            out, n = re.subn(r"\[session [^\]\n]*\]\n?", "", text)
+            return TextEdit(out, n)
+
+        return TextStep(run, markers=("[session ",))
+
+    return build
+
+
+def marked_canon(texts_run: list[str]) -> Canonicalizer:
+    rule = TextRule("toy_marked", ToyMarkedSettings, _build_marked(texts_run))
+    with REGISTRY.registered(rule, before="whitespace"):
+        return canon({})
+
+
+def test_a_step_whose_markers_are_absent_from_a_text_is_not_run() -> None:
+    texts_run: list[str] = []
+    body = request()  # its system text has no "[session " in it
+    result = marked_canon(texts_run).apply(body, api="chat")
+    assert texts_run == []
+    assert "toy_marked" not in result.rewrites and result.rewrites["whitespace"] == 1
+
+
+def test_a_step_runs_on_a_text_holding_one_of_its_markers() -> None:
+    texts_run: list[str] = []
+    body = request()
+    body["messages"][0]["content"] = "You help.\n[session 7f3a]\nBe brief.\n"
+    result = marked_canon(texts_run).apply(body, api="chat")
+    assert texts_run == ["You help.\n[session 7f3a]\nBe brief.\n"]  # once: then no marker is left
+    assert result.body["messages"][0]["content"] == "You help.\nBe brief.\n"
+    assert result.rewrites["toy_marked"] == 1
+
+
+def test_every_rule_set_is_compiled_when_the_canonicalizer_is_made() -> None:
+    built: list[tuple[str, ...]] = []
+
+    def build(settings: ToyStripSettings) -> ToolsStep:
+        built.append((settings.suffix,))
+        return _build_strip(settings)
+
+    config = {
+        "models": {"qwen*": {"rules": {"toy_counted": {"suffix": " (alpha)"}}}},
+        "clients": {"old-bot": {"enabled": False}},
+    }
+    with REGISTRY.registered(ToolsRule("toy_counted", ToyStripSettings, build)):
+        c = canon(config)
+    # the base rules and the qwen override's (the client's turns canonicalization off)
+    assert sorted(built) == [(" (alpha)",), (" (beta)",)]
+    assert c.apply(request(), api="chat", model="qwen3").rewrites == {"whitespace": 1}
+    assert c.apply(request(), api="chat", model="other").rewrites == {"whitespace": 1, "toy_counted": 1}
+    assert c.apply(request(), api="chat", model="qwen3", client_label="old-bot").rewrites == {}
+    assert len(built) == 2  # a request only runs steps
+
+
 def test_registry_rejects_duplicate_and_unusable_names() -> None:
     registry = Registry([TOY_STRIP])
     with pytest.raises(ValueError, match="already registered"):

@@ -13,7 +13,7 @@ from proxy.explain.records import line_change
 from proxy.stages.usage import Usage
 from proxy.state.local import SessionLocals
 from tokenization.block_hash import BlockHasher
-from tokenization.prompt_blocks import PromptBlocks
+from tokenization.prompt import PromptBlocks
 
 HASHER = BlockHasher(16)
 

@@ -12,7 +12,7 @@ import pytest
 from proxy.server import ServerThread
 from tests.helpers.gateway import gateway_app
 from tests.helpers.ranks import RankServers
-from tokenization.prompt_blocks import PromptHead
+from tokenization.prompt import PromptHead
 
 SYSTEM = "You are a coding agent. Follow the repository's conventions. " * 20
 

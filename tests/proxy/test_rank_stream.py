@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 from aiohttp import SocketTimeoutError
 
-from proxy.stages.rank_stream import RankStream
+from proxy.stages.relay import RankStream
 
 
 class _Content:

@@ -12,8 +12,7 @@ import orjson
 
 from proxy.apis.messages import MessagesApi
 from proxy.apis.responses import ResponsesApi
-from proxy.stages.forward import Opened
-from proxy.stages.relay import RelayResponse, StreamOutcome
+from proxy.stages.relay import Opened, RelayResponse, StreamOutcome
 from routing.ranks import Rank
 
 
@@ -52,7 +51,7 @@ def _relay(chunks: list[bytes], marker: bytes) -> tuple[list[int], list[StreamOu
         await asyncio.Event().wait()  # the client never leaves
         return {}
 
-    relay = RelayResponse(opened, outcomes.append, lambda error: b"", None, marker)
+    relay = RelayResponse(opened, {}, outcomes.append, lambda error: b"", None, marker)
     asyncio.run(relay({"type": "http"}, receive, send))
     return reported_before, outcomes
 

@@ -16,7 +16,7 @@ from routing.policies import RouteRequest, make_policy
 from routing.policies.bounds import placement_score, token_weights
 from routing.ranks import Rank
 from tests.routing.conftest import chain, make_ctx, make_pool, pick
-from tokenization.prompt_blocks import PromptBlocks
+from tokenization.prompt import PromptBlocks
 
 BLOCK = 16
 HEAD_BLOCKS = 960  # a 15,360-token system prompt and tools, as Claude Code's

@@ -7,8 +7,7 @@ import asyncio
 from typing import Any
 
 from tokenization.hashers import make_hasher
-from tokenization.prompt import IncrementalTokenizer
-from tokenization.prompt_blocks import PromptBlocks, PromptHead
+from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptHead
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. Follow the repository's conventions. " * 40}

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from bench.workload import text_of
 from tokenization import encoding
-from tokenization.base import ChatPrompt
+from tokenization.base import MAX_RATIO, MIN_RATIO, PRIOR_CHARS_PER_TOKEN, ChatPrompt, TextSize
 from tokenization.hf_tokenizer import HfTokenizer
-from tokenization.text_size import MAX_RATIO, MIN_RATIO, PRIOR_CHARS_PER_TOKEN, TextSize
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
 #: A tool's result as agents get them (paths, numbers, hashes): cl100k encodes it at about 2.2

@@ -16,8 +16,7 @@ from tokenization import chatml, encoding
 from tokenization.base import ChatPrompt
 from tokenization.hashers import make_hasher
 from tokenization.prompt import IncrementalTokenizer
-from tokenization.segments import plain
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer, plain
 
 TEXT = st.lists(st.sampled_from([*'ab c\n{}"é中', "<|im_end|>", "  ", "def "]), max_size=12).map("".join)
 # Many lines, as code and tool output have: edits near their end keep a lead worth reusing.

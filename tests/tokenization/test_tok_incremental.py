@@ -13,8 +13,7 @@ from tokenization import chatml, encoding
 from tokenization.base import UnsupportedRequest
 from tokenization.hashers import make_hasher
 from tokenization.hf_tokenizer import HfTokenizer
-from tokenization.prompt import IncrementalTokenizer
-from tokenization.prompt_blocks import PromptBlocks
+from tokenization.prompt import IncrementalTokenizer, PromptBlocks
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
 TOOLS_A = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]

@@ -14,8 +14,7 @@ from tests.tokenization.test_tok_incremental import OP, _apply, _body, _same
 from tokenization.base import Tokenizer
 from tokenization.hashers import make_hasher
 from tokenization.hf_tokenizer import HfTokenizer
-from tokenization.prompt import IncrementalTokenizer
-from tokenization.prompt_blocks import PromptBlocks, PromptHead, PromptMemo
+from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptHead, PromptMemo
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
 SYSTEM = {"role": "system", "content": "You are a coding agent. Follow the repository's conventions. " * 40}

@@ -51,15 +51,17 @@ class AttributionLineSettings(RuleConfig):
     headers: tuple[str, ...] = DEFAULT_HEADERS
 
 
-def _build(settings: AttributionLineSettings) -> TextStep:
+def _build(settings: AttributionLineSettings) -> TextStep | None:
     headers = settings.headers
     pattern = compile_headers(headers)
+    if pattern is None:
+        return None  # no header names: nothing to strip
 
     def run(text: str) -> TextEdit:
         out, n = strip_attribution(text, pattern, headers)
         return TextEdit(out, n)
 
-    return TextStep(run)
+    return TextStep(run, markers=headers)  # a header is only stripped where its name occurs
 
 
 RULE = TextRule(NAME, AttributionLineSettings, _build)

@@ -7,8 +7,9 @@ kinds below (the class is the kind), with:
   metrics;
 - ``settings``: its settings model, a ``RuleConfig`` (pydantic, frozen, unknown keys rejected, an
   ``enabled`` switch; every default is the safe one);
-- ``build``: settings -> the rule's step, compiled once per resolved configuration (regexes and the
-  like), or None when these settings leave nothing to do. ``build`` is only called for enabled rules.
+- ``build``: settings -> the rule's step, compiled when the canonicalizer is made (the gateway's
+  start), once per rule set the configuration can resolve to (regexes and the like), or None when
+  these settings leave nothing to do. ``build`` is only called for enabled rules.
 
 The kinds and their steps:
 
@@ -17,7 +18,9 @@ The kinds and their steps:
   cheap (it runs on every request) and keep every message it leaves alone as the same object.
 - ``TextRule``: ``TextStep.run(text) -> TextEdit``, over each text of the leading system messages,
   cached by the text. What the step takes out of the text and where it goes is declared in
-  ``TextEdit.moved`` (``Destination``); the engine carries it there.
+  ``TextEdit.moved`` (``Destination``); the engine carries it there. A step that can only change a
+  text holding one of a few literals (an agent's section heading, a header's name) declares them
+  (``TextStep.markers``): the engine runs it on such texts only.
 - ``ToolsRule``: ``step(ToolList) -> ToolsEdit``, a pure function of the tool list, cached by a
   digest of the raw tools.
 - ``SessionToolsRule``: ``step(ToolList, session) -> ToolsEdit``, run on every request after the
@@ -90,12 +93,17 @@ class TextStep:
     (after a blank line, as on a string content) rather than into a part of its own, so the message
     renders the same whether a client sends its content as a string or as text parts (Claude Code
     turns one into the other between requests). The first pinning rule's choice applies.
+
+    ``markers``: literals (case-sensitive) of which a text must hold at least one for ``run`` to
+    change it; the engine skips the step on a text holding none (a substring test, where the step
+    would scan the text with its patterns). Empty: the step runs on every text.
     """
 
     run: Callable[[str], TextEdit]
     user_anchors: int = 0
     without_user: TextStep | None = None
     joined: bool = False
+    markers: tuple[str, ...] = ()
 
 
 def function_name(tool: Any) -> str | None:

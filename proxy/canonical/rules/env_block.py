@@ -71,7 +71,8 @@ def _build(settings: EnvBlockSettings) -> TextStep | None:
         out, blocks = extract_blocks(text, recognisers)
         return TextEdit(out, len(blocks), tuple(Moved(b, Destination.AFTER_SYSTEM) for b in blocks))
 
-    return TextStep(run)
+    # a block is only recognised where all its needles occur, so where its first one does
+    return TextStep(run, markers=tuple(recogniser.needles[0] for recogniser in recognisers))
 
 
 RULE = TextRule(NAME, EnvBlockSettings, _build)

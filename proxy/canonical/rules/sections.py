@@ -98,4 +98,6 @@ def section_step(formats: Mapping[str, Format], settings: SectionSettings) -> Te
         out, blocks = move_sections(text, chosen)
         return TextEdit(out, len(blocks), tuple(Moved(b, Destination.NEWEST_USER) for b in blocks))
 
-    return TextStep(run, user_anchors=settings.max_anchors, joined=True)
+    # a format only matches where its needle occurs
+    markers = tuple(fmt.needle for fmt in chosen)
+    return TextStep(run, user_anchors=settings.max_anchors, joined=True, markers=markers)

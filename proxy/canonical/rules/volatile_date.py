@@ -190,6 +190,8 @@ class VolatileDateSettings(RuleConfig):
 
 
 def _build(settings: VolatileDateSettings) -> TextStep | None:
+    # No ``markers``: hints are case-insensitive and a pattern may have none (``iso_datetime``), so
+    # the step runs on every text and gates each pattern on its hints itself.
     patterns = compile_patterns([(p.regex, p.hints) for p in settings.patterns])
 
     def day(text: str) -> TextEdit:

@@ -76,6 +76,7 @@ class WhitespaceSettings(RuleConfig):
 
 
 def _build(settings: WhitespaceSettings) -> TextStep:
+    # No ``markers``: any text may need its hygiene (``_is_clean`` is the cheap test).
     final_newline, nfc = settings.final_newline, settings.nfc
 
     def run(text: str) -> TextEdit:
