@@ -122,11 +122,9 @@ class Gateway:
         if self.state.name == "redis":
             self.metrics.index_redis_up.set(1)
             self.metrics.admission_shared_up.set(1)
-            self.metrics.admission_queue_shared_up.set(1)
         else:  # a 0 would read as an outage: without Redis the gauges are not exported at all
             self.metrics.registry.unregister(self.metrics.index_redis_up)
             self.metrics.registry.unregister(self.metrics.admission_shared_up)
-            self.metrics.registry.unregister(self.metrics.admission_queue_shared_up)
             self.metrics.registry.unregister(self.metrics.redis_writes_queued)
             self.metrics.registry.unregister(self.metrics.redis_write_wait)
             self.metrics.registry.unregister(self.metrics.session_saves_dropped)
@@ -160,9 +158,6 @@ class Gateway:
             block_size,
             router,
             self.state.claims(lambda shared: self.metrics.admission_shared_up.set(1 if shared else 0)),
-            self.state.wait_order(
-                lambda shared: self.metrics.admission_queue_shared_up.set(1 if shared else 0)
-            ),
             speeds,
         )
         # the ranks' context lengths and first figures before the first request

@@ -1,7 +1,7 @@
 """Where the state that decides placement lives: one backend, chosen once per process.
 
 A backend serves the session table's store, the prefix index, the response id -> rank map,
-admission's claims on room and wait order, and the load every replica puts on each rank
+admission's claims on room, and the load every replica puts on each rank
 (``StateBackend``). ``memory`` keeps them in this process; ``redis`` shares them between replicas.
 A new backend is one new module plus one line in ``BACKENDS``.
 """
@@ -18,7 +18,6 @@ from proxy.state.memory import MemoryState
 from proxy.state.redis_backend import RedisState
 from proxy.state.responses import ResponseRanks
 from proxy.state.sessions import SessionStore
-from proxy.state.wait_order import WaitOrder
 from routing.index import PrefixIndex
 
 
@@ -34,11 +33,6 @@ class StateBackend(Protocol):
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         """Where admission takes room (``on_state(shared)``: told when a shared ledger becomes
         unreachable, so that each replica admits on its own count, and back)."""
-        ...
-
-    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
-        """Where admission's waiters stand (``on_state(shared)``: told when a shared order becomes
-        unreachable, so that each replica's waiters queue in its own order, and back)."""
         ...
 
     def load_share(self) -> LoadShare:

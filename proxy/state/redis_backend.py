@@ -1,7 +1,7 @@
 """The ``redis`` state backend: every store that decides placement on one Redis, behind one link.
 
 The session table is ``proxy/state/redis.py`` (whose docstring tells how the stores fail over to
-their mirrors and push them back); the claims, the wait order, the load share, the response map and
+their mirrors and push them back); the claims, the load share, the response map and
 the prefix index are their own modules.
 """
 
@@ -13,10 +13,8 @@ from proxy.state.claims import RoomClaims
 from proxy.state.load_share import LoadShare, RedisShare
 from proxy.state.redis import RedisSessionStore
 from proxy.state.redis_claims import RedisClaims
-from proxy.state.redis_queue import RedisWaitOrder
 from proxy.state.responses import RedisResponseRanks, ResponseRanks
 from proxy.state.sessions import SessionStore
-from proxy.state.wait_order import WaitOrder
 from routing.index import PrefixIndex
 from routing.index.namespace import NAMESPACE_KEY, agree
 from routing.index.redis_store import RedisPrefixIndex
@@ -47,9 +45,6 @@ class RedisState:
 
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         return RedisClaims(self.link, on_state=on_state)
-
-    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
-        return RedisWaitOrder(self.link, on_state=on_state)
 
     def load_share(self) -> LoadShare:
         return RedisShare(self.link)
