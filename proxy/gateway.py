@@ -35,7 +35,7 @@ from proxy.stages.parse import Parse
 from proxy.stages.pin import Pins
 from proxy.stages.route import Router
 from proxy.stages.threads import Threads
-from proxy.state import StateBackend, open_state
+from proxy.state.backends import StateBackend, open_state
 from proxy.state.index_namespace import IndexNamespace
 from proxy.state.kv_feeds import KVFeeds, wait_caught_up
 from proxy.state.load_share import LoadShare, LocalShare, share_interval

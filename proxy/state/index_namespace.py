@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from proxy.state import StateBackend
+from proxy.state.backends import StateBackend
 from routing.index import PrefixIndex
 from routing.index.redis_store import RedisPrefixIndex
 from routing.rank_facts import RankFacts
