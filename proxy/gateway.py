@@ -146,7 +146,7 @@ class Gateway:
             speeds=speeds,
         )
         if settings.redis_url:  # name a wrong password or a TLS mismatch, not just "unreachable"
-            from proxy.ops.redis_check import log_redis_problem
+            from proxy.state.redis.check import log_redis_problem
 
             await asyncio.to_thread(log_redis_problem, settings.redis_url, max(settings.redis_timeout, 1.0))
         await self._start_kv_feeds(router, incremental)

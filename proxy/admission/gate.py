@@ -33,7 +33,7 @@ The whole rule:
 The count, the reservations and what answers and time change are the ``Ledger``'s (``ledger.py``).
 Until the router's pick, a seated session holds a *reservation* on the ranks it was allowed, so a
 burst of new sessions cannot all take the same last room. With Redis the replicas share the session
-table and the claims on room (``proxy/state/redis_claims.py``): a reservation is checked against
+table and the claims on room (``proxy/state/redis/claims.py``): a reservation is checked against
 every replica's claims and taken in one atomic step; each replica's waiters stand in its own queue.
 """
 

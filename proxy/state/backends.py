@@ -15,7 +15,7 @@ from proxy.config import ConfigError, Settings
 from proxy.state.claims import RoomClaims
 from proxy.state.load_share import LoadShare
 from proxy.state.memory import MemoryState
-from proxy.state.redis_backend import RedisState
+from proxy.state.redis.backend import RedisState
 from proxy.state.responses import ResponseRanks
 from proxy.state.sessions import SessionStore
 from routing.index import PrefixIndex

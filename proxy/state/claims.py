@@ -12,7 +12,7 @@ A session that finds no room waits in its own replica's queue (``proxy/admission
 another replica frees reaches it through ``watch``.
 
 ``LocalClaims`` (the ``memory`` backend) grants what one process's own count allowed: there, that
-count is the whole truth. ``redis_claims.RedisClaims`` shares the claims between replicas.
+count is the whole truth. ``redis/claims.py``'s ``RedisClaims`` shares the claims between replicas.
 """
 
 from __future__ import annotations

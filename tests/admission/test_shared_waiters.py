@@ -1,5 +1,5 @@
 """Waiters for room on replicas that share their claims through Redis
-(``proxy/state/redis_claims.py``): each replica's waiters stand in its own queue, and room another
+(``proxy/state/redis/claims.py``): each replica's waiters stand in its own queue, and room another
 replica frees wakes them through the claims' room channel, not only at their next poll.
 
 Each replica here is an ``Admission`` with its own Redis link and claims, as a replica process has;
@@ -15,11 +15,11 @@ import pytest
 from proxy.admission import Admission, AdmissionConfig
 from proxy.context import Outcome, RequestContext
 from proxy.stages.usage import Usage
-from proxy.state.redis import RedisSessionStore
-from proxy.state.redis_claims import RedisClaims
+from proxy.state.redis.claims import RedisClaims
+from proxy.state.redis.link import RedisLink, fail_fast_client
+from proxy.state.redis.sessions import RedisSessionStore
 from proxy.state.sessions import SessionTable
 from routing.ranks import Fleet, Rank
-from routing.redis_link import RedisLink, fail_fast_client
 from tests.admission.test_release import ctx_for
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.wait import wait_until_async

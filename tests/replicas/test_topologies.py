@@ -1,4 +1,4 @@
-"""The replica tests on the Redis topologies users run (``routing/redis_topology.py``), each started
+"""The replica tests on the Redis topologies users run (``proxy/state/redis/topology.py``), each started
 on loopback ports by the test: a three-master Redis Cluster and a master watched by Sentinel, and on
 Valkey: one server, a three-master Valkey Cluster and a Valkey master watched by a Valkey
 Sentinel. One Redis server is not among them: each test's own suite runs it on one. Valkey is the
@@ -13,8 +13,8 @@ import pytest
 
 from bench.sim import SimConfig
 from proxy.state.claims import Ask
-from proxy.state.redis_claims import RedisClaims
-from routing.redis_link import RedisLink, fail_fast_client
+from proxy.state.redis.claims import RedisClaims
+from proxy.state.redis.link import RedisLink, fail_fast_client
 from tests.admission.conftest import KV_TOKENS
 from tests.admission.test_shared_admission import (
     replicas_keep_each_rank_within_its_budget,

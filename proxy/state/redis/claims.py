@@ -1,7 +1,7 @@
 """Admission's claims in Redis (``claims.RoomClaims``): every replica takes room from one ledger.
 
 Keys under ``{prefix}:admission:`` (a hash tag on a Redis Cluster, so each script touches one
-slot: ``routing/redis_topology.py``): ``T`` (hash: rank -> tokens claimed and reserved), ``C``
+slot: ``proxy/state/redis/topology.py``): ``T`` (hash: rank -> tokens claimed and reserved), ``C``
 (hash: session -> its claim: rank, body tokens, head, head tokens), ``H`` (hash: rank + head ->
 sessions holding it there: a shared head counts once per rank), ``R`` (hash: session -> its
 reservation: rank and tokens pairs), ``E`` (sorted set: reservations by expiry), ``S`` (sorted
@@ -36,8 +36,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from proxy.state.claims import Ask
-from routing.redis_link import ERRORS, RedisLink
-from routing.redis_topology import ScriptBatch, reply_text, slot_prefix
+from proxy.state.redis.link import ERRORS, RedisLink
+from proxy.state.redis.topology import ScriptBatch, reply_text, slot_prefix
 
 log = logging.getLogger("prefixgate.admission")
 
