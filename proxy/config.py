@@ -28,8 +28,8 @@ from pydantic import (
 
 from proxy import config_checks as check
 from proxy.config_checks import describe, setting_of, yaml_problem
+from proxy.state.redis.topology import REDIS_URL_FORMS
 from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
-from routing.redis_topology import REDIS_URL_FORMS
 
 #: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
 #: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. Until the traffic has shown

@@ -16,8 +16,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from proxy.canonical.config import CanonicalConfig
+from proxy.state.redis.topology import SCHEMES, parse
 from routing.kv_sources import parse_kv_event_specs
-from routing.redis_topology import SCHEMES, parse
 from tokenization.config import TokenizerConfig
 
 #: ``log_level`` values, as Python's logging names them (case-insensitive).

@@ -35,7 +35,7 @@ from proxy.stages.parse import Parse
 from proxy.stages.pin import Pins
 from proxy.stages.route import Router
 from proxy.stages.threads import Threads
-from proxy.state import StateBackend, open_state
+from proxy.state.backends import StateBackend, open_state
 from proxy.state.index_namespace import IndexNamespace
 from proxy.state.kv_feeds import KVFeeds, wait_caught_up
 from proxy.state.load_share import LoadShare, LocalShare, share_interval
@@ -122,11 +122,9 @@ class Gateway:
         if self.state.name == "redis":
             self.metrics.index_redis_up.set(1)
             self.metrics.admission_shared_up.set(1)
-            self.metrics.admission_queue_shared_up.set(1)
         else:  # a 0 would read as an outage: without Redis the gauges are not exported at all
             self.metrics.registry.unregister(self.metrics.index_redis_up)
             self.metrics.registry.unregister(self.metrics.admission_shared_up)
-            self.metrics.registry.unregister(self.metrics.admission_queue_shared_up)
             self.metrics.registry.unregister(self.metrics.redis_writes_queued)
             self.metrics.registry.unregister(self.metrics.redis_write_wait)
             self.metrics.registry.unregister(self.metrics.session_saves_dropped)
@@ -148,7 +146,7 @@ class Gateway:
             speeds=speeds,
         )
         if settings.redis_url:  # name a wrong password or a TLS mismatch, not just "unreachable"
-            from proxy.ops.redis_check import log_redis_problem
+            from proxy.state.redis.check import log_redis_problem
 
             await asyncio.to_thread(log_redis_problem, settings.redis_url, max(settings.redis_timeout, 1.0))
         await self._start_kv_feeds(router, incremental)
@@ -160,9 +158,6 @@ class Gateway:
             block_size,
             router,
             self.state.claims(lambda shared: self.metrics.admission_shared_up.set(1 if shared else 0)),
-            self.state.wait_order(
-                lambda shared: self.metrics.admission_queue_shared_up.set(1 if shared else 0)
-            ),
             speeds,
         )
         # the ranks' context lengths and first figures before the first request

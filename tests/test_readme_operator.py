@@ -107,7 +107,7 @@ REDIS_URL = re.compile(r"`((?:redis|rediss|unix)(?:\+\w+)?://[^`]*)`")
 
 
 def test_the_redis_url_is_written_one_way_and_each_form_is_accepted():
-    from routing.redis_topology import REDIS_URL_FORMS, REDIS_URLS
+    from proxy.state.redis.topology import REDIS_URL_FORMS, REDIS_URLS
 
     # every redis:// URL the README and the docs show has the user the URL may carry
     texts = [README, *(path.read_text() for path in (ROOT / "docs").glob("*.md"))]

@@ -28,7 +28,6 @@ from proxy.config import Settings
 from proxy.ops.metrics import Metrics
 from proxy.state.claims import RoomClaims
 from proxy.state.sessions import SessionTable
-from proxy.state.wait_order import WaitOrder
 from routing.ranks import Fleet
 
 
@@ -40,7 +39,6 @@ def admission_from_settings(
     block_size: int,
     placement: Placement | None = None,
     claims: RoomClaims | None = None,
-    order: WaitOrder | None = None,
     speeds: RankSpeeds | None = None,
 ) -> Admission:
     """``Admission`` for ``no_admission``, ``admission_queue``, ``target_fraction``,
@@ -54,7 +52,7 @@ def admission_from_settings(
         block_size=block_size,
         max_queue=settings.admission_queue or None,
     )
-    return Admission(table, fleet, config, metrics, placement, claims, order, speeds)
+    return Admission(table, fleet, config, metrics, placement, claims, speeds)
 
 
 __all__ = [

@@ -33,9 +33,8 @@ The whole rule:
 The count, the reservations and what answers and time change are the ``Ledger``'s (``ledger.py``).
 Until the router's pick, a seated session holds a *reservation* on the ranks it was allowed, so a
 burst of new sessions cannot all take the same last room. With Redis the replicas share the session
-table, the claims on room and the queue's order (``proxy/state/redis_claims.py``,
-``proxy/state/redis_queue.py``): a reservation is checked against every replica's claims and
-waiters, and taken in one atomic step.
+table and the claims on room (``proxy/state/redis/claims.py``): a reservation is checked against
+every replica's claims and taken in one atomic step; each replica's waiters stand in its own queue.
 """
 
 from __future__ import annotations
@@ -54,7 +53,6 @@ from proxy.admission.turns import take_turn
 from proxy.admission.weight import head, prompt_tokens
 from proxy.context import Admitted, Before, RequestContext, Seat
 from proxy.state.sessions import Session
-from proxy.state.wait_order import Entry, Place
 from proxy.tenants import shown_to
 
 __all__ = ["Admission", "Guard"]
@@ -196,16 +194,10 @@ class Admission(Ledger):
         started = time.monotonic()
         client = ctx.client
         ticket = Ticket(client.label, ctx.priority, client.weight) if client is not None else Ticket()
-        #: The place its first attempt took in the shared wait order, finding no room there.
-        entered: Place | None = None
 
-        def attempt(
-            place: str | None = None, behind: bool = False, entry: Entry | None = None
-        ) -> Seat | None:
+        def attempt(behind: bool = False) -> Seat | None:
             """The seat now, if one can be had (``behind``: others wait first, so any room is
-            theirs; ``place``: its place in the replicas' shared wait order, while it waits there;
-            ``entry``: not waiting yet, it takes a place there when the claims grant no room)."""
-            nonlocal entered
+            theirs)."""
             if behind:
                 return None
             states = self.refresh()
@@ -219,31 +211,20 @@ class Admission(Ledger):
                     room = self._room(tokens, head_key, head_tokens, self.refresh())
             if not room.allowed:
                 return None
-            reserved = self._reserve(
-                key, room, need, head_key, head_tokens, queued=True, place=place, entry=entry
-            )
-            granted = reserved.granted
+            granted = self._reserve(key, room, need, head_key, head_tokens)
             if not granted:
-                if entry is not None:
-                    entered = reserved.place
-                return None  # another replica took that room, or has a waiter before this one
+                return None  # another replica took that room
             victims = {name: keys for name, keys in room.victims.items() if name in granted}
             if parking is not None:
                 return Seat("rotated", granted, victims, parking.rank, parking.keys)
             return Seat("released" if victims else "room", granted, victims)
 
-        found = attempt(behind=len(self.queue) > 0, entry=self.queue.entry(ticket))
+        found = attempt(behind=len(self.queue) > 0)
         if found is not None:
             return found, 0.0
         if self.metrics is not None:
             self.metrics.admission_queued.inc()
-        place: str | None = None
-
-        def took_place(taken: str | None) -> None:
-            nonlocal place
-            place = taken
-
-        waiting = self.queue.wait(lambda: attempt(place), self._set_queue_depth, ticket, took_place, entered)
+        waiting = self.queue.wait(attempt, self._set_queue_depth, ticket)
         seat = await (guard(waiting) if guard is not None else waiting)
         return seat, time.monotonic() - started
 

@@ -25,9 +25,8 @@ from proxy.admission.turns import settle
 from proxy.context import Admitted, Outcome, RequestContext
 from proxy.errors import CLIENT_CLOSED
 from proxy.ops.metrics import Metrics
-from proxy.state.claims import Ask, LocalClaims, Reserved, RoomClaims
+from proxy.state.claims import Ask, LocalClaims, RoomClaims
 from proxy.state.sessions import Session, SessionTable
-from proxy.state.wait_order import Entry, WaitOrder
 from routing.rank_metrics import RankSample
 from routing.ranks import Fleet, Rank
 
@@ -58,11 +57,10 @@ class Ledger:
         metrics: Metrics | None = None,
         placement: Placement | None = None,
         claims: RoomClaims | None = None,
-        order: WaitOrder | None = None,
         speeds: RankSpeeds | None = None,
     ) -> None:
-        """``claims``: where room is taken, ``order``: where waiters stand, both shared by replicas
-        with Redis (None: this process's); ``speeds``: what the ranks' metrics teach of their
+        """``claims``: where room is taken, shared by replicas with Redis (None: this process's);
+        ``speeds``: what the ranks' metrics teach of their
         prefill speeds, shared with routing (None: admission's own)."""
         self.table = table
         self.claims: RoomClaims = claims if claims is not None else LocalClaims()
@@ -72,7 +70,8 @@ class Ledger:
         self.placement = placement
         self.time = LearnedTime(config)
         self.speeds = speeds if speeds is not None else RankSpeeds()
-        self.queue = WaitQueue(self.poll_interval(), order)
+        # through ``self.claims`` at the first wait: whichever claims admission has by then
+        self.queue = WaitQueue(self.poll_interval(), lambda wake: self.claims.watch(wake))
         self._reservations: dict[str, Reservation] = {}
         self._over_pool: set[str] = set()
         #: Client keys' fair-share weights, by label, as their requests show them (who is parked).
@@ -133,27 +132,21 @@ class Ledger:
         tokens: int,
         head_key: str | None = None,
         head_tokens: int = 0,
-        *,
-        queued: bool = False,
-        place: str | None = None,
-        entry: Entry | None = None,
-    ) -> Reserved:
+    ) -> frozenset[str]:
         """Reserve ``tokens`` for session ``key`` on the ranks of ``room`` that the claims still
         grant (another replica may have taken the room, or a rank's last session place, since this
-        count); ``queued``: a session's room that waits its turn behind every replica's waiters
-        (``place``: its own, while it waits; ``claims.Ask``); ``entry``: granted none, it takes its
-        place in the shared wait order in the same step (``Reserved.place``). The ranks granted,
-        empty when none is."""
+        count). The ranks granted, empty when none is."""
         budgets = {name: self._budget(name) for name in room.allowed}
         body = tokens - head_tokens if head_key is not None else tokens
         ttl, cap = self.time.idle_ttl(), self.config.max_sessions_per_rank
-        ask = Ask(key, budgets, body, head_key, head_tokens, ttl, RESERVATION_TTL_S, cap, queued, place)
-        reserved = self.claims.reserve_or_enter(ask, entry)
-        if reserved.granted:
+        granted = self.claims.reserve(
+            Ask(key, budgets, body, head_key, head_tokens, ttl, RESERVATION_TTL_S, cap)
+        )
+        if granted:
             # in the same step as the room check: the next waiter must see this session's claim
-            victims = {name: keys for name, keys in room.victims.items() if name in reserved.granted}
-            self._reservations[key] = Reservation(reserved.granted, tokens, victims)
-        return reserved
+            victims = {name: keys for name, keys in room.victims.items() if name in granted}
+            self._reservations[key] = Reservation(granted, tokens, victims)
+        return granted
 
     def _budget(self, name: str) -> int | None:
         rank = self.fleet.get(name)

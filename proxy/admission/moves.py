@@ -14,7 +14,6 @@ from collections.abc import Callable
 from proxy.admission.accounting import RankState
 from proxy.admission.config import AdmissionConfig
 from proxy.admission.room import Room, excess_tokens, should_move
-from proxy.state.claims import Reserved
 from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet
 
@@ -30,7 +29,7 @@ class Moves:
         config: AdmissionConfig,
         refresh: Callable[[], dict[str, RankState]],
         room: Callable[..., Room],
-        reserve: Callable[[str, Room, int], Reserved],
+        reserve: Callable[[str, Room, int], frozenset[str]],
         projected: Callable[[int], int],
     ) -> None:
         self.fleet = fleet
@@ -96,8 +95,8 @@ class Moves:
             ", ".join(sorted(allowed)),
         )
         # None when the shared claims granted none of them: another replica took that room first
-        reserved = self._reserve(session.key, Room(allowed), self._projected(session.context_tokens))
-        return reserved.granted or None
+        granted = self._reserve(session.key, Room(allowed), self._projected(session.context_tokens))
+        return granted or None
 
     def release_idle(
         self,

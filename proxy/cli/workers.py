@@ -33,7 +33,7 @@ from uvicorn.supervisors import Multiprocess
 from proxy.asgi import App
 from proxy.config import Settings
 from proxy.server import ServingOptions, listen, return_freed_memory, tune_collector, uvicorn_config
-from proxy.state.embedded_redis import EmbeddedRedis
+from proxy.state.redis.embedded import EmbeddedRedis
 
 log = logging.getLogger("prefixgate")
 

@@ -155,12 +155,6 @@ class Metrics:
             ["backend"],
             registry=r,
         )
-        self.admission_queue_shared_up = Gauge(
-            "prefixgate_admission_queue_shared_up",
-            "1 while waiters for room take their turn in the order shared in Redis; 0 while this "
-            "replica's waiters queue in its own order",
-            registry=r,
-        )
         self.kv_events = Counter(
             "prefixgate_kv_events",
             "KV-cache events applied to a rank's mirror, by backend and event type",

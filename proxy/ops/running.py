@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from proxy.explain import Explainer
     from proxy.ops.metrics import Metrics
     from proxy.stages.route import Router
-    from proxy.state import StateBackend
+    from proxy.state.backends import StateBackend
     from proxy.state.sessions import Session, SessionTable
     from routing.ranks import Fleet
 

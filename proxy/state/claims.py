@@ -8,22 +8,18 @@ one atomic step, returning the ranks granted;
 current as the session grows); ``release`` ends it. A claim's tokens are its projected working set:
 its own ``body`` plus a shared ``head`` (an agent's system+tools) counted once per rank.
 
-A new session that finds no room waits in the wait order (``wait_order.py``); ``reserve_or_enter``
-takes its place there in the same step as the failed reservation, so that nobody arriving later
-takes the room between the two.
+A session that finds no room waits in its own replica's queue (``proxy/admission/queue.py``); room
+another replica frees reaches it through ``watch``.
 
 ``LocalClaims`` (the ``memory`` backend) grants what one process's own count allowed: there, that
-count is the whole truth (and its queue the whole wait order). ``redis_claims.RedisClaims`` shares
-the claims between replicas, and checks the shared wait order in the same step.
+count is the whole truth. ``redis/claims.py``'s ``RedisClaims`` shares the claims between replicas.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
-
-from proxy.state.wait_order import Entry, Place
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,20 +37,6 @@ class Ask:
     expires_in: float
     #: At most this many sessions claimed or reserved on one rank (None: no cap).
     max_sessions: int | None = None
-    #: A new session's room takes its turn in the wait order shared by replicas
-    #: (``wait_order.py``): within the budgets, granted only to the first ``place`` there, or with
-    #: no place (not waiting) only while nobody waits.
-    queued: bool = False
-    place: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Reserved:
-    """What ``reserve_or_enter`` did: the ranks granted, or (none granted) the place taken in the
-    wait order (None: no shared order to stand in, or none granted past the budgets)."""
-
-    granted: frozenset[str]
-    place: Place | None = None
 
 
 class RoomClaims(Protocol):
@@ -65,17 +47,17 @@ class RoomClaims(Protocol):
         reservation lapses unless claimed. The ranks granted (empty: none has room any more)."""
         ...
 
-    def reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
-        """``reserve(ask)``; granted none, a session not waiting yet takes its place in the shared
-        wait order as ``entry`` in the same atomic step (``Reserved.place``; None: it enters none)."""
-        ...
-
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
         """Session ``key`` holds ``body`` + its ``head`` on ``rank`` now (its reservation ends)."""
         ...
 
     def release(self, key: str) -> None:
         """Session ``key`` holds no room any more (ended, failed, deleted)."""
+        ...
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` (from any thread) whenever another replica may have freed room: what no
+        event of this process says."""
         ...
 
     def totals(self) -> dict[str, int]:
@@ -93,14 +75,14 @@ class LocalClaims:
     def reserve(self, ask: Ask) -> frozenset[str]:
         return frozenset(ask.budgets)
 
-    def reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
-        return Reserved(frozenset(ask.budgets))
-
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
         pass
 
     def release(self, key: str) -> None:
         pass
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        pass  # no other replica: this process's own events are all there is
 
     def totals(self) -> dict[str, int]:
         return {}

@@ -1,7 +1,7 @@
 """The shared prefix index's namespace: fixed by ``--index-namespace``, or agreed by the replicas.
 
 Agreed through the state backend (``StateBackend.agree_index_namespace``: on Redis, first writer
-wins, ``routing.index.namespace``), proposing the model the ranks serve. A replica that starts
+wins, ``proxy.state.redis.index_namespace``), proposing the model the ranks serve. A replica that starts
 before any rank is up has no model to propose: it uses the namespace agreed before, if any, else
 ``PROVISIONAL`` until a rank's facts name the model (``routing.rank_facts``), then proposes it and
 moves its index to whatever was agreed. Which replica started first, or which rank it could ask
@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from proxy.state import StateBackend
+from proxy.state.backends import StateBackend
+from proxy.state.redis.index import RedisPrefixIndex
 from routing.index import PrefixIndex
-from routing.index.redis_store import RedisPrefixIndex
 from routing.rank_facts import RankFacts
 from routing.ranks import Rank
 

@@ -15,20 +15,14 @@ plus the others' as of their last exchange. A replica that has not exchanged for
 each replica routes on its own counts again.
 
 ``memory`` has no other replicas (``LocalShare``); ``redis`` keeps one hash, a field per replica
-(``RedisShare``: one key, so it lives in one Redis Cluster slot).
+(``proxy/state/redis/load_share.py``).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import orjson
-
-from routing.redis_link import RedisLink
+from typing import Protocol
 
 #: Seconds between a replica's exchanges while any replica has load on a rank (``BUSY_INTERVAL_S``)
 #: or none does (``SHARE_INTERVAL_S``): how stale the other replicas' counts may be. A prefill
@@ -39,10 +33,8 @@ from routing.redis_link import RedisLink
 #: stays queued for at least a round trip to its rank.
 BUSY_INTERVAL_S = 0.01
 SHARE_INTERVAL_S = 0.05
-#: Seconds after its last exchange from which a replica's counts count for nothing (dropped from
-#: Redis after ``DROP_AFTER`` times as long).
+#: Seconds after its last exchange from which a replica's counts count for nothing.
 STALE_S = 1.0
-DROP_AFTER = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,57 +75,3 @@ class LocalShare:
 
     def leave(self) -> None:
         pass
-
-
-def _nonzero(counts: Mapping[str, int]) -> dict[str, int]:
-    return {rank: n for rank, n in counts.items() if n}
-
-
-def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
-    for rank, n in counts.items():
-        into[rank] = into.get(rank, 0) + n
-
-
-class RedisShare:
-    """``LoadShare`` in one Redis hash: field = replica id, value = its last exchange's time (wall
-    clock, compared across replicas like the claims' expiries) and load."""
-
-    def __init__(self, link: RedisLink, key: str = "prefixgate:load", replica: str | None = None) -> None:
-        self.link = link
-        self.key = key
-        self.replica = replica or uuid.uuid4().hex
-
-    def exchange(self, own: Load) -> Load:
-        now = time.time()
-        mine = orjson.dumps({"at": now, "prefill": _nonzero(own.prefill), "requests": _nonzero(own.requests)})
-
-        def swap() -> Any:
-            pipe = self.link.client.pipeline(transaction=False)
-            pipe.hset(self.key, self.replica, mine)
-            pipe.hgetall(self.key)
-            return pipe.execute()[1]
-
-        found = self.link.call(swap)
-        if not found:
-            return Load()
-        prefill: dict[str, int] = {}
-        requests: dict[str, int] = {}
-        gone = []
-        for replica, raw in found.items():
-            name = replica.decode() if isinstance(replica, bytes) else replica
-            if name == self.replica:
-                continue
-            entry = orjson.loads(raw)
-            age = now - entry["at"]
-            if age > STALE_S:
-                if age > DROP_AFTER * STALE_S:
-                    gone.append(name)
-                continue
-            _add(prefill, entry["prefill"])
-            _add(requests, entry["requests"])
-        if gone:
-            self.link.call(lambda: self.link.client.hdel(self.key, *gone))
-        return Load(prefill, requests)
-
-    def leave(self) -> None:
-        self.link.call(lambda: self.link.client.hdel(self.key, self.replica))

@@ -14,7 +14,6 @@ from proxy.state.claims import LocalClaims, RoomClaims
 from proxy.state.load_share import LoadShare, LocalShare
 from proxy.state.responses import MemoryResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_MAX_SESSIONS, MAX_BREAKS, MAX_SAVE_LAG_S, Session, SessionStore
-from proxy.state.wait_order import LocalOrder, WaitOrder
 from routing.index import PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
 
@@ -78,9 +77,6 @@ class MemoryState:
 
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         return LocalClaims()
-
-    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
-        return LocalOrder()
 
     def load_share(self) -> LoadShare:
         return LocalShare()

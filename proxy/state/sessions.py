@@ -7,7 +7,7 @@ estimated and the ranks reported, the prefill the ranks computed, its prefix bre
 fed by the prefix-break explainer) and the label of its client's API key.
 
 Times are wall-clock seconds (``time.time()``) so replicas sharing one Redis agree on them. The
-stores are ``proxy/state/memory.py`` and ``proxy/state/redis.py``.
+stores are ``proxy/state/memory.py`` and ``proxy/state/redis/sessions.py``.
 """
 
 from __future__ import annotations

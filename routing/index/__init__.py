@@ -1,8 +1,9 @@
 """The prefix index: which leading blocks of a prompt each rank probably holds.
 
 One interface (``PrefixIndex``) and two stores: ``memory.MemoryPrefixIndex`` (the default, one
-process) and ``redis_store.RedisPrefixIndex`` (shared by every prefixgate replica, with the memory
-store as its local mirror and fallback). Block hashes are vLLM's chained hashes, so "block i is
+process) and the state backend's Redis index (``proxy/state/redis/index.py``: shared by every
+prefixgate replica, with the memory store as its local mirror and fallback; the backend builds it
+and hands it over, so nothing here imports it). Block hashes are vLLM's chained hashes, so "block i is
 held" implies the whole prefix up to i is identical; a match walks from block 0 and stops at the
 first block a rank does not hold.
 """

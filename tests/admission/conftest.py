@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from bench.sim import SimConfig
-from proxy.state.redis import RedisSessionStore
+from proxy.state.redis.sessions import RedisSessionStore
 from tests.helpers.gateway import Gateways
 from tests.helpers.redis_server import RedisServer
 

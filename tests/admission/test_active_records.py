@@ -1,13 +1,13 @@
 """Admission's poll of the active sessions in Redis reads only the records written since the last
-poll (``proxy/state/redis_changes.py``), and always returns what a whole read would."""
+poll (``proxy/state/redis/changes.py``), and always returns what a whole read would."""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
-from proxy.state.redis import RedisSessionStore
-from proxy.state.redis_changes import ActiveRecords, mark
+from proxy.state.redis.changes import ActiveRecords, mark
+from proxy.state.redis.sessions import RedisSessionStore
 from proxy.state.sessions import Session
 from tests.admission.conftest import replica
 from tests.helpers.redis_server import RedisServer

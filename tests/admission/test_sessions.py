@@ -8,7 +8,7 @@ import pytest
 
 from proxy.ops.dashboard import HitRateWindow
 from proxy.state.memory import MemorySessionStore
-from proxy.state.redis import RedisSessionStore
+from proxy.state.redis.sessions import RedisSessionStore
 from proxy.state.sessions import MAX_BREAKS, Session, SessionStore, SessionTable
 from tests.routing.conftest import RedisServer
 

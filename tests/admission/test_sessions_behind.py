@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from proxy.state.redis import RedisSessionStore
+from proxy.state.redis.sessions import RedisSessionStore
 from proxy.state.sessions import Session
 from tests.admission.conftest import replica
 from tests.helpers.redis_server import RedisServer

@@ -1,4 +1,4 @@
-"""Admission's claims on room shared through Redis (``proxy/state/redis_claims.py``): replicas that
+"""Admission's claims on room shared through Redis (``proxy/state/redis/claims.py``): replicas that
 count the same sessions but admit at the same moment take each rank's room once, not once each."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from proxy.admission import Admission, AdmissionConfig
 from proxy.context import Outcome, RequestContext
 from proxy.stages.usage import Usage
 from proxy.state.claims import LocalClaims
-from proxy.state.redis import RedisSessionStore
-from proxy.state.redis_claims import RedisClaims
+from proxy.state.redis.claims import RedisClaims
+from proxy.state.redis.link import RedisLink, fail_fast_client
+from proxy.state.redis.sessions import RedisSessionStore
 from proxy.state.sessions import SessionTable
 from routing.ranks import Fleet, Rank
-from routing.redis_link import RedisLink, fail_fast_client
 from tests.admission.test_release import ctx_for
 from tests.helpers.redis_server import RedisServer
 

@@ -1,4 +1,4 @@
-"""``max_sessions_per_rank`` in the shared claims (``proxy/state/redis_claims.py``): the reserve
+"""``max_sessions_per_rank`` in the shared claims (``proxy/state/redis/claims.py``): the reserve
 script counts each rank's claimed and reserved sessions and grants no place past the cap, in the
 same atomic step as the tokens, whichever replica asks and however many ask at once."""
 
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from proxy.state.claims import Ask, LocalClaims
-from proxy.state.redis_claims import RedisClaims
-from routing.redis_link import RedisLink, fail_fast_client
+from proxy.state.redis.claims import RedisClaims
+from proxy.state.redis.link import RedisLink, fail_fast_client
 from tests.admission.test_release import Clock
 from tests.helpers.redis_server import RedisServer
 

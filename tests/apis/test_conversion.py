@@ -10,7 +10,8 @@ import pytest
 from proxy.apis.messages import MessagesApi
 from proxy.apis.responses import ResponsesApi
 from proxy.canonical import CanonicalConfig, Canonicalizer
-from proxy.state.responses import MemoryResponseRanks, RedisResponseRanks
+from proxy.state.redis.responses import RedisResponseRanks
+from proxy.state.responses import MemoryResponseRanks
 from tokenization.chat_conversion import ConversionError, anthropic_to_chat, responses_to_chat
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.37.a1f; cc_entrypoint=cli; cch=3f9c2;"

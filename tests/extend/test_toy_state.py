@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from bench.sim import SimConfig, start_fleet, stop_fleet
-from proxy import state
 from proxy.config import Settings
+from proxy.state import backends as state
 from proxy.state.memory import MemorySessionStore, MemoryState
 from proxy.state.sessions import Session, SessionStore
 from routing.index import PrefixIndex

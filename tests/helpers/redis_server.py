@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from proxy.server import free_port
-from proxy.state.embedded_redis import redis_binary
+from proxy.state.redis.embedded import redis_binary
 
 
 def _kill(proc: subprocess.Popen[bytes] | None) -> None:

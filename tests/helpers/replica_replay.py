@@ -19,7 +19,7 @@ from bench.common import metric_totals
 from bench.replay import ReplayResult, TraceReplayConfig
 from bench.systems import FleetConfig, SimFleetProcess
 from bench.traces import TraceSession
-from proxy.state.embedded_redis import EmbeddedRedis
+from proxy.state.redis.embedded import EmbeddedRedis
 from tests.helpers.balancer import Balancer
 from tests.helpers.gateway import proxy_process
 from tests.helpers.lockstep import replay_lockstep

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from proxy.state.responses import REDIS_PREFIX
+from proxy.state.redis.responses import REDIS_PREFIX
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.wait import wait_until
 from tests.reliability.conftest import chat, post_turns

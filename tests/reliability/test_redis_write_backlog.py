@@ -10,9 +10,9 @@ import time
 import httpx
 import redis
 
-from proxy.state.redis_backend import RedisState
+from proxy.state.redis.backend import RedisState
+from proxy.state.redis.link import RedisLink, fail_fast_client
 from proxy.state.sessions import Session
-from routing.redis_link import RedisLink, fail_fast_client
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.wait import wait_until
 from tests.reliability.conftest import chat, post_turns

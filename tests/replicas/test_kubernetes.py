@@ -121,8 +121,8 @@ def test_redis_evicts_only_rebuildable_keys_before_its_memory_limit_kills_it() -
     maxmemory = redis_bytes(redis_option(redis["args"], "maxmemory"))
     # Redis counts only its data: fragmentation, client buffers and Lua come on top of maxmemory
     assert 0 < maxmemory <= 0.8 * limit
-    # keys with a TTL (the prefix index, session records, the response map) go; admission's claims
-    # and wait order, which carry none, stay
+    # keys with a TTL (the prefix index, session records, the response map) go; admission's claims,
+    # which carry none, stay
     assert redis_option(redis["args"], "maxmemory-policy") == "volatile-lru"
 
 

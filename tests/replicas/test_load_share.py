@@ -14,16 +14,15 @@ from proxy.server import ServerThread
 from proxy.stages.route import Router
 from proxy.state.load_share import (
     BUSY_INTERVAL_S,
-    DROP_AFTER,
     SHARE_INTERVAL_S,
     STALE_S,
     Load,
     LocalShare,
-    RedisShare,
     share_interval,
 )
+from proxy.state.redis.link import RedisLink, fail_fast_client
+from proxy.state.redis.load_share import DROP_AFTER, RedisShare
 from routing.policies import make_policy
-from routing.redis_link import RedisLink, fail_fast_client
 from tests.helpers.gateway import gateway_app
 from tests.helpers.ranks import RankServers
 from tests.helpers.redis_server import RedisServer

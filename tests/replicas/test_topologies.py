@@ -1,4 +1,4 @@
-"""The replica tests on the Redis topologies users run (``routing/redis_topology.py``), each started
+"""The replica tests on the Redis topologies users run (``proxy/state/redis/topology.py``), each started
 on loopback ports by the test: a three-master Redis Cluster and a master watched by Sentinel, and on
 Valkey: one server, a three-master Valkey Cluster and a Valkey master watched by a Valkey
 Sentinel. One Redis server is not among them: each test's own suite runs it on one. Valkey is the
@@ -13,10 +13,8 @@ import pytest
 
 from bench.sim import SimConfig
 from proxy.state.claims import Ask
-from proxy.state.redis_claims import RedisClaims
-from proxy.state.redis_queue import RedisWaitOrder
-from proxy.state.wait_order import Entry
-from routing.redis_link import RedisLink, fail_fast_client
+from proxy.state.redis.claims import RedisClaims
+from proxy.state.redis.link import RedisLink, fail_fast_client
 from tests.admission.conftest import KV_TOKENS
 from tests.admission.test_shared_admission import (
     replicas_keep_each_rank_within_its_budget,
@@ -96,33 +94,26 @@ def test_an_event_fed_rank_is_written_to_redis_by_one_replica(topology_url: str)
         an_event_is_written_to_redis_by_one_replica(stores)
 
 
-def test_a_failed_reservation_enters_the_order_and_room_freed_is_said_on_the_topology(
+def test_a_failed_reservation_and_the_room_freed_are_said_on_the_topology(
     topology_url: str,
 ) -> None:
-    """The reservation that enters the wait order runs as one script in one slot, and the room
-    channel reaches a replica subscribed through another connection (on a cluster: whichever node
-    its client picked)."""
+    """The reservation runs as one script in one slot, and the room channel reaches a replica
+    subscribed through another connection (on a cluster: whichever node its client picked)."""
     links = [RedisLink(fail_fast_client(topology_url, 1.0), retry_interval=0.1) for _ in range(2)]
     try:
         claims_a, claims_b = (RedisClaims(link) for link in links)
-        order_b = RedisWaitOrder(links[1])
         wakes: list[int] = []
-        order_b.watch(lambda: wakes.append(1))
+        claims_b.watch(lambda: wakes.append(1))
         wait_until(lambda: wakes, "the room channel's listener never subscribed", 20)
         claims_a.claim("held", "r0", 1500, None, 0)
         links[0].flush()
         room = {"r0": 1600}
-        ask = Ask("early", room, 700, None, 0, 300.0, 30.0, queued=True)
-        reserved = claims_b.reserve_or_enter(ask, Entry(None, 0, 1.0, 30.0))
-        assert reserved.granted == frozenset() and reserved.place is not None
+        ask = Ask("early", room, 700, None, 0, 300.0, 30.0)
+        assert claims_b.reserve(ask) == frozenset()
         subscribed = len(wakes)
         claims_a.release("held")
         wait_until(lambda: len(wakes) > subscribed, "the release was never said on the room channel", 20)
-        late = Ask("late", room, 700, None, 0, 300.0, 30.0, queued=True)
-        assert claims_a.reserve(late) == frozenset()  # room now, but the early session waits for it
-        early = Ask("early", room, 700, None, 0, 300.0, 30.0, queued=True, place=reserved.place.id)
-        assert claims_b.reserve(early) == frozenset({"r0"})  # first in the order: the room is its
-        order_b.leave(reserved.place, served=True)
+        assert claims_b.reserve(ask) == frozenset({"r0"})  # the room freed is there to take
     finally:
         for link in links:
             link.close()

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from proxy.state.redis.index import RedisPrefixIndex
 from routing.index import PrefixIndex
 from routing.index.memory import MemoryPrefixIndex
-from routing.index.redis_store import RedisPrefixIndex
 from tests.routing.conftest import RedisServer, chain
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from routing.index.redis_store import _keys_blob
+from proxy.state.redis.index import _keys_blob
 
 
 def reference(block_hashes: list[bytes]) -> bytes:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from routing.index.redis_store import RedisPrefixIndex
+from proxy.state.redis.index import RedisPrefixIndex
 from tests.routing.conftest import RedisServer, chain
 
 LEASE_S = 0.3

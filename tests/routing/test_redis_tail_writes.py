@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from routing.index.redis_store import RedisPrefixIndex
+from proxy.state.redis.index import RedisPrefixIndex
 from tests.routing.conftest import RedisServer, chain
 
 

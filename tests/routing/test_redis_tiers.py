@@ -10,8 +10,8 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from proxy.state.redis.index import RedisPrefixIndex
 from routing.index import CPU, GPU, Lookup
-from routing.index.redis_store import RedisPrefixIndex
 from tests.routing.conftest import RedisServer, chain
 from tests.routing.test_redis_event_writer import LEASE_S, replicas_on
 

@@ -1,4 +1,4 @@
-"""``--redis-url`` forms: one server, Sentinel, Redis Cluster (``routing/redis_topology.py``)."""
+"""``--redis-url`` forms: one server, Sentinel, Redis Cluster (``proxy/state/redis/topology.py``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from redis.cluster import RedisCluster
 
 from proxy.config import ConfigError, load_settings
-from proxy.ops.redis_check import redact
-from routing.redis_topology import Topology, fail_fast, parse, slot_prefix
+from proxy.state.redis.check import redact
+from proxy.state.redis.topology import Topology, fail_fast, parse, slot_prefix
 
 
 def test_sentinel_and_cluster_urls_are_parsed() -> None:

@@ -9,8 +9,8 @@ import pytest
 from proxy.context import Outcome
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
+from proxy.state.redis.index import RedisPrefixIndex
 from routing.index.memory import MemoryPrefixIndex
-from routing.index.redis_store import RedisPrefixIndex
 from routing.policies import make_policy
 from tests.routing.conftest import RedisServer, chain, make_ctx, make_pool, observe, pick
 

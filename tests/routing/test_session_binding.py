@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from proxy.stages.route import Router
+from proxy.state.redis.index import RedisPrefixIndex
 from routing.index.memory import MemoryPrefixIndex
-from routing.index.redis_store import RedisPrefixIndex
 from routing.policies import Needs, PolicyOptions, RouteRequest
 from routing.ranks import Rank
 from tests.routing.conftest import RedisServer, chain, make_ctx, make_pool

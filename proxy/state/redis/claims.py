@@ -1,16 +1,20 @@
 """Admission's claims in Redis (``claims.RoomClaims``): every replica takes room from one ledger.
 
 Keys under ``{prefix}:admission:`` (a hash tag on a Redis Cluster, so each script touches one
-slot: ``routing/redis_topology.py``): ``T`` (hash: rank -> tokens claimed and reserved), ``C``
+slot: ``proxy/state/redis/topology.py``): ``T`` (hash: rank -> tokens claimed and reserved), ``C``
 (hash: session -> its claim: rank, body tokens, head, head tokens), ``H`` (hash: rank + head ->
 sessions holding it there: a shared head counts once per rank), ``R`` (hash: session -> its
 reservation: rank and tokens pairs), ``E`` (sorted set: reservations by expiry), ``S`` (sorted
 set: claims by last touch), ``N`` (hash: rank -> sessions claimed or reserved there: what
-``max_sessions_per_rank`` caps, checked in the same script as the tokens). A new session's
-reservation within the budgets also waits its turn in the shared wait order (``redis_queue.py``'s
-keys, in the same slot), read in the same script: no round trip of its own; and when it is granted
-nothing, ``reserve_or_enter`` takes its place there in that same script. The scripts that free room
-say so on the order's room channel (``redis_queue.room_channel``).
+``max_sessions_per_rank`` caps, checked in the same script as the tokens).
+
+What wakes one replica's waiters wakes every replica's: each claim (an answer, a placement) and each
+release that freed room are said on a pub/sub channel (``room_channel``, published by the scripts
+themselves: no round trip of its own); each replica's listener (``watch``: one connection, one
+thread) wakes its waiters, whose own poll is then only the safety net. A cluster's pub/sub reaches
+every node, and the channel is in the claims' slot anyway. Each replica's waiters stand in its own
+queue: a wait order shared by the replicas cost hit rate in a two-replica benchmark
+(docs/investigations.md) and was removed.
 
 Each call is one script, O(ranks allowed) plus a bounded purge: expired reservations and claims
 idle past the idle TTL (sessions that ended on a replica that died before releasing them) go in
@@ -24,19 +28,22 @@ claims it made back (``resync``); claims Redis kept of sessions that ended meanw
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from proxy.state.claims import Ask, Reserved
-from proxy.state.redis_queue import LAPSE, admission_keys, entered, entry_args, queue_keys, room_channel
-from proxy.state.wait_order import Entry
-from routing.redis_link import ERRORS, RedisLink
-from routing.redis_topology import ScriptBatch, reply_text
+from proxy.state.claims import Ask
+from proxy.state.redis.link import ERRORS, RedisLink
+from proxy.state.redis.topology import ScriptBatch, reply_text, slot_prefix
 
 log = logging.getLogger("prefixgate.admission")
 
 PURGE_BATCH = 64
+#: Seconds the room channel's listener blocks per read (then checks whether its link closed).
+LISTEN_S = 1.0
 #: Claims pushed back per round trip when Redis returns.
 RESYNC_BATCH = 500
 
@@ -95,26 +102,13 @@ end
 """
 
 #: ARGV: now, reservation TTL s, idle TTL s, key, body, head ('-': none), head tokens,
-#: sessions per rank (-1: no cap), the wait order's say (``0``: none;
-#: ``-``: not waiting, granted while nobody waits; else the place, granted at the head), the place
-#: to enter when none is granted (``enter_place``'s lease s, id, client, priority, weight; a lease
-#: of ``-``: none, and the four after it unused), then rank, budget (-1: none) pairs. KEYS 8 to 11:
-#: the wait order's Q, P, L, F. Returns the member of the place entered (``''``: none), then the
-#: ranks granted.
+#: sessions per rank (-1: no cap), then rank, budget (-1: none) pairs. Returns the ranks granted.
 RESERVE = (
     _COMMON
-    + LAPSE
     + """
 local now, key = tonumber(ARGV[1]), ARGV[4]
 local body, head, head_tokens = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 local cap = tonumber(ARGV[8])
-local Q, P, L, F = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
-local function none_granted()
-  if ARGV[10] == '-' then return {''} end
-  local member = enter_place(Q, P, L, F, now, tonumber(ARGV[10]), ARGV[11], ARGV[12], tonumber(ARGV[13]),
-    tonumber(ARGV[14]))
-  return {member}
-end
 for _, k in ipairs(redis.call('ZRANGEBYSCORE', E, '-inf', now, 'LIMIT', 0, %(batch)d)) do
   drop_reservation(k)
 end
@@ -123,11 +117,8 @@ for _, k in ipairs(redis.call('ZRANGEBYSCORE', S, '-inf', now - tonumber(ARGV[3]
 end
 drop_reservation(key)
 drop_claim(key)
-if ARGV[9] ~= '0' and not first_place(Q, P, L, now, ARGV[9]) then
-  return none_granted()
-end
-local granted, parts = {''}, {}
-for i = 15, #ARGV, 2 do
+local granted, parts = {}, {}
+for i = 9, #ARGV, 2 do
   local rank, budget = ARGV[i], tonumber(ARGV[i + 1])
   local total = tonumber(redis.call('HGET', T, rank) or '0')
   local need = body
@@ -141,7 +132,7 @@ for i = 15, #ARGV, 2 do
     redis.call('HINCRBY', N, rank, 1)
   end
 end
-if #parts == 0 then return none_granted() end
+if #parts == 0 then return granted end
 redis.call('HSET', R, key, table.concat(parts, '\\t'))
 redis.call('ZADD', E, now + tonumber(ARGV[2]), key)
 return granted
@@ -182,8 +173,18 @@ return 1
 )
 
 Claim = tuple[str, int, str, int]
-#: ``RESERVE``'s entry arguments when it enters no place.
-NO_ENTRY: list[str | int] = ["-", "", "", 0, 1]
+
+
+def admission_keys(client: Any, prefix: str, names: Sequence[str]) -> list[str]:
+    """The keys ``names`` under ``{prefix}:admission:`` on ``client``'s Redis, all in one slot."""
+    base = slot_prefix(f"{prefix}:admission", client) + ":"
+    return [base + name for name in names]
+
+
+def room_channel(client: Any, prefix: str = "prefixgate") -> str:
+    """The channel on which what may free room (a claim, a release) is said, in the claims' slot (a
+    cluster's pub/sub reaches every node)."""
+    return admission_keys(client, prefix, ("room",))[0]
 
 
 class RedisClaims:
@@ -199,7 +200,6 @@ class RedisClaims:
         self.link = link
         self.clock = clock
         self.keys = admission_keys(link.client, prefix, ("T", "C", "H", "R", "E", "S", "N"))
-        self._reserve_keys = self.keys + queue_keys(link.client, prefix)
         self.channel = room_channel(link.client, prefix)
         client = link.client
         self._reserve = client.register_script(RESERVE)
@@ -209,6 +209,8 @@ class RedisClaims:
         self._mine: dict[str, Claim] = {}
         self._shared = True
         self._on_state = on_state
+        self._wakes: list[Callable[[], None]] = []
+        self._listener: threading.Thread | None = None
         link.on_resync(self.resync)
         link.on_state(self._link_state)
 
@@ -228,15 +230,11 @@ class RedisClaims:
                 self._on_state(False)
 
     def reserve(self, ask: Ask) -> frozenset[str]:
-        return self.reserve_or_enter(ask, None).granted
-
-    def reserve_or_enter(self, ask: Ask, entry: Entry | None) -> Reserved:
         if not ask.budgets:
-            return Reserved(frozenset())
+            return frozenset()
         if not self.link.available():
             self._local("its circuit is open")
-            return Reserved(frozenset(ask.budgets))
-        place, entering = entry_args(entry) if entry is not None else ("", NO_ENTRY)
+            return frozenset(ask.budgets)
         args: list[str | int | float] = [
             repr(self.clock()),
             repr(ask.expires_in),
@@ -246,19 +244,16 @@ class RedisClaims:
             ask.head or "-",
             ask.head_tokens if ask.head else 0,
             -1 if ask.max_sessions is None else ask.max_sessions,
-            (ask.place or "-") if ask.queued else "0",
-            *entering,
         ]
         for rank, budget in ask.budgets.items():
             args += [rank, -1 if budget is None else budget]
         try:
-            member, *granted = self._reserve(keys=self._reserve_keys, args=args)
+            granted = self._reserve(keys=self.keys, args=args)
         except ERRORS as exc:
             self.link.failed(exc)
             self._local(exc)
-            return Reserved(frozenset(ask.budgets))
-        ranks = frozenset(reply_text(r) for r in granted)
-        return Reserved(ranks, entered(place, member) if member else None)
+            return frozenset(ask.budgets)
+        return frozenset(reply_text(r) for r in granted)
 
     def claim(self, key: str, rank: str, body: int, head: str | None, head_tokens: int) -> None:
         claim = (rank, max(body, 0), head or "-", head_tokens if head else 0)
@@ -269,6 +264,39 @@ class RedisClaims:
     def release(self, key: str) -> None:
         self._mine.pop(key, None)
         self.link.submit(lambda: self._release(keys=self.keys, args=[key, self.channel]))
+
+    def watch(self, wake: Callable[[], None]) -> None:
+        self._wakes.append(wake)
+        if self._listener is None:
+            self._listener = threading.Thread(target=self._listen, name="redis-room", daemon=True)
+            self._listener.start()
+
+    def _wake(self) -> None:
+        for wake in self._wakes:
+            wake()
+
+    def _listen(self) -> None:
+        """The listener's thread: each message on the room channel wakes the waiters; so does each
+        (re)subscription, for what was said while it was not subscribed."""
+        while not self.link.closed:
+            pubsub = None
+            try:
+                pubsub = self.link.client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.channel)
+                self._wake()
+                while not self.link.closed:
+                    if pubsub.get_message(timeout=LISTEN_S) is not None:
+                        self._wake()
+            except Exception as exc:  # Redis down, failing over, or its link closing under the read
+                # the waiters' own poll goes on meanwhile; this thread must not end
+                if self.link.closed:
+                    return
+                log.debug("admission: room channel lost (%s); subscribing again", exc)
+                time.sleep(self.link.retry_interval)
+            finally:
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
 
     def totals(self) -> dict[str, int]:
         return self._per_rank(self.keys[0])

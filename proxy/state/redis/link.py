@@ -37,7 +37,7 @@ from typing import TypeVar
 import redis
 from redis.exceptions import RedisClusterException
 
-from routing.redis_topology import fail_fast
+from proxy.state.redis.topology import fail_fast
 
 log = logging.getLogger("prefixgate.redis")
 
@@ -55,7 +55,7 @@ ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException, 
 
 def fail_fast_client(url: str, timeout: float) -> redis.Redis:
     """A client whose every call is one attempt of at most ``timeout`` seconds: of one server, a
-    Sentinel's master or a Redis Cluster, as ``url`` says (``routing/redis_topology.py``)."""
+    Sentinel's master or a Redis Cluster, as ``url`` says (``proxy/state/redis/topology.py``)."""
     client: redis.Redis = fail_fast(url, timeout)
     return client
 

@@ -1,8 +1,8 @@
 """The ``redis`` state backend: every store that decides placement on one Redis, behind one link.
 
-The session table is ``proxy/state/redis.py`` (whose docstring tells how the stores fail over to
-their mirrors and push them back); the claims, the wait order, the load share, the response map and
-the prefix index are their own modules.
+The session table is ``sessions.py`` (whose docstring tells how the stores fail over to their
+mirrors and push them back); the claims, the load share, the response map and the prefix index are
+their own modules.
 """
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from proxy.state.claims import RoomClaims
-from proxy.state.load_share import LoadShare, RedisShare
-from proxy.state.redis import RedisSessionStore
-from proxy.state.redis_claims import RedisClaims
-from proxy.state.redis_queue import RedisWaitOrder
-from proxy.state.responses import RedisResponseRanks, ResponseRanks
+from proxy.state.load_share import LoadShare
+from proxy.state.redis.claims import RedisClaims
+from proxy.state.redis.index import RedisPrefixIndex
+from proxy.state.redis.index_namespace import NAMESPACE_KEY, agree
+from proxy.state.redis.link import RedisLink, fail_fast_client
+from proxy.state.redis.load_share import RedisShare
+from proxy.state.redis.responses import RedisResponseRanks
+from proxy.state.redis.sessions import RedisSessionStore
+from proxy.state.responses import ResponseRanks
 from proxy.state.sessions import SessionStore
-from proxy.state.wait_order import WaitOrder
 from routing.index import PrefixIndex
-from routing.index.namespace import NAMESPACE_KEY, agree
-from routing.index.redis_store import RedisPrefixIndex
-from routing.redis_link import RedisLink, fail_fast_client
 
 
 class RedisState:
@@ -47,9 +47,6 @@ class RedisState:
 
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         return RedisClaims(self.link, on_state=on_state)
-
-    def wait_order(self, on_state: Callable[[bool], None]) -> WaitOrder:
-        return RedisWaitOrder(self.link, on_state=on_state)
 
     def load_share(self) -> LoadShare:
         return RedisShare(self.link)

@@ -1,6 +1,6 @@
 """The shared prefix index's namespace, agreed by every replica through Redis.
 
-The index's keys are namespaced by the served model (``redis_store``), so that replicas of two
+The index's keys are namespaced by the served model (``index.py``), so that replicas of two
 deployments, or a fleet restarted with another model, never read each other's blocks. Which model
 a replica would name depends on which rank it could ask, and when: one started before its ranks
 knows none. So the name is agreed once through Redis, first writer wins (``SET NX``): every replica

@@ -1,4 +1,4 @@
-"""The Lua scripts of the Redis prefix index (``redis_store``): one round trip each, run atomically.
+"""The Lua scripts of the Redis prefix index (``index.py``): one round trip each, run atomically.
 
 Scores are microseconds from a shared tick (``KEYS[2]``), so a chain's blocks get distinct scores,
 its head highest; ``ZPOPMIN`` past capacity therefore drops the least recent chain's tail first.

@@ -1,6 +1,6 @@
 """The Redis prefix index: one mirror shared by every prefixgate replica.
 
-Layout, namespaced per model (agreed by the replicas: ``routing.index.namespace``, ``move_to``), block
+Layout, namespaced per model (agreed by the replicas: ``index_namespace.py``, ``move_to``), block
 size and block hash algorithm (``{prefix}:{model}:{block_size}:{hash_algo}:``: no shared keys between
 replicas hashing differently):
 - ``lru:{rank}``: a sorted set per rank; member = a block's 8-byte key (``_keys_blob``), score = its
@@ -11,7 +11,7 @@ replicas hashing differently):
   offloading; written from KV events, by the rank's event writer below), so that a lookup tells every
   replica, by tier, what the rank holds: ``Lookup.offloaded``;
 - ``tick``: that clock; ``sess:{key}``: a session's rank, with the same TTL, bound first writer wins
-  (``redis_scripts.BIND``: two replicas placing one new session at once agree on the first's).
+  (``index_scripts.BIND``: two replicas placing one new session at once agree on the first's).
 
 A lookup is ONE round trip: a Lua script finds, per rank, the longest held (and unexpired) prefix by
 galloping then bisecting over block positions (about 2 log2(n) ``ZSCORE`` probes instead of n), then
@@ -22,13 +22,13 @@ blocks are evicted tail first and corrections trim a chain's suffix; a hole in t
 
 A record is one round trip too, off the request's path, and costs O(new blocks): a returning session's
 chain, whose leading blocks this replica wrote before, gets only its new tail written, scored just below
-its last held block (``redis_scripts.EXTEND``); the whole chain is rewritten when Redis lost that block
+its last held block (``index_scripts.EXTEND``); the whole chain is rewritten when Redis lost that block
 or the chain sank past a quarter of the rank's capacity or of the TTL, so the LRU order stays within a
 quarter of the pool's turnover of the truth.
 
 An event-fed rank (``--kv-events``: every replica subscribes to every rank and keeps its own exact mirror)
 is written to Redis by ONE replica, the holder of the rank's lease (``events:{rank}``, ``EVENTS_LEASE_S``,
-renewed by its writes, ``redis_scripts.LEASE``): the other replicas apply the same events to their local
+renewed by its writes, ``index_scripts.LEASE``): the other replicas apply the same events to their local
 mirrors only, so each event costs Redis one write, not one per replica (and a run of evictions, one
 event per block from vLLM, one write: ``RankMirror.apply``).
 The shared copy is what a replica that started after the rank (its subscription cannot map chains begun
@@ -39,7 +39,7 @@ not expire from the shared copy (a chain whose first block expired matches nothi
 
 Redis is never on a request's critical path for correctness: every update is also applied to a local
 ``MemoryPrefixIndex``; when Redis fails, the store answers from that mirror, reports itself down, and its
-``RedisLink`` (``routing/redis_link.py``: one circuit breaker for every store on that Redis) probes
+``RedisLink`` (``link.py``: one circuit breaker for every store on that Redis) probes
 it every ``retry_interval`` s off the event loop; once Redis answers, the local mirror is pushed back
 (Redis may have restarted empty) before serving from Redis again.
 """
@@ -51,11 +51,11 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from proxy.state.redis.index_scripts import BIND, EXTEND, LEASE, MATCH, RECORD, REMOVE, TIERS
+from proxy.state.redis.link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
+from proxy.state.redis.topology import reply_text, slot_prefix
 from routing.index import GPU, Lookup
 from routing.index.memory import MemoryPrefixIndex
-from routing.index.redis_scripts import BIND, EXTEND, LEASE, MATCH, RECORD, REMOVE, TIERS
-from routing.redis_link import DEFAULT_RETRY_INTERVAL_S, ERRORS, RedisLink, fail_fast_client
-from routing.redis_topology import reply_text, slot_prefix
 
 log = logging.getLogger("prefixgate.index.redis")
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from routing.redis_topology import fail_fast
+from proxy.state.redis.topology import fail_fast
 
 log = logging.getLogger("prefixgate.redis")
 

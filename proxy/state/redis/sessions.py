@@ -7,7 +7,7 @@ set of keys scored by last-seen time (active sessions are one ``ZRANGEBYSCORE`` 
 a session ended on purpose (``DELETE /admin/sessions``): a record Redis lacks without one was lost
 (Redis restarted), and this replica's copy of it still stands.
 
-The three stores share one ``RedisLink`` (``routing/redis_link.py``): one client that fails fast, one
+The three stores share one ``RedisLink`` (``proxy/state/redis/link.py``): one client that fails fast, one
 circuit breaker. While Redis answers, the session table reads it directly (one bounded round trip:
 replicas must see each other's records) and writes it behind, through the link's thread, in order:
 a save is two of a turn's round trips, and the event loop served nothing while it waited on them.
@@ -32,10 +32,10 @@ from typing import Any
 import orjson
 
 from proxy.state.memory import MemorySessionStore
-from proxy.state.redis_changes import ActiveRecords, mark, mirror_into
+from proxy.state.redis.changes import ActiveRecords, mark, mirror_into
+from proxy.state.redis.link import RedisLink, fail_fast_client
+from proxy.state.redis.topology import ScriptBatch, slot_prefix
 from proxy.state.sessions import DEFAULT_RETENTION_S, MAX_BREAKS, Session
-from routing.redis_link import RedisLink, fail_fast_client
-from routing.redis_topology import ScriptBatch, slot_prefix
 
 log = logging.getLogger("prefixgate.sessions")
 
