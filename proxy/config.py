@@ -33,7 +33,7 @@ from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
 
 #: Claude Code traces (../shared/traces/claude-code): the gap between a session's requests has a
 #: median of 13 s and a p90 of 185 s; 93 % of gaps are under 300 s. Until the traffic has shown
-#: enough think gaps of its own (``proxy.admission.think_gaps.MIN_SAMPLES``), a session quiet for
+#: enough think gaps of its own (``routing.samples.MIN_SAMPLES``), a session quiet for
 #: longer has most likely ended.
 DEFAULT_IDLE_TTL_S = 300.0
 #: Until the traffic has shown enough request durations, a session waits for a seat this long before

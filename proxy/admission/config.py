@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.admission.think_gaps import OWN_EVIDENCE
 from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
 from proxy.state.sessions import Session
 
@@ -14,6 +13,9 @@ DEFAULT_TARGET_FRACTION = 0.8
 DEFAULT_RELEASE_FACTOR = 2.0
 #: ... but never sooner than this fraction of the idle TTL (30 s for the default 300 s).
 DEFAULT_RELEASE_MIN_FRACTION = 0.1
+#: A session with at least this many think gaps of its own is judged by them alone; one with fewer
+#: (a single short gap, or none for a one-request session) by the population's (``timing.ThinkGaps``).
+OWN_EVIDENCE = 3
 #: The population's think gap that stands in for a session's own: the 95th percentile.
 TYPICAL_GAP_QUANTILE = 0.95
 #: A reservation not routed within this many seconds (its request failed early) is dropped.

@@ -49,8 +49,7 @@ from proxy.admission.ledger import Ledger
 from proxy.admission.queue import Ticket
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.rotation import Parking, choose_parked
-from proxy.admission.turns import take_turn
-from proxy.admission.weight import head, prompt_tokens
+from proxy.admission.turns import head, prompt_tokens, take_turn
 from proxy.context import Admitted, Before, RequestContext, Seat
 from proxy.state.sessions import Session
 from proxy.tenants import shown_to

@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Callable
 
 from proxy.admission.config import TYPICAL_GAP_QUANTILE, AdmissionConfig
-from proxy.admission.think_gaps import ThinkGaps
 from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
 from proxy.state.sessions import Session
+from routing.samples import RecentSamples
 
 #: Request durations remembered (the most recent), and how many before the bound is learned.
 DURATION_WINDOW = 1000
@@ -38,6 +38,13 @@ WAIT_REQUESTS = 4.0
 #: by its own think times when one is needed (``release_rule``), which this floor does not hold back,
 #: or a replay compressed 100x would keep ended sessions seated 100x too long.
 MIN_IDLE_TTL_S = 10.0
+
+
+class ThinkGaps(RecentSamples):
+    """Recent think gaps of all sessions (seconds), how long agents usually stay quiet between an
+    answer and their next request: ``quantile`` is a typical agent's long pause
+    (``routing.samples``), what stands in for the gaps of a session that has shown too few of its own
+    (``config.OWN_EVIDENCE``)."""
 
 
 class LearnedTime:

@@ -9,7 +9,8 @@ import random
 import pytest
 
 from proxy.admission import AdmissionConfig
-from proxy.admission.think_gaps import OWN_EVIDENCE, ThinkGaps
+from proxy.admission.config import OWN_EVIDENCE
+from proxy.admission.timing import ThinkGaps
 from proxy.state.sessions import Session
 from routing.samples import MIN_SAMPLES
 from tests.admission.test_release import TTL, make, turn
