@@ -45,9 +45,7 @@ re-sending an earlier one are grouped into conversations, and ``--conversations`
 
 Time is compressed: think times (cut to 60 s) x ``--time-scale``, the ranks' modelled GPU time x
 ``--sim-time-scale``. prefixgate runs with its defaults: its idle TTL and wait bound learn the
-replay's pace from the traffic; ``--scaled-clocks`` adds ``prefixgate prefix_affinity (scaled
-clocks)``, the same with both compressed by hand like the replay (the comparison of learned and
-hand-set clocks). Requests are streamed with ``--max-tokens`` output tokens, or (``seats``, or
+replay's pace from the traffic. Requests are streamed with ``--max-tokens`` output tokens, or (``seats``, or
 ``--max-output-tokens N``) the trace's own output length capped at N, so the ranks decode behind
 their prefills; the next request is the trace's either way (its ids hold the answer the trace
 recorded). A 429/503 is retried like an agent would, honouring Retry-After up to
@@ -65,8 +63,8 @@ median (``bench/rounds.py``).
 
 Output: a table per scenario, ``results.json`` and PNG plots in ``--out``. The traces are read from
 ``../shared/traces`` (``--traces``); the command stops with a clear message when they are absent.
-Peers come from ``bench/peers/install.sh`` (a virtualenv outside the repository; ``--install-peers``
-runs it); without them only prefixgate's policies run.
+Peers come from ``bench/peers/install.sh`` (a virtualenv outside the repository); without them only
+prefixgate's policies run.
 """
 
 from __future__ import annotations
@@ -88,7 +86,6 @@ from bench.bench_presets import (
     load_sessions,
     preset_cells,
     resolve,
-    time_scaled_prefixgate_flags,
 )
 from bench.bench_tables import markdown_table, print_table
 from bench.common import positive_count
@@ -104,8 +101,6 @@ if TYPE_CHECKING:  # psutil (the ``bench`` extra) is imported only when a benchm
     from bench.systems import SystemSpec
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "bench"
-#: prefix_affinity with its clocks compressed by hand (``--scaled-clocks``), beside the default.
-SCALED = "prefixgate prefix_affinity (scaled clocks)"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -199,15 +194,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefixgate-args", default="", help="extra flags for prefixgate serve, e.g. '--no-admission'"
     )
-    parser.add_argument(
-        "--scaled-clocks",
-        action="store_true",
-        help="also run prefix_affinity with its idle TTL and admission wait compressed like the replay",
-    )
-    parser.add_argument(
-        "--prefixgate-root", type=Path, default=None, help="run prefixgate from this source tree (a snapshot)"
-    )
-    parser.add_argument("--install-peers", action="store_true", help="run bench/peers/install.sh first")
     parser.add_argument("--seed", type=int, default=0, help="conversation order and block text seed")
     parser.add_argument(
         "--rounds",
@@ -246,12 +232,7 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
 
     notes: list[str] = []
     systems = [PLAIN_ROUND_ROBIN, *prefixgate_systems(available_policies())]
-    if args.scaled_clocks:
-        flags = tuple(time_scaled_prefixgate_flags(resolve(args)))
-        systems.append(SystemSpec(SCALED, "prefixgate", "prefix_affinity", args=flags))
     if not args.no_peers:
-        if args.install_peers:
-            peers.install()
         if peers.installed():
             systems += peer_systems()
         else:
@@ -261,8 +242,6 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
         by_name = {s.name: s for s in systems}
         policies = (s for s in systems if s.kind == "prefixgate" and not s.args)
         by_name.update({f"prefixgate:{s.policy}": s for s in policies})
-        if SCALED in by_name:
-            by_name["prefixgate:scaled"] = by_name[SCALED]
         by_name["plain:round_robin"] = PLAIN_ROUND_ROBIN
         for w in wanted:  # prefixgate[@TREE]:POLICY[:FLAGS], e.g. 'prefixgate:prefix_affinity:--no-admission'
             kind, _, rest = w.partition(":")
@@ -309,7 +288,7 @@ def _git_head() -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the comparison; exit status 1 when a system failed or a request errored, 2 without traces."""
-    from bench.bench_run import ScenarioRun
+    from bench.bench_run import run_cell, write_cell_plots
     from bench.systems import FleetConfig
 
     preset = resolve(args)
@@ -381,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
     # prefixgate's defaults: its clocks learn the replay's pace (``--scaled-clocks`` compares)
     prefixgate_args = shlex.split(args.prefixgate_args) + cpu_tier_prefixgate_flags(args.cpu_tier)
     report["prefixgate_args"] = prefixgate_args
-    report["prefixgate_root"] = str(args.prefixgate_root or Path(__file__).resolve().parents[1])
+    report["prefixgate_root"] = str(Path(__file__).resolve().parents[1])
     report["git_head"] = _git_head()
     started = time.perf_counter()
     failed = False
@@ -411,8 +390,16 @@ def run(args: argparse.Namespace) -> int:
         rounds: list[dict[str, dict[str, Any]]] = []
         for index in range(args.rounds):
             order = rotation(systems, index)
-            run = ScenarioRun(cell.name, order, cell.sessions, fleet, replay_config, cell_requests, args)
-            found_round, scenario_failed = run.run(prefixgate_args)
+            found_round, scenario_failed = run_cell(
+                cell.name,
+                order,
+                cell.sessions,
+                fleet,
+                replay_config,
+                cell_requests,
+                prefixgate_args,
+                args.out,
+            )
             rounds.append(found_round)
             failed = failed or scenario_failed
         results = rounds[0] if len(rounds) == 1 else combine_all(rounds)
@@ -439,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
             "verdict": found,
         }
         if not args.no_plots:
-            run.plots(results)
+            write_cell_plots(cell.name, results, args.out)
     report["wall_s"] = time.perf_counter() - started
     tables = [
         f"### {name} ({sc['title']})\n\n{markdown_table(sc['results'])}\n"

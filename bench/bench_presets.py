@@ -17,9 +17,7 @@ conversations arriving over time, or capped sessions starting together. A pressu
 the mean working set over the fleet's total pools: set by how many sessions run at once on the
 seed's fixed pool, by the pools' size on several ranks.
 
-prefixgate runs with its defaults: its clocks learn the replay's pace. ``time_scaled_prefixgate_flags``
-gives the flags that compress its clocks by hand like the replay's, for the side-by-side comparison
-(``--scaled-clocks``).
+prefixgate runs with its defaults: its clocks learn the replay's pace.
 """
 
 from __future__ import annotations
@@ -311,13 +309,3 @@ def load_sessions(preset: Preset, traces: Path | None, seed: int) -> tuple[list[
         max_requests=preset.max_requests,
     )
     return sessions, 512
-
-
-def time_scaled_prefixgate_flags(preset: Preset) -> list[str]:
-    """prefixgate's clocks, compressed like the replay's: a session idle for 5 minutes of trace time is
-    idle after 300 x ``time_scale`` seconds here, and a new session waits for room as long as the
-    simulated ranks' compressed time would make it (else admission sees sessions that ended long ago
-    in trace time as active, and waits in real seconds for work that takes scaled ones)."""
-    ttl = max(1.0, 300.0 * preset.time_scale)
-    wait = max(0.5, 30.0 * preset.sim_time_scale)
-    return ["--session-idle-ttl", f"{ttl:g}", "--admission-wait", f"{wait:g}"]

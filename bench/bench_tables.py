@@ -1,6 +1,6 @@
 """The tables of a ``prefixgate bench`` scenario: on the terminal (rich) and in Markdown (the docs).
 
-Both read the per-system summaries of ``bench.system_run.summarize`` (a ``failed`` key for a system
+Both read the per-system summaries of ``bench.bench_run.summarize`` (a ``failed`` key for a system
 that did not finish); ``/ RR`` is prefill against the round-robin baseline (``rr_baseline``). The
 columns of ``bench.turn_figures`` (generated tokens/s, TTFT of first and returning turns, seat wait,
 rank queue) read ``-`` in a summary that lacks them (one written before they existed).

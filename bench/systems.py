@@ -185,8 +185,8 @@ class SystemSpec:
     peer: PeerSpec | None = None
     #: Extra ``prefixgate serve`` flags of this system (after the run's own ``--prefixgate-args``).
     args: tuple[str, ...] = ()
-    #: The source tree this system's prefixgate runs from (None: the run's ``--prefixgate-root``, or
-    #: this one): another commit's worktree, side by side with this one in the same run.
+    #: The source tree this system's prefixgate runs from (None: this one): another commit's
+    #: worktree, side by side with this one in the same run.
     root: Path | None = None
 
 
@@ -224,19 +224,17 @@ def system_under_test(
     rank_urls: Sequence[str],
     log_dir: Path,
     prefixgate_args: Sequence[str] = (),
-    prefixgate_root: Path | None = None,
 ) -> Iterator[RunningSystem]:
     """Start ``spec`` in front of ``rank_urls``; yields its URL and PID; stops it on exit.
 
     Output goes to a log file per system under ``log_dir`` (a pipe nobody reads could fill up and
-    stall the process under test). ``prefixgate_root``: run prefixgate from that source tree (a
-    snapshot) instead of the installed one.
+    stall the process under test).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / log_name(spec.name)
     if spec.kind == "prefixgate":
         args = [*prefixgate_args, *spec.args]
-        with _prefixgate(spec.policy, rank_urls, log, args, spec.root or prefixgate_root) as running:
+        with _prefixgate(spec.policy, rank_urls, log, args, spec.root) as running:
             yield running
         return
     assert spec.peer is not None

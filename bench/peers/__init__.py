@@ -60,16 +60,6 @@ def installed(directory: Path | None = None) -> bool:
     return (directory / "bin" / "vllm-router").exists() and (directory / "bin" / "python").exists()
 
 
-def install(directory: Path | None = None, timeout: float = 600.0) -> None:
-    """Run ``install.sh`` (idempotent, cached); raises ``RuntimeError`` with pip's output on failure."""
-    directory = directory or peers_dir()
-    proc = subprocess.run(
-        ["bash", str(INSTALL_SCRIPT), str(directory)], capture_output=True, text=True, timeout=timeout
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"installing the peer routers failed:\n{proc.stdout}\n{proc.stderr}")
-
-
 def listening_pid(port: int) -> int | None:
     """The PID of the process listening on 127.0.0.1:``port`` (the routers rename themselves)."""
     for conn in psutil.net_connections(kind="tcp"):
