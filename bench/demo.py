@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import OUT_DIR, write_json
+from bench.common import OUT_DIR, positive_count, write_json
 from bench.demo_effects import Effect, effects, run_arm, within_noise
 from bench.demo_rounds import FIGURES, combine, overlapping
 from bench.sim import DEFAULT_KV_TOKENS, SimConfig
@@ -85,7 +85,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive_count,
         default=3,
         help="replays of each arm; figures are their medians, with their min-max (default %(default)s)",
     )
@@ -192,9 +192,6 @@ def run(args: argparse.Namespace) -> int:
     # would interleave with the table
     logging.getLogger("prefixgate").setLevel(logging.ERROR)
     sim = replace(SimConfig(), time_scale=args.time_scale)
-    if args.rounds < 1:
-        print("--rounds must be >= 1", file=sys.stderr)
-        return 2
     chosen = {int(n) for n in args.effects.split(",") if n.strip()}
     print("prefixgate demo: each effect replays one workload on fresh simulated vLLM ranks,")
     print("without and with one part of prefixgate (as the ranks reported it), in")
