@@ -1,6 +1,6 @@
 """Workloads and probes for the real-vLLM tier: agent-like sessions, a KV-event tap, a simple mirror.
 
-Used by ``tests/vllm``. Everything here talks to loopback only.
+Used by ``tests/vllm`` (and ``tests/explain`` for its tools). Everything here talks to loopback only.
 """
 
 from __future__ import annotations
