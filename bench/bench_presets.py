@@ -12,10 +12,7 @@ scenario. Scenarios are sized one of two ways (``Preset.sizing``):
   fleet's pools (``bench/pressure.py``).
 
 A preset with ``fleets`` (``seats``) runs cells instead: fleet x traffic shape x speed x pressure
-(``bench/cells.py``): the seed deployment's one rank of 8 seats, or several ranks; whole
-conversations arriving over time, or capped sessions starting together. A pressure is then always
-the mean working set over the fleet's total pools: set by how many sessions run at once on the
-seed's fixed pool, by the pools' size on several ranks.
+(``bench/cells.py`` says what each is).
 
 prefixgate runs with its defaults: its clocks learn the replay's pace.
 """

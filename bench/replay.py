@@ -17,11 +17,10 @@ import aiohttp
 
 from bench.chat_stream import Rejected, StreamOutcome, post_chat_stream, post_with_retries
 from bench.common import median, percentile
+from bench.sim import PromptProcessor
 from bench.traces import BlockText, ChatBuilder, TraceRequest, TraceSession, UnitCacheBound
 from bench.turn_figures import turn_figures
 from tokenization.block_hash import BlockHasher
-from tokenization.chatml import render_segments
-from tokenization.encoding import encode
 
 
 @dataclass
@@ -186,15 +185,13 @@ async def replay(url: str, conversations: Sequence[Conversation], model: str) ->
 
 def infinite_cache_bound(requests: Sequence[dict[str, Any]], block_size: int) -> float:
     """Hit rate a single rank with an unlimited pool would reach on these requests, in this order."""
-    hasher = BlockHasher(block_size)
+    prompts = PromptProcessor(BlockHasher(block_size))  # as a simulated rank tokenizes and hashes them
     seen: set[bytes] = set()
     prompt_total = 0
     hit_total = 0
     for body in requests:
-        tokens: list[int] = []
-        for segment in render_segments(body["messages"], body.get("tools")):
-            tokens.extend(encode(segment))
-        hashes = hasher.hash_blocks(tokens)
+        prompt = prompts.chat(body["messages"], body.get("tools"))
+        tokens, hashes = prompt.token_ids, prompt.block_hashes
         hittable = (len(tokens) - 1) // block_size
         hits = 0
         for h in hashes[:hittable]:

@@ -20,8 +20,8 @@ once (ended, its seat free).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -66,23 +66,9 @@ def claude_edit(root: Path) -> dict[str, Any]:
 
 
 def _concurrently(jobs: list[Callable[[], object]]) -> list[object]:
-    results: list[object] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = jobs[i]()
-        except BaseException as exc:  # re-raised below, in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+    """Every job at once, each in a thread; the first job's error (in order) is raised here."""
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(lambda job: job(), jobs))
 
 
 def claude_dirs(root: Path, sessions: int = 3) -> dict[str, Any]:
