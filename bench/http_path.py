@@ -24,22 +24,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import orjson
 
-from bench.common import stop_process, wait_until_up
 from bench.rounds import rotation
-from bench.systems import ProcessCpu
-from proxy.server import free_port
+from bench.systems import FleetConfig, ProcessCpu, SimFleetProcess, SystemSpec, system_under_test
+from routing.policies import DEFAULT_POLICY
 
 #: ``prefixgate serve`` with uvicorn's own protocol in place of the guarded one (measurement only).
 PLAIN_PROTOCOL = (
@@ -79,20 +74,6 @@ async def send(url: str, body: bytes, turns: int, sessions: str, concurrency: in
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
 
 
-@contextlib.contextmanager
-def started(command: list[str], url: str, root: str) -> Iterator[int]:
-    """``command`` run from source tree ``root`` until ``url`` answers; yields its PID."""
-    env = {**os.environ, "PYTHONPATH": root}
-    process = subprocess.Popen(
-        command, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_until_up(url + "/health", 60.0, process)
-        yield process.pid
-    finally:
-        stop_process(process)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -103,43 +84,36 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="turns in flight at once")
     parser.add_argument("--baseline-root", type=Path, help="also run prefixgate from this source tree")
     args = parser.parse_args()
-    here = str(Path(__file__).resolve().parent.parent)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config, contextlib.ExitStack() as stack:
-        config.write("tokenization:\n  kind: tiktoken\n")  # the simulated rank's own tokens
-        config.flush()
-        sim_port = free_port()
-        sim_url = f"http://127.0.0.1:{sim_port}"
-        sim = [sys.executable, "-m", "proxy.cli", "sim", "--port", str(sim_port), "--time-scale", "0.1"]
-        stack.enter_context(started(sim, sim_url, here))
-        serve = ["serve", "--backend", sim_url, "--config", config.name, "--log-level", "warning"]
-        commands = {
-            "guarded": ([sys.executable, "-m", "proxy.cli"], here),
-            "plain_protocol": ([sys.executable, "-c", PLAIN_PROTOCOL], here),
-        }
+    with tempfile.TemporaryDirectory() as logs, contextlib.ExitStack() as stack:
+        config = Path(logs) / "tiktoken.yaml"
+        config.write_text("tokenization:\n  kind: tiktoken\n")  # the simulated rank's own tokens
+        sim = stack.enter_context(SimFleetProcess(FleetConfig(ranks=1, time_scale=0.1)))
+        flags = ("--config", str(config))
+        specs = [
+            SystemSpec("guarded", "prefixgate", DEFAULT_POLICY, args=flags),
+            SystemSpec(
+                "plain_protocol", "prefixgate", DEFAULT_POLICY, args=flags, launcher=("-c", PLAIN_PROTOCOL)
+            ),
+        ]
         if args.baseline_root is not None:
-            commands["baseline"] = ([sys.executable, "-m", "proxy.cli"], str(args.baseline_root.resolve()))
-        systems: dict[str, tuple[str, int]] = {}
-        for name, (command, root) in commands.items():
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            systems[name] = (
-                url,
-                stack.enter_context(started([*command, *serve, "--port", str(port)], url, root)),
-            )
+            root = args.baseline_root.resolve()
+            specs.append(SystemSpec("baseline", "prefixgate", DEFAULT_POLICY, args=flags, root=root))
+        systems = {
+            spec.name: stack.enter_context(system_under_test(spec, sim.urls, Path(logs))) for spec in specs
+        }
         work = cases(args)
-        for url, _ in systems.values():  # warm-up: the first turns, the large prompt's prefill
+        for system in systems.values():  # warm-up: the first turns, the large prompt's prefill
             for case, (body, _turns) in work.items():
-                asyncio.run(send(url, body, 2 * args.concurrency, f"warm-{case}", args.concurrency))
+                asyncio.run(send(system.url, body, 2 * args.concurrency, f"warm-{case}", args.concurrency))
         cpu: dict[str, dict[str, list[float]]] = {case: {name: [] for name in systems} for case in work}
         rate: dict[str, dict[str, list[float]]] = {case: {name: [] for name in systems} for case in work}
         names = list(systems)
         for round_ in range(args.rounds):
             for name in rotation(names, round_):
-                url, pid = systems[name]
                 for case, (body, turns) in work.items():
-                    process, start = ProcessCpu(pid), time.perf_counter()
+                    process, start = ProcessCpu(systems[name].pid), time.perf_counter()
                     process.start()
-                    asyncio.run(send(url, body, turns, f"{case}-r{round_}", args.concurrency))
+                    asyncio.run(send(systems[name].url, body, turns, f"{case}-r{round_}", args.concurrency))
                     process.stop()
                     wall = time.perf_counter() - start
                     assert process.seconds is not None

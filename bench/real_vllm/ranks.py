@@ -305,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
             signal.pause()
     finally:
         stop_ranks(ranks)
-    return 0
 
 
 if __name__ == "__main__":

@@ -105,7 +105,6 @@ class Engine:
         self.running: list[SimRequest] = []
         self.counters = Counters()
         self.latencies = RequestLatencies()
-        self._ids = itertools.count()
         self._wakeup = asyncio.Event()
         self._stopping = False
 
@@ -140,11 +139,9 @@ class Engine:
                 f"the request needs {needed} KV blocks, the pool has {self.pool.usable_blocks}"
             )
         out: OutQueue = asyncio.Queue()
-        rid = f"{next(self._ids)}"
         now = time.monotonic()
         reqs = [
             SimRequest(
-                request_id=f"{rid}-{i}",
                 index=i,
                 # Each sequence appends its own output: own copies of the token and hash lists.
                 all_token_ids=list(prompt.token_ids),
