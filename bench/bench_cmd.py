@@ -314,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         "notes": notes,
         "scenarios": {},
     }
-    # prefixgate's defaults: its clocks learn the replay's pace (``--scaled-clocks`` compares)
+    # prefixgate's defaults: its clocks learn the replay's pace
     prefixgate_args = shlex.split(args.prefixgate_args) + cpu_tier_prefixgate_flags(args.cpu_tier)
     report["prefixgate_args"] = prefixgate_args
     report["prefixgate_root"] = str(Path(__file__).resolve().parents[1])
