@@ -1,72 +1,27 @@
 """``prefixgate bench``: replay agent traces through prefixgate's policies and peer routers, side by side.
 
-Every system gets the same trace, the same seed and a fresh simulated fleet (K ranks, given KV
-pools, in a subprocess); systems run one after the other. Everything measured comes from what the
-ranks report: hit rate = cached tokens / prompt tokens of the ranks' ``usage``, prefill = prompt -
-cached tokens, preemptions and prefix-cache counters from the ranks' ``/metrics``; TTFT and
-end-to-end latency from the client; the proxy's CPU time per request from the OS (each system runs
-in its own process). Beside them: the infinite-cache bound of the requests as sent (one rank, an
-unlimited pool) and the trace's own block reuse. ``/ RR`` is prefill against ``plain round_robin``:
-a plain load balancer dealing requests out in turn, what a fleet has without prefixgate (prefixgate's
-proxy with every stage off, so nothing needs installing); ``prefixgate round_robin`` is round robin
-with prefixgate's admission control and canonicalization on.
-
-Scenarios: ``fits`` (the working set stays under the pools) and ``over`` (it exceeds them; the
-table says by how much), by concurrency; or, with ``--sizing pressure``, the same conversations in
-front of pools sized so the mean working set is 0.5x (``fits``), 1.25x (``over``) or 1.9x
-(``heavy``) the fleet's pools. Each runs at every compute speed of ``--speeds`` (``fast``: 20,000
-prefill tokens/s per rank, ``slow``: 2,500; or a number). Presets:
+Every system gets the same trace, the same seed and a fresh simulated fleet (in a subprocess);
+systems run one after the other. Everything measured comes from what the ranks report (their
+``usage`` and ``/metrics``), the client's timings and the OS's CPU time of the system's process;
+``/ RR`` is prefill against ``plain round_robin`` (prefixgate with every stage off: a plain load
+balancer). After each scenario a verdict says, per measure, whether prefixgate is ahead of every
+peer and whether it met issue 17's targets. Presets:
 
   small   Claude Code, 2 ranks x 181,777 tokens, 10 conversations x 6 requests, scenario over:
           under 2 minutes on 2 cores
   full    Claude Code, 4 ranks x 181,777 tokens, every conversation whose requests all stay under
           100k tokens (40, 806 requests), scenarios fits (6 concurrent) and over (20 concurrent):
-          about 7 minutes on 2 cores, see docs/benchmarks.md
+          about 7 minutes on 2 cores
   matrix  the same 40 conversations, 20 at a time, 2 ranks, fast and slow ranks x pressures fits,
           over (1.25x) and heavy (1.9x), time compressed 100x: about 25 minutes with the peers
-  seats   issue 45's cells: fleets x shapes x speeds (fast, slow) x pressures (fits 0.5x, over
-          1.25x, heavy 1.9x), outputs of the trace's length up to 512 tokens, time compressed
-          200x: 1-2 minutes per cell with 4 systems and 1 round (24 cells)
+  seats   issue 45's cells, named FLEET-SHAPE-SPEED-SCENARIO: fleets x shapes x speeds (fast,
+          slow) x pressures (fits 0.5x, over 1.25x, heavy 1.9x), outputs of the trace's length up
+          to 512 tokens, time compressed 200x: 1-2 minutes per cell with 4 systems and 1 round
 
-Fleets (``--fleet``): ``seed`` is one rank like the seed deployment's, a 181,777-token pool in
-256-token blocks and 8 seats (``--max-num-seqs 8``: at most 8 sequences run at once, the rest wait
-in the rank); ``several`` is ``--ranks`` ranks (2) of 16-token blocks and 256 seats. Shapes
-(``--shapes``): ``whole`` conversations arriving over time (``--over-concurrency`` at a time,
-twice as many in all, each whole, of at most ``--whole-turns`` requests: 24), or ``sessions``
-starting together, each cut to ``--session-turns`` requests (40). A pressure is always the mean
-working set over the fleet's total pools: on the seed rank set by how many sessions run at once,
-on several ranks by the pools' size (``bench/cells.py``).
-Cells are named ``FLEET-SHAPE-SPEED-SCENARIO``; pick a subset with ``--fleet``, ``--shapes``,
-``--speeds`` and ``--scenarios``.
-
-Mooncake JSONL (``--trace mooncake-conversation|mooncake-synthetic``) has no session ids: requests
-re-sending an earlier one are grouped into conversations, and ``--conversations`` (default 300,
-0 for the whole file) takes whole families of conversations sharing a prefix, in order of arrival.
-
-Time is compressed: think times (cut to 60 s) x ``--time-scale``, the ranks' modelled GPU time x
-``--sim-time-scale``. prefixgate runs with its defaults: its idle TTL and wait bound learn the
-replay's pace from the traffic; ``--scaled-clocks`` adds ``prefixgate prefix_affinity (scaled
-clocks)``, the same with both compressed by hand like the replay (the comparison of learned and
-hand-set clocks). Requests are streamed with ``--max-tokens`` output tokens, or (``seats``, or
-``--max-output-tokens N``) the trace's own output length capped at N, so the ranks decode behind
-their prefills; the next request is the trace's either way (its ids hold the answer the trace
-recorded). A 429/503 is retried like an agent would, honouring Retry-After up to
-``--max-retry-wait`` seconds (each 429 counted in the table).
-
-Besides hit rate and prefill, each table gives generated tokens/s (the ranks' completion tokens over
-the cell's wall time), TTFT p50/p99 of first turns and of returning turns apart, the p99 seat
-wait (from the client's send to the rank receiving the request: what the system in front held it,
-429 retries included) and the p99 rank queue (from the rank receiving it to scheduling it: the
-wait for one of its seats), both read from the simulated ranks' own clock (``sim --report-timing``).
-After each scenario a verdict says, per measure, whether prefixgate is ahead of every peer, and
-whether it met issue 17's targets. One run of a cell is noisy (the machine, and a peer's hash
-placement): ``--rounds N`` runs every system N times in a rotated order and reports each figure's
-median (``bench/rounds.py``).
-
-Output: a table per scenario, ``results.json`` and PNG plots in ``--out``. The traces are read from
-``../shared/traces`` (``--traces``); the command stops with a clear message when they are absent.
-Peers come from ``bench/peers/install.sh`` (a virtualenv outside the repository; ``--install-peers``
-runs it); without them only prefixgate's policies run.
+The method, what each figure means and the current results: docs/benchmarks.md. Output: a table
+per scenario, ``results.json`` and PNG plots in ``--out``. The traces are read from
+``../shared/traces`` (``--traces``); peers come from ``bench/peers/install.sh``, and without them
+only prefixgate's policies run.
 """
 
 from __future__ import annotations
@@ -88,7 +43,6 @@ from bench.bench_presets import (
     load_sessions,
     preset_cells,
     resolve,
-    time_scaled_prefixgate_flags,
 )
 from bench.bench_tables import markdown_table, print_table
 from bench.common import positive_count
@@ -104,8 +58,6 @@ if TYPE_CHECKING:  # psutil (the ``bench`` extra) is imported only when a benchm
     from bench.systems import SystemSpec
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "bench"
-#: prefix_affinity with its clocks compressed by hand (``--scaled-clocks``), beside the default.
-SCALED = "prefixgate prefix_affinity (scaled clocks)"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -199,15 +151,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefixgate-args", default="", help="extra flags for prefixgate serve, e.g. '--no-admission'"
     )
-    parser.add_argument(
-        "--scaled-clocks",
-        action="store_true",
-        help="also run prefix_affinity with its idle TTL and admission wait compressed like the replay",
-    )
-    parser.add_argument(
-        "--prefixgate-root", type=Path, default=None, help="run prefixgate from this source tree (a snapshot)"
-    )
-    parser.add_argument("--install-peers", action="store_true", help="run bench/peers/install.sh first")
     parser.add_argument("--seed", type=int, default=0, help="conversation order and block text seed")
     parser.add_argument(
         "--rounds",
@@ -246,12 +189,7 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
 
     notes: list[str] = []
     systems = [PLAIN_ROUND_ROBIN, *prefixgate_systems(available_policies())]
-    if args.scaled_clocks:
-        flags = tuple(time_scaled_prefixgate_flags(resolve(args)))
-        systems.append(SystemSpec(SCALED, "prefixgate", "prefix_affinity", args=flags))
     if not args.no_peers:
-        if args.install_peers:
-            peers.install()
         if peers.installed():
             systems += peer_systems()
         else:
@@ -261,8 +199,6 @@ def select_systems(args: argparse.Namespace) -> tuple[list[SystemSpec], list[str
         by_name = {s.name: s for s in systems}
         policies = (s for s in systems if s.kind == "prefixgate" and not s.args)
         by_name.update({f"prefixgate:{s.policy}": s for s in policies})
-        if SCALED in by_name:
-            by_name["prefixgate:scaled"] = by_name[SCALED]
         by_name["plain:round_robin"] = PLAIN_ROUND_ROBIN
         for w in wanted:  # prefixgate[@TREE]:POLICY[:FLAGS], e.g. 'prefixgate:prefix_affinity:--no-admission'
             kind, _, rest = w.partition(":")
@@ -309,7 +245,7 @@ def _git_head() -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the comparison; exit status 1 when a system failed or a request errored, 2 without traces."""
-    from bench.bench_run import ScenarioRun
+    from bench.bench_run import run_cell, write_cell_plots
     from bench.systems import FleetConfig
 
     preset = resolve(args)
@@ -378,10 +314,10 @@ def run(args: argparse.Namespace) -> int:
         "notes": notes,
         "scenarios": {},
     }
-    # prefixgate's defaults: its clocks learn the replay's pace (``--scaled-clocks`` compares)
+    # prefixgate's defaults: its clocks learn the replay's pace
     prefixgate_args = shlex.split(args.prefixgate_args) + cpu_tier_prefixgate_flags(args.cpu_tier)
     report["prefixgate_args"] = prefixgate_args
-    report["prefixgate_root"] = str(args.prefixgate_root or Path(__file__).resolve().parents[1])
+    report["prefixgate_root"] = str(Path(__file__).resolve().parents[1])
     report["git_head"] = _git_head()
     started = time.perf_counter()
     failed = False
@@ -411,8 +347,16 @@ def run(args: argparse.Namespace) -> int:
         rounds: list[dict[str, dict[str, Any]]] = []
         for index in range(args.rounds):
             order = rotation(systems, index)
-            run = ScenarioRun(cell.name, order, cell.sessions, fleet, replay_config, cell_requests, args)
-            found_round, scenario_failed = run.run(prefixgate_args)
+            found_round, scenario_failed = run_cell(
+                cell.name,
+                order,
+                cell.sessions,
+                fleet,
+                replay_config,
+                cell_requests,
+                prefixgate_args,
+                args.out,
+            )
             rounds.append(found_round)
             failed = failed or scenario_failed
         results = rounds[0] if len(rounds) == 1 else combine_all(rounds)
@@ -439,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
             "verdict": found,
         }
         if not args.no_plots:
-            run.plots(results)
+            write_cell_plots(cell.name, results, args.out)
     report["wall_s"] = time.perf_counter() - started
     tables = [
         f"### {name} ({sc['title']})\n\n{markdown_table(sc['results'])}\n"

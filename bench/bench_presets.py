@@ -12,14 +12,9 @@ scenario. Scenarios are sized one of two ways (``Preset.sizing``):
   fleet's pools (``bench/pressure.py``).
 
 A preset with ``fleets`` (``seats``) runs cells instead: fleet x traffic shape x speed x pressure
-(``bench/cells.py``): the seed deployment's one rank of 8 seats, or several ranks; whole
-conversations arriving over time, or capped sessions starting together. A pressure is then always
-the mean working set over the fleet's total pools: set by how many sessions run at once on the
-seed's fixed pool, by the pools' size on several ranks.
+(``bench/cells.py`` says what each is).
 
-prefixgate runs with its defaults: its clocks learn the replay's pace. ``time_scaled_prefixgate_flags``
-gives the flags that compress its clocks by hand like the replay's, for the side-by-side comparison
-(``--scaled-clocks``).
+prefixgate runs with its defaults: its clocks learn the replay's pace.
 """
 
 from __future__ import annotations
@@ -311,13 +306,3 @@ def load_sessions(preset: Preset, traces: Path | None, seed: int) -> tuple[list[
         max_requests=preset.max_requests,
     )
     return sessions, 512
-
-
-def time_scaled_prefixgate_flags(preset: Preset) -> list[str]:
-    """prefixgate's clocks, compressed like the replay's: a session idle for 5 minutes of trace time is
-    idle after 300 x ``time_scale`` seconds here, and a new session waits for room as long as the
-    simulated ranks' compressed time would make it (else admission sees sessions that ended long ago
-    in trace time as active, and waits in real seconds for work that takes scaled ones)."""
-    ttl = max(1.0, 300.0 * preset.time_scale)
-    wait = max(0.5, 30.0 * preset.sim_time_scale)
-    return ["--session-idle-ttl", f"{ttl:g}", "--admission-wait", f"{wait:g}"]

@@ -1,89 +1,127 @@
-"""One scenario of ``prefixgate bench``: every system in turn on a fresh fleet, with a progress bar."""
+"""One cell of ``prefixgate bench``: every system in turn on a fresh simulated fleet, with a progress bar.
+
+Everything measured comes from what the ranks report (their ``usage`` per request and their
+``/metrics`` counters) and, for the proxy's CPU time, from the OS; ``summarize`` adds the
+infinite-cache bound of the requests as sent and the working set against the pools.
+"""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.replay import TraceReplayConfig, TurnResult
-from bench.system_run import run_system
+from bench.replay import ReplayResult, TraceReplayConfig, TurnResult, bound_hit_rate, replay_trace
 from bench.traces import TraceSession
 
 if TYPE_CHECKING:  # psutil (the ``bench`` extra) is imported only when a benchmark runs
     from bench.systems import FleetConfig, SystemSpec
 
 
-class ScenarioRun:
-    """The systems of one scenario (one speed, one pressure), run one after the other."""
+def run_cell(
+    name: str,
+    systems: Sequence[SystemSpec],
+    sessions: list[TraceSession],
+    fleet: FleetConfig,
+    replay: TraceReplayConfig,
+    n_requests: int,
+    prefixgate_args: Sequence[str],
+    out: Path,
+) -> tuple[dict[str, dict[str, Any]], bool]:
+    """Each system's summary (``{"failed": why}`` for one that did not finish), and whether any
+    failed or had errors."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def __init__(
-        self,
-        name: str,
-        systems: Sequence[SystemSpec],
-        sessions: list[TraceSession],
-        fleet: FleetConfig,
-        replay: TraceReplayConfig,
-        n_requests: int,
-        args: argparse.Namespace,
-    ) -> None:
-        self.name = name
-        self.systems = systems
-        self.sessions = sessions
-        self.fleet = fleet
-        self.replay = replay
-        self.n_requests = n_requests
-        self.args = args
+    results: dict[str, dict[str, Any]] = {}
+    failed = False
+    with Progress(
+        TextColumn("{task.description:<48}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[hits]}"),
+    ) as progress:
+        for spec in systems:
+            task = progress.add_task(f"{name}: {spec.name}", total=n_requests, hits="")
+            tally = [0, 0]
 
-    def run(self, prefixgate_args: Sequence[str]) -> tuple[dict[str, dict[str, Any]], bool]:
-        """Each system's summary (``{"failed": why}`` for one that did not finish), and whether any
-        failed or had errors."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            def on_turn(turn: TurnResult, task: Any = task, tally: list[int] = tally) -> None:
+                tally[0] += turn.prompt_tokens
+                tally[1] += turn.cached_tokens
+                hits = f"hit rate {tally[1] / tally[0]:.3f}" if tally[0] else ""
+                progress.update(task, advance=1, hits=hits)
 
-        results: dict[str, dict[str, Any]] = {}
-        failed = False
-        with Progress(
-            TextColumn("{task.description:<48}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[hits]}"),
-        ) as progress:
-            for spec in self.systems:
-                task = progress.add_task(f"{self.name}: {spec.name}", total=self.n_requests, hits="")
-                tally = [0, 0]
+            try:
+                results[spec.name] = run_system(spec, sessions, fleet, replay, out, on_turn, prefixgate_args)
+            except Exception as exc:  # one system failing must not lose the others' results
+                results[spec.name] = {"failed": f"{type(exc).__name__}: {exc}"}
+                failed = True
+            if results[spec.name].get("errors"):
+                failed = True
+            progress.update(task, total=progress.tasks[task].completed)  # stop its clock
+    return results, failed
 
-                def on_turn(turn: TurnResult, task: Any = task, tally: list[int] = tally) -> None:
-                    tally[0] += turn.prompt_tokens
-                    tally[1] += turn.cached_tokens
-                    hits = f"hit rate {tally[1] / tally[0]:.3f}" if tally[0] else ""
-                    progress.update(task, advance=1, hits=hits)
 
-                try:
-                    results[spec.name] = run_system(
-                        spec,
-                        self.sessions,
-                        self.fleet,
-                        self.replay,
-                        self.args.out,
-                        on_turn,
-                        prefixgate_args,
-                        self.args.prefixgate_root,
-                    )
-                except Exception as exc:  # one system failing must not lose the others' results
-                    results[spec.name] = {"failed": f"{type(exc).__name__}: {exc}"}
-                    failed = True
-                if results[spec.name].get("errors"):
-                    failed = True
-                progress.update(task, total=progress.tasks[task].completed)  # stop its clock
-        return results, failed
+def write_cell_plots(name: str, results: dict[str, dict[str, Any]], out: Path) -> None:
+    done = {n: r for n, r in results.items() if "failed" not in r}
+    if not done:
+        return
+    from bench.plots import write_plots
 
-    def plots(self, results: dict[str, dict[str, Any]]) -> None:
-        done = {n: r for n, r in results.items() if "failed" not in r}
-        if not done:
-            return
-        from bench.plots import write_plots
+    bound = next(iter(done.values()))["bound"]
+    paths = write_plots(name, done, bound, out)
+    print("plots: " + ", ".join(str(p) for p in paths))
 
-        bound = next(iter(done.values()))["bound"]
-        paths = write_plots(self.name, done, bound, self.args.out)
-        print("plots: " + ", ".join(str(p) for p in paths))
+
+def run_system(
+    spec: SystemSpec,
+    sessions: list[TraceSession],
+    fleet_config: FleetConfig,
+    replay_config: TraceReplayConfig,
+    out: Path,
+    on_turn: Callable[[TurnResult], None],
+    prefixgate_args: Sequence[str] = (),
+) -> dict[str, Any]:
+    """One system on a fresh fleet: replay, then read the ranks' counters and the proxy's CPU."""
+    from bench.systems import ProcessCpu, SimFleetProcess, system_under_test
+
+    started = time.perf_counter()
+    logs = out / "logs"
+    with SimFleetProcess(fleet_config, log=logs / "sim.log") as fleet:
+        with system_under_test(spec, fleet.urls, logs, prefixgate_args) as running:
+            cpu = ProcessCpu(running.pid)
+            cpu.start()
+            result = asyncio.run(replay_trace(running.url, sessions, replay_config, on_turn))
+            cpu.stop()
+        counters = fleet.metrics()
+    return summarize(result, counters, cpu.seconds, fleet_config, time.perf_counter() - started)
+
+
+def summarize(
+    result: ReplayResult, counters: dict[str, float], cpu_s: float | None, fleet: FleetConfig, run_s: float
+) -> dict[str, Any]:
+    """The replay's summary with the bound, the fleet's counters, the proxy's CPU and every turn."""
+    summary = result.summary()
+    queries = counters["vllm:prefix_cache_queries"]
+    pool = fleet.ranks * fleet.kv_tokens
+    summary.update(
+        {
+            "bound": bound_hit_rate(result),
+            "completed_sessions": result.completed_sessions,
+            "rank_prefix_cache_hit_rate": counters["vllm:prefix_cache_hits"] / queries if queries else 0.0,
+            "preemptions": int(counters["vllm:num_preemptions"]),
+            "rank_counters": counters,
+            "proxy_cpu_s": cpu_s,
+            "proxy_cpu_ms_per_request": cpu_s * 1000 / len(result.turns) if cpu_s and result.turns else None,
+            "working_set_mean_x_pools": (
+                sum(result.working_set) / len(result.working_set) / pool if result.working_set else 0.0
+            ),
+            "working_set_peak_x_pools": max(result.working_set, default=0) / pool,
+            "run_s": run_s,
+            "first_errors": result.errors[:3],
+            "turns": [turn.as_json() for turn in result.turns],
+        }
+    )
+    return summary

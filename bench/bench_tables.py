@@ -1,6 +1,6 @@
 """The tables of a ``prefixgate bench`` scenario: on the terminal (rich) and in Markdown (the docs).
 
-Both read the per-system summaries of ``bench.system_run.summarize`` (a ``failed`` key for a system
+Both read the per-system summaries of ``bench.bench_run.summarize`` (a ``failed`` key for a system
 that did not finish); ``/ RR`` is prefill against the round-robin baseline (``rr_baseline``). The
 columns of ``bench.turn_figures`` (generated tokens/s, TTFT of first and returning turns, seat wait,
 rank queue) read ``-`` in a summary that lacks them (one written before they existed).
@@ -11,6 +11,28 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+#: The columns of ``bench.turn_figures``, after "mean turn".
+NEW_COLUMNS = ("gen tok/s", "TTFT 1st p50/p99", "TTFT ret p50/p99", "seat wait p99", "rank queue p99")
+COLUMNS = (
+    "system",
+    "hit rate",
+    "/ bound",
+    "prefill Mtok",
+    "/ RR",
+    "preempt",
+    "TTFT p50",
+    "TTFT p99",
+    "e2e p50",
+    "e2e p99",
+    "mean turn",
+    *NEW_COLUMNS,
+    "completion",
+    "sessions",
+    "errors",
+    "429s",
+    "CPU ms/req",
+)
+
 
 def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[str]) -> None:
     """One row per system, then the bound and working set, then ``notes``."""
@@ -18,54 +40,15 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
     from rich.table import Table
 
     table = Table(title=f"scenario {scenario}: measured from the ranks' usage and /metrics")
-    for column in (
-        "system",
-        "hit rate",
-        "/ bound",
-        "prefill Mtok",
-        "/ RR",
-        "preempt",
-        "TTFT p50",
-        "TTFT p99",
-        "e2e p50",
-        "e2e p99",
-        "mean turn",
-        *NEW_COLUMNS,
-        "completion",
-        "sessions",
-        "errors",
-        "429s",
-        "CPU ms/req",
-    ):
-        if column == "system":  # the one column that must stay readable when the rest squeeze
-            table.add_column(column, justify="left", no_wrap=True)
-        else:
-            table.add_column(column, justify="right")
+    table.add_column(COLUMNS[0], justify="left", no_wrap=True)  # must stay readable when the rest squeeze
+    for column in COLUMNS[1:]:
+        table.add_column(column, justify="right")
     base = rr_baseline(results)
     for name, r in results.items():
         if "failed" in r:
-            table.add_row(name, *["-"] * (14 + len(NEW_COLUMNS)), r["failed"][:40])
-            continue
-        cpu = r["proxy_cpu_ms_per_request"]
-        table.add_row(
-            name,
-            f"{r['hit_rate']:.3f}",
-            f"{r['hit_rate'] / r['bound']:.3f}" if r["bound"] else "-",
-            f"{r['prefill_tokens'] / 1e6:.2f}",
-            f"{r['prefill_tokens'] / base:.2f}" if base else "-",
-            str(r["preemptions"]),
-            f"{r['ttft_p50_ms']:.0f}ms",
-            f"{r['ttft_p99_ms']:.0f}ms",
-            f"{r['latency_p50_ms']:.0f}ms",
-            f"{r['latency_p99_ms']:.0f}ms",
-            f"{r.get('latency_mean_ms', 0):.0f}ms",
-            *new_cells(r, "ms"),
-            f"{r['wall_s']:.1f}s",
-            str(r["completed_sessions"]),
-            str(r["errors"]),
-            retried(r),
-            f"{cpu:.2f}" if cpu is not None else "-",
-        )
+            table.add_row(name, *["-"] * (len(COLUMNS) - 2), r["failed"][:40])
+        else:
+            table.add_row(name, *row_cells(r, base, "ms", cpu_decimals=2))
     console = Console(width=None if sys.stdout.isatty() else 250)
     console.print(table)
     done = [r for r in results.values() if "failed" not in r]
@@ -79,8 +62,26 @@ def print_table(scenario: str, results: dict[str, dict[str, Any]], notes: list[s
         console.print(f"note: {note}")
 
 
-#: The columns of ``bench.turn_figures``, after "mean turn".
-NEW_COLUMNS = ("gen tok/s", "TTFT 1st p50/p99", "TTFT ret p50/p99", "seat wait p99", "rank queue p99")
+def row_cells(r: dict[str, Any], base: int | None, unit: str, cpu_decimals: int) -> list[str]:
+    """The cells after ``system`` of summary ``r`` (``base``: the ``/ RR`` baseline's prefill;
+    ``unit``: how milliseconds are written, seconds alike)."""
+    cpu = r["proxy_cpu_ms_per_request"]
+    latencies = ("ttft_p50_ms", "ttft_p99_ms", "latency_p50_ms", "latency_p99_ms")
+    return [
+        f"{r['hit_rate']:.3f}",
+        f"{r['hit_rate'] / r['bound']:.3f}" if r["bound"] else "-",
+        f"{r['prefill_tokens'] / 1e6:.2f}",
+        f"{r['prefill_tokens'] / base:.2f}" if base else "-",
+        str(r["preemptions"]),
+        *(f"{r[key]:.0f}{unit}" for key in latencies),
+        f"{r.get('latency_mean_ms', 0):.0f}{unit}",
+        *new_cells(r, unit),
+        f"{r['wall_s']:.1f}{unit.replace('ms', 's')}",
+        str(r["completed_sessions"]),
+        str(r["errors"]),
+        retried(r),
+        f"{cpu:.{cpu_decimals}f}" if cpu is not None else "-",
+    ]
 
 
 def _ms(value: float | None) -> str:
@@ -122,27 +123,10 @@ def rr_baseline(results: dict[str, dict[str, Any]]) -> int | None:
 def markdown_table(results: dict[str, dict[str, Any]]) -> str:
     """The scenario's results as a Markdown table (for docs/benchmarks.md)."""
     base = rr_baseline(results)
-    lines = [
-        "| system | hit rate | / bound | prefill Mtok | prefill / RR | preemptions | TTFT p50 | TTFT p99 "
-        "| e2e p50 | e2e p99 | mean turn | "
-        + " | ".join(NEW_COLUMNS)
-        + " | completion | sessions | errors | 429s | CPU ms/req |",
-        "|---|" + "---:|" * (15 + len(NEW_COLUMNS)),
-    ]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
     for name, r in results.items():
         if "failed" in r:
-            lines.append(f"| {name} | failed: {r['failed'][:60]} |" + " |" * (14 + len(NEW_COLUMNS)))
-            continue
-        cpu = r["proxy_cpu_ms_per_request"]
-        ratio = f"{r['prefill_tokens'] / base:.2f}" if base else "-"
-        lines.append(
-            f"| {name} | {r['hit_rate']:.3f} | {r['hit_rate'] / r['bound']:.3f} | "
-            f"{r['prefill_tokens'] / 1e6:.2f} | {ratio} | {r['preemptions']} | {r['ttft_p50_ms']:.0f} ms | "
-            f"{r['ttft_p99_ms']:.0f} ms | {r['latency_p50_ms']:.0f} ms | {r['latency_p99_ms']:.0f} ms | "
-            f"{r.get('latency_mean_ms', 0):.0f} ms | "
-            + "".join(f"{cell} | " for cell in new_cells(r, " ms"))
-            + f"{r['wall_s']:.1f} s | {r['completed_sessions']} | {r['errors']} | {retried(r)} | "
-            + (f"{cpu:.1f}" if cpu is not None else "-")
-            + " |"
-        )
+            lines.append(f"| {name} | failed: {r['failed'][:60]} |" + " |" * (len(COLUMNS) - 2))
+        else:
+            lines.append(f"| {name} | " + " | ".join(row_cells(r, base, " ms", cpu_decimals=1)) + " |")
     return "\n".join(lines) + "\n"

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.common import OUT_DIR, write_json
+from bench.common import OUT_DIR, positive_count, write_json
 from bench.demo_effects import Effect, effects, run_arm, within_noise
 from bench.demo_rounds import FIGURES, combine, overlapping
 from bench.sim import DEFAULT_KV_TOKENS, SimConfig
@@ -73,9 +73,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale", type=float, default=0.05, help="simulated-time factor of the ranks (default 0.05)"
     )
-    parser.add_argument(
-        "--effects", default="1,2,3", help="which effects to run, comma-separated (default 1,2,3)"
-    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     parser.add_argument(
         "--out",
@@ -85,7 +82,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive_count,
         default=3,
         help="replays of each arm; figures are their medians, with their min-max (default %(default)s)",
     )
@@ -192,10 +189,6 @@ def run(args: argparse.Namespace) -> int:
     # would interleave with the table
     logging.getLogger("prefixgate").setLevel(logging.ERROR)
     sim = replace(SimConfig(), time_scale=args.time_scale)
-    if args.rounds < 1:
-        print("--rounds must be >= 1", file=sys.stderr)
-        return 2
-    chosen = {int(n) for n in args.effects.split(",") if n.strip()}
     print("prefixgate demo: each effect replays one workload on fresh simulated vLLM ranks,")
     print("without and with one part of prefixgate (as the ranks reported it), in")
     if args.rounds > 1:
@@ -205,8 +198,7 @@ def run(args: argparse.Namespace) -> int:
     print(HEADER)
     results = []
     for number, effect in enumerate(effects(args), 1):
-        if number in chosen:
-            results.append(run_effect(number, effect, sim, args.rounds))
+        results.append(run_effect(number, effect, sim, args.rounds))
     print(
         "\nhit rate: prompt tokens the ranks found in their prefix cache, of those sent"
         "\nbound: the same requests on one rank with an unlimited KV pool (the best case)"
@@ -222,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         {"title": e["title"], "arms": {label: _figures(r) for label, r in e["arms"].items()}} for e in results
     ]
     # "results": the routing effect by policy, as the demo's JSON has always had it
-    routing = report[0]["arms"] if report and 1 in chosen else {}
+    routing = report[0]["arms"]
     path = write_json("demo.json", {"args": options, "results": routing, "effects": report}, args.out)
     print(f"wrote {shown(path)}")
     _plots(results, args.out)

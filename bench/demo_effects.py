@@ -12,9 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.agent_shapes import Agents, Shape
-from bench.body_replay import replay_bodies
 from bench.common import percentile
-from bench.replay import ReplayResult, infinite_cache_bound, replay
+from bench.replay import FixedBodies, ReplayResult, infinite_cache_bound, replay
 from bench.sim import SimConfig, start_fleet, stop_fleet
 from bench.workload import agent_sessions
 from proxy.app import create_app
@@ -67,7 +66,7 @@ def effects(args: Any) -> list[Effect]:
         return asyncio.run(replay(url, agent_sessions(sessions, turns, seed=seed), model))
 
     def drift(url: str, model: str) -> ReplayResult:
-        return asyncio.run(replay_bodies(url, drifting, model, "agent"))
+        return asyncio.run(replay(url, [FixedBodies(f"agent-{i}", s) for i, s in enumerate(drifting)], model))
 
     def crowded(url: str, model: str) -> ReplayResult:
         work = agent_sessions(crowd, turns, system_tokens=500, first_turn_tokens=3_000, seed=seed)

@@ -12,16 +12,11 @@ stream read to its end; its process's CPU time (user + system) is read around ea
 Cases: ``small``, a one-line chat answered in 16 streamed tokens; ``100k``, a ~100k-token
 conversation (~250 KB of JSON) sent again by each session (its prefix cached, its body read and
 parsed each time). Prints, per case, each system's median CPU ms per turn and turns/s over the
-rounds.
-
-With ``--clients`` it compares the two HTTP clients instead, on the jobs prefixgate gives its client
-to the ranks: streamed chat turns read to their end, then ``POST /tokenize`` of a ~50 KB chat. Each
-round runs the job once with aiohttp and once with httpx, each in a process of its own, and reads
-that process's CPU time spent on the job (imports excluded); prints the medians and the median of
-the rounds' aiohttp/httpx ratios.
+rounds. (Its ``--clients`` comparison of aiohttp and httpx, behind the choice of aiohttp, was
+deleted after ``deae4c4``.)
 
     python -m bench.http_path [--rounds 9] [--turns 600] [--large-turns 40] [--concurrency 8]
-        [--baseline-root DIR] [--clients]
+        [--baseline-root DIR]
 """
 
 from __future__ import annotations
@@ -29,20 +24,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
 import orjson
-import psutil
+
+from bench.rounds import rotation
+from bench.systems import FleetConfig, ProcessCpu, SimFleetProcess, SystemSpec, system_under_test
+from routing.policies import DEFAULT_POLICY
 
 #: ``prefixgate serve`` with uvicorn's own protocol in place of the guarded one (measurement only).
 PLAIN_PROTOCOL = (
@@ -50,25 +42,6 @@ PLAIN_PROTOCOL = (
     "from proxy.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 CODE = "def function_{i}(x):\n    return x * {i} + helper(x - {i})\n"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_up(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout} s")
 
 
 def chat(content: str, max_tokens: int) -> bytes:
@@ -101,102 +74,6 @@ async def send(url: str, body: bytes, turns: int, sessions: str, concurrency: in
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
 
 
-async def client_job(name: str, url: str, turns: int, concurrency: int) -> None:
-    """``turns`` streamed chat turns, then a tenth as many ``/tokenize`` calls, through ``name``."""
-    turn = chat("hi", 16)
-    tokenize = orjson.dumps(
-        {"messages": [{"role": "user", "content": CODE * 900}], "add_generation_prompt": True}
-    )
-    headers = {"content-type": "application/json"}
-
-    async def drive(job: Callable[[], Awaitable[None]], count: int) -> None:
-        left = count
-
-        async def worker() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                await job()
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-
-    if name == "aiohttp":
-        async with aiohttp.ClientSession(raise_for_status=True) as session:
-
-            async def streamed() -> None:
-                async with session.post(url + "/v1/chat/completions", data=turn, headers=headers) as answer:
-                    async for _ in answer.content.iter_any():
-                        pass
-
-            async def tokens() -> None:
-                async with session.post(url + "/tokenize", data=tokenize, headers=headers) as answer:
-                    orjson.loads(await answer.read())
-
-            await drive(streamed, turns)
-            await drive(tokens, turns // 10)
-        return
-    import httpx
-
-    async def check(answer: httpx.Response) -> None:
-        answer.raise_for_status()
-
-    async with httpx.AsyncClient(trust_env=False, event_hooks={"response": [check]}) as client:
-
-        async def streamed_httpx() -> None:
-            async with client.stream(
-                "POST", url + "/v1/chat/completions", content=turn, headers=headers
-            ) as answer:
-                async for _ in answer.aiter_raw():
-                    pass
-
-        async def tokens_httpx() -> None:
-            orjson.loads((await client.post(url + "/tokenize", content=tokenize, headers=headers)).content)
-
-        await drive(streamed_httpx, turns)
-        await drive(tokens_httpx, turns // 10)
-
-
-def compare_clients(args: argparse.Namespace, sim_url: str, root: str) -> None:
-    cpu: dict[str, list[float]] = {"aiohttp": [], "httpx": []}
-    for round_ in range(args.rounds):
-        for name in ("aiohttp", "httpx") if round_ % 2 == 0 else ("httpx", "aiohttp"):
-            job = [sys.executable, "-m", "bench.http_path", "--client-job", name, "--url", sim_url]
-            job += ["--turns", str(args.turns), "--concurrency", str(args.concurrency)]
-            env = {**os.environ, "PYTHONPATH": root}
-            done = subprocess.run(job, check=True, capture_output=True, text=True, env=env, cwd=root)
-            cpu[name].append(float(done.stdout))
-    ratios = [a / b for a, b in zip(cpu["aiohttp"], cpu["httpx"], strict=True)]
-    print(f"client CPU s for {args.turns} streamed turns and {args.turns // 10} /tokenize calls, ", end="")
-    print(f"concurrency {args.concurrency}, median of {args.rounds} rounds")
-    for name, samples in cpu.items():
-        print(
-            f"  {name:<8} {statistics.median(samples):7.3f} s",
-            f"(min {min(samples):.3f}, max {max(samples):.3f})",
-        )
-    print(f"  aiohttp/httpx {statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
-
-
-@contextlib.contextmanager
-def started(command: list[str], url: str, env: dict[str, str], cwd: str | None) -> Iterator[int]:
-    process = subprocess.Popen(
-        command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_up(url + "/health", process)
-        yield process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -206,59 +83,41 @@ def main() -> None:
     parser.add_argument("--large-turns", type=int, default=40, help="100k turns per system and round")
     parser.add_argument("--concurrency", type=int, default=8, help="turns in flight at once")
     parser.add_argument("--baseline-root", type=Path, help="also run prefixgate from this source tree")
-    parser.add_argument("--clients", action="store_true", help="compare aiohttp and httpx instead")
-    parser.add_argument("--client-job", choices=("aiohttp", "httpx"), help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.client_job:  # one client's job, in this process of its own: prints its CPU seconds
-        start = time.process_time()
-        asyncio.run(client_job(args.client_job, args.url, args.turns, args.concurrency))
-        print(f"{time.process_time() - start:.4f}")
-        return
-    here = str(Path(__file__).resolve().parent.parent)
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config, contextlib.ExitStack() as stack:
-        config.write("tokenization:\n  kind: tiktoken\n")  # the simulated rank's own tokens
-        config.flush()
-        sim_port = free_port()
-        sim_url = f"http://127.0.0.1:{sim_port}"
-        sim = [sys.executable, "-m", "proxy.cli", "sim", "--port", str(sim_port), "--time-scale", "0.1"]
-        stack.enter_context(started(sim, sim_url, {**os.environ, "PYTHONPATH": here}, here))
-        if args.clients:
-            compare_clients(args, sim_url, here)
-            return
-        serve = ["serve", "--backend", sim_url, "--config", config.name, "--log-level", "warning"]
-        commands = {
-            "guarded": ([sys.executable, "-m", "proxy.cli"], here),
-            "plain_protocol": ([sys.executable, "-c", PLAIN_PROTOCOL], here),
-        }
+    with tempfile.TemporaryDirectory() as logs, contextlib.ExitStack() as stack:
+        config = Path(logs) / "tiktoken.yaml"
+        config.write_text("tokenization:\n  kind: tiktoken\n")  # the simulated rank's own tokens
+        sim = stack.enter_context(SimFleetProcess(FleetConfig(ranks=1, time_scale=0.1)))
+        flags = ("--config", str(config))
+        specs = [
+            SystemSpec("guarded", "prefixgate", DEFAULT_POLICY, args=flags),
+            SystemSpec(
+                "plain_protocol", "prefixgate", DEFAULT_POLICY, args=flags, launcher=("-c", PLAIN_PROTOCOL)
+            ),
+        ]
         if args.baseline_root is not None:
-            commands["baseline"] = ([sys.executable, "-m", "proxy.cli"], str(args.baseline_root.resolve()))
-        systems: dict[str, tuple[str, psutil.Process]] = {}
-        for name, (command, root) in commands.items():
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            pid = stack.enter_context(
-                started(
-                    [*command, *serve, "--port", str(port)], url, {**os.environ, "PYTHONPATH": root}, root
-                )
-            )
-            systems[name] = (url, psutil.Process(pid))
+            root = args.baseline_root.resolve()
+            specs.append(SystemSpec("baseline", "prefixgate", DEFAULT_POLICY, args=flags, root=root))
+        systems = {
+            spec.name: stack.enter_context(system_under_test(spec, sim.urls, Path(logs))) for spec in specs
+        }
         work = cases(args)
-        for url, _ in systems.values():  # warm-up: the first turns, the large prompt's prefill
+        for system in systems.values():  # warm-up: the first turns, the large prompt's prefill
             for case, (body, _turns) in work.items():
-                asyncio.run(send(url, body, 2 * args.concurrency, f"warm-{case}", args.concurrency))
+                asyncio.run(send(system.url, body, 2 * args.concurrency, f"warm-{case}", args.concurrency))
         cpu: dict[str, dict[str, list[float]]] = {case: {name: [] for name in systems} for case in work}
         rate: dict[str, dict[str, list[float]]] = {case: {name: [] for name in systems} for case in work}
         names = list(systems)
         for round_ in range(args.rounds):
-            order = names[round_ % len(names) :] + names[: round_ % len(names)]
-            for name in order:
-                url, process = systems[name]
+            for name in rotation(names, round_):
                 for case, (body, turns) in work.items():
-                    before, start = cpu_seconds(process), time.perf_counter()
-                    asyncio.run(send(url, body, turns, f"{case}-r{round_}", args.concurrency))
+                    process, start = ProcessCpu(systems[name].pid), time.perf_counter()
+                    process.start()
+                    asyncio.run(send(systems[name].url, body, turns, f"{case}-r{round_}", args.concurrency))
+                    process.stop()
                     wall = time.perf_counter() - start
-                    cpu[case][name].append((cpu_seconds(process) - before) * 1000 / turns)
+                    assert process.seconds is not None
+                    cpu[case][name].append(process.seconds * 1000 / turns)
                     rate[case][name].append(turns / wall)
     print(
         f"proxy CPU ms per streamed chat turn, median of {args.rounds} rounds",

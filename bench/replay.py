@@ -11,18 +11,16 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from bench.chat_stream import Rejected, StreamOutcome, post_chat_stream, post_with_retries
 from bench.common import median, percentile
+from bench.sim import PromptProcessor
 from bench.traces import BlockText, ChatBuilder, TraceRequest, TraceSession, UnitCacheBound
 from bench.turn_figures import turn_figures
-from bench.workload import Session
 from tokenization.block_hash import BlockHasher
-from tokenization.chatml import render_segments
-from tokenization.encoding import encode
 
 
 @dataclass
@@ -109,22 +107,6 @@ class ReplayResult:
         }
 
 
-async def _turn(
-    http: aiohttp.ClientSession,
-    url: str,
-    session: Session,
-    turn: int,
-    model: str,
-    sent: list[dict[str, Any]],
-    sent_s: float,
-) -> TurnResult:
-    body = session.request(turn, model)
-    sent.append(body)
-    out = await post_chat_stream(http, url, body, session.key)
-    session.answer(out.content)
-    return turn_result(session.key, turn, out, sent_s)
-
-
 def turn_result(
     session: str, turn: int, out: StreamOutcome, sent_s: float, bound_hit_tokens: int = 0
 ) -> TurnResult:
@@ -143,40 +125,73 @@ def turn_result(
     )
 
 
-async def replay(url: str, sessions: Sequence[Session], model: str, time_scale: float = 1.0) -> ReplayResult:
-    """Run synthetic ``sessions`` concurrently against ``url``, each turn after the previous answer."""
+class Conversation(Protocol):
+    """What ``replay`` drives: a key, a number of turns, each turn's body, and the answers back."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def turns(self) -> int: ...
+    def request(self, turn: int, model: str) -> dict[str, Any]: ...
+    def answer(self, content: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class FixedBodies:
+    """A conversation given as every turn's whole body (``bench.agent_shapes``: an agent's drift
+    between requests fixed in advance), streamed with ``max_tokens``; the answers are not sent back."""
+
+    key: str
+    bodies: Sequence[dict[str, Any]]
+    max_tokens: int = 8
+
+    @property
+    def turns(self) -> int:
+        return len(self.bodies)
+
+    def request(self, turn: int, model: str) -> dict[str, Any]:
+        body = {**self.bodies[turn], "model": model, "stream": True, "max_tokens": self.max_tokens}
+        body["stream_options"] = {"include_usage": True}
+        return body
+
+    def answer(self, content: str) -> None:
+        """Nothing to keep: the next body is fixed already."""
+
+
+async def replay(url: str, conversations: Sequence[Conversation], model: str) -> ReplayResult:
+    """Run ``conversations`` concurrently against ``url``, each turn after the previous answer."""
     result = ReplayResult()
     start = time.perf_counter()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
 
-        async def run(session: Session) -> None:
-            for turn in range(len(session.user_turns)):
-                if turn and session.think_time_s:
-                    await asyncio.sleep(session.think_time_s * time_scale)
+        async def run(conversation: Conversation) -> None:
+            for turn in range(conversation.turns):
+                sent_s = time.perf_counter() - start
+                body = conversation.request(turn, model)
+                result.requests.append(body)
                 try:
-                    sent_s = time.perf_counter() - start
-                    result.turns.append(await _turn(http, url, session, turn, model, result.requests, sent_s))
+                    out = await post_chat_stream(http, url, body, conversation.key)
                 except Exception as exc:  # recorded, and the session stops: its history is now unknown
                     result.refused += isinstance(exc, Rejected)
-                    result.errors.append(f"{session.key} turn {turn}: {exc}")
+                    result.errors.append(f"{conversation.key} turn {turn}: {exc}")
                     return
+                conversation.answer(out.content)
+                result.turns.append(turn_result(conversation.key, turn, out, sent_s))
 
-        await asyncio.gather(*(run(s) for s in sessions))
+        await asyncio.gather(*(run(c) for c in conversations))
     result.wall_s = time.perf_counter() - start
     return result
 
 
 def infinite_cache_bound(requests: Sequence[dict[str, Any]], block_size: int) -> float:
     """Hit rate a single rank with an unlimited pool would reach on these requests, in this order."""
-    hasher = BlockHasher(block_size)
+    prompts = PromptProcessor(BlockHasher(block_size))  # as a simulated rank tokenizes and hashes them
     seen: set[bytes] = set()
     prompt_total = 0
     hit_total = 0
     for body in requests:
-        tokens: list[int] = []
-        for segment in render_segments(body["messages"], body.get("tools")):
-            tokens.extend(encode(segment))
-        hashes = hasher.hash_blocks(tokens)
+        prompt = prompts.chat(body["messages"], body.get("tools"))
+        tokens, hashes = prompt.token_ids, prompt.block_hashes
         hittable = (len(tokens) - 1) // block_size
         hits = 0
         for h in hashes[:hittable]:

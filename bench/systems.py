@@ -185,9 +185,12 @@ class SystemSpec:
     peer: PeerSpec | None = None
     #: Extra ``prefixgate serve`` flags of this system (after the run's own ``--prefixgate-args``).
     args: tuple[str, ...] = ()
-    #: The source tree this system's prefixgate runs from (None: the run's ``--prefixgate-root``, or
-    #: this one): another commit's worktree, side by side with this one in the same run.
+    #: The source tree this system's prefixgate runs from (None: this one): another commit's
+    #: worktree, side by side with this one in the same run.
     root: Path | None = None
+    #: How Python starts this system's prefixgate: ``-c CODE`` runs a patched one (the plain
+    #: protocol of ``bench/http_path.py``).
+    launcher: tuple[str, ...] = ("-m", "proxy.cli")
 
 
 #: What a fleet has without prefixgate: requests dealt out in turn by a plain load balancer, no
@@ -224,19 +227,17 @@ def system_under_test(
     rank_urls: Sequence[str],
     log_dir: Path,
     prefixgate_args: Sequence[str] = (),
-    prefixgate_root: Path | None = None,
 ) -> Iterator[RunningSystem]:
     """Start ``spec`` in front of ``rank_urls``; yields its URL and PID; stops it on exit.
 
     Output goes to a log file per system under ``log_dir`` (a pipe nobody reads could fill up and
-    stall the process under test). ``prefixgate_root``: run prefixgate from that source tree (a
-    snapshot) instead of the installed one.
+    stall the process under test).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / log_name(spec.name)
     if spec.kind == "prefixgate":
         args = [*prefixgate_args, *spec.args]
-        with _prefixgate(spec.policy, rank_urls, log, args, spec.root or prefixgate_root) as running:
+        with _prefixgate(spec.policy, rank_urls, log, args, spec.root, spec.launcher) as running:
             yield running
         return
     assert spec.peer is not None
@@ -246,7 +247,12 @@ def system_under_test(
 
 @contextmanager
 def _prefixgate(
-    policy: str, rank_urls: Sequence[str], log: Path, extra: Sequence[str], root: Path | None
+    policy: str,
+    rank_urls: Sequence[str],
+    log: Path,
+    extra: Sequence[str],
+    root: Path | None,
+    launcher: Sequence[str] = ("-m", "proxy.cli"),
 ) -> Iterator[RunningSystem]:
     flags = ["--policy", policy, "--log-level", "warning"]
     for i, url in enumerate(rank_urls):
@@ -256,7 +262,7 @@ def _prefixgate(
     with open(log, "ab") as out:
         for _ in range(START_ATTEMPTS):  # again on another port when the chosen one was taken meanwhile
             port = free_port()
-            args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+            args = [sys.executable, *launcher, "serve", "--host", "127.0.0.1", "--port", str(port)]
             proc = subprocess.Popen(args + flags, stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env)
             up = _came_up(proc, [f"http://127.0.0.1:{port}"])
             if up or proc.poll() != EXIT_CONFIG:  # exit 2 at start: the port in use, or a wrong flag

@@ -123,25 +123,26 @@ class Session:
     system: str
     tools: list[dict[str, Any]]
     user_turns: list[str]
-    think_time_s: float = 0.0
     max_tokens: int = 32
     messages: list[dict[str, Any]] = field(default_factory=list)
 
-    def request(self, turn: int, model: str, stream: bool = True) -> dict[str, Any]:
-        """The chat request of ``turn``; call ``answer`` with the reply before the next turn."""
+    @property
+    def turns(self) -> int:
+        return len(self.user_turns)
+
+    def request(self, turn: int, model: str) -> dict[str, Any]:
+        """The streamed chat request of ``turn``; call ``answer`` with the reply before the next turn."""
         if turn == 0:
             self.messages = [{"role": "system", "content": self.system}]
         self.messages.append({"role": "user", "content": self.user_turns[turn]})
-        body: dict[str, Any] = {
+        return {
             "model": model,
             "messages": list(self.messages),
             "tools": self.tools,
             "max_tokens": self.max_tokens,
-            "stream": stream,
+            "stream": True,
+            "stream_options": {"include_usage": True},
         }
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        return body
 
     def answer(self, content: str) -> None:
         self.messages.append({"role": "assistant", "content": content})

@@ -20,8 +20,8 @@ once (ended, its seat free).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ def claude_edit(root: Path) -> dict[str, Any]:
             ws = clis.Workspace(root / name / "ws")
             ws.git_init()
             fig = _claude_session(dep, ws, 3, edit)
-            out[name] = {**fig.to_dict(), "corrections": dep.metric("prefixgate_index_corrections_total")}
+            out[name] = {**fig.to_dict(), "corrections": dep.corrections()}
             out[name]["identified"] = dep.identified(CLAUDE_HEADER)
             out[name]["ended"] = [dep.end_session(fig.key, CLAUDE_HEADER)]
             out[name]["_figures"] = fig
@@ -66,23 +66,9 @@ def claude_edit(root: Path) -> dict[str, Any]:
 
 
 def _concurrently(jobs: list[Callable[[], object]]) -> list[object]:
-    results: list[object] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = jobs[i]()
-        except BaseException as exc:  # re-raised below, in the caller's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+    """Every job at once, each in a thread; the first job's error (in order) is raised here."""
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(lambda job: job(), jobs))
 
 
 def claude_dirs(root: Path, sessions: int = 3) -> dict[str, Any]:
@@ -115,7 +101,7 @@ def claude_dirs(root: Path, sessions: int = 3) -> dict[str, Any]:
                 "shared_prefix_tokens": common,
                 "system_tools_tokens": head,
                 "covers_system_tools": common >= head > 0,
-                "corrections": dep.metric("prefixgate_index_corrections_total"),
+                "corrections": dep.corrections(),
                 "identified": identified,
                 "ended": [dep.end_session(f.key, CLAUDE_HEADER) for f in measured],
                 "_figures": measured,
@@ -131,7 +117,7 @@ def claude_agents(root: Path) -> dict[str, Any]:
         fig = _claude_session(dep, ws, 1, edit=False)
         return {
             **fig.to_dict(),
-            "corrections": dep.metric("prefixgate_index_corrections_total"),
+            "corrections": dep.corrections(),
             "identified": dep.identified(CLAUDE_HEADER),
             "ended": [dep.end_session(fig.key, CLAUDE_HEADER)],
             "_figures": fig,
@@ -153,7 +139,7 @@ def codex(root: Path) -> dict[str, Any]:
         fig = figures(dep, _only_session(dep))
         return {
             **fig.to_dict(),
-            "corrections": dep.metric("prefixgate_index_corrections_total"),
+            "corrections": dep.corrections(),
             "identified": dep.identified(CODEX_HEADER),
             "ended": [dep.end_session(fig.key, CODEX_HEADER)],
             "_figures": fig,
@@ -174,8 +160,8 @@ def opencode(root: Path) -> dict[str, Any]:
             new = [s["key"] for s in dep.sessions() if s["key"] not in before and s["key"].startswith("ses_")]
             found.append(figures(dep, new[0]))
             if n == 0:
-                learning = dep.metric("prefixgate_index_corrections_total")
-        total = dep.metric("prefixgate_index_corrections_total")
+                learning = dep.corrections()
+        total = dep.corrections()
         identified = dep.identified(OPENCODE_HEADER)
         return {
             "sessions": [f.to_dict() for f in found],

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from bench.common import metric_totals
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
 from proxy.app import create_app
 from proxy.config import load_settings
@@ -100,9 +101,9 @@ class Deployment:
         """The session's answered requests: prompt, reported and estimated cached tokens."""
         return list(self._get(f"/admin/overview/sessions/{key}")["turns_log"])
 
-    def metric(self, name: str) -> float:
-        text = httpx.get(self.url + "/metrics", timeout=30, trust_env=False).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    def corrections(self) -> float:
+        """Index corrections so far (``prefixgate_index_corrections_total``, over its labels)."""
+        return metric_totals(self.url, ["prefixgate_index_corrections"])["prefixgate_index_corrections"]
 
     def requests(self) -> list[dict[str, Any]]:
         """Every request the ranks received (canonicalized by prefixgate), in arrival order."""

@@ -11,15 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import httpx
 import psutil
 
+from bench.common import stop_process, wait_until_up
 from proxy.server import free_port
 
 INSTALL_SCRIPT = Path(__file__).resolve().parent / "install.sh"
@@ -58,16 +57,6 @@ def peers_dir() -> Path:
 def installed(directory: Path | None = None) -> bool:
     directory = directory or peers_dir()
     return (directory / "bin" / "vllm-router").exists() and (directory / "bin" / "python").exists()
-
-
-def install(directory: Path | None = None, timeout: float = 600.0) -> None:
-    """Run ``install.sh`` (idempotent, cached); raises ``RuntimeError`` with pip's output on failure."""
-    directory = directory or peers_dir()
-    proc = subprocess.run(
-        ["bash", str(INSTALL_SCRIPT), str(directory)], capture_output=True, text=True, timeout=timeout
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"installing the peer routers failed:\n{proc.stdout}\n{proc.stderr}")
 
 
 def listening_pid(port: int) -> int | None:
@@ -136,21 +125,13 @@ class PeerRouter:
             stdout=self._log_handle or subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.spec.name} exited with {self.proc.returncode} on start (log: {self.log})"
-                )
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
-                    self.pid = listening_pid(self.port)
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"{self.spec.name} did not answer /v1/models within {timeout}s (log: {self.log})")
+        try:
+            wait_until_up(self.url + "/v1/models", timeout, self.proc)
+        except TimeoutError as exc:
+            self.stop()
+            raise RuntimeError(f"{self.spec.name}: {exc} (log: {self.log})") from exc
+        self.pid = listening_pid(self.port)
+        return self
 
     def stop(self) -> None:
         if self.proc is None:
@@ -160,11 +141,7 @@ class PeerRouter:
         for pid in targets:
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(pid).terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc)
         if self.pid and psutil.pid_exists(self.pid):
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(self.pid).kill()

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from proxy.server import free_port
 
 CACHE_DIR = Path(os.environ.get("PREFIXGATE_CACHE_DIR", Path.home() / ".cache" / "prefixgate"))
 VENV_DIR = Path(os.environ.get("PREFIXGATE_VLLM_VENV", CACHE_DIR / "vllm-venv"))
@@ -40,13 +41,6 @@ START_TIMEOUT_S = 400.0
 def venv_python(venv: Path = VENV_DIR) -> Path:
     """The vLLM virtualenv's interpreter (``bench/real_vllm/install.sh`` creates it)."""
     return venv / "bin" / "python"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ensure_model(model_dir: Path = MODEL_DIR, venv: Path = VENV_DIR) -> Path:
@@ -213,14 +207,14 @@ def start_ranks(
 
 
 def wait_healthy(ranks: Sequence[VllmRank], timeout: float) -> None:
-    """Poll each rank's ``/health`` until 200; raise with the log tail when one dies or time runs out."""
+    """Poll each rank's ``/health`` until 200; raise with the log tail when one dies (a rank started
+    here) or time runs out."""
     deadline = time.monotonic() + timeout
     pending = list(ranks)
     with httpx.Client(trust_env=False, timeout=2.0) as client:
         while pending:
             for rank in list(pending):
-                assert rank.process is not None
-                if rank.process.poll() is not None:
+                if rank.process is not None and rank.process.poll() is not None:
                     raise RuntimeError(f"{rank.name} exited ({rank.process.returncode}):\n{rank.log_tail()}")
                 try:
                     if client.get(f"{rank.url}/health").status_code == 200:
@@ -253,8 +247,8 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-#: Set to a state file written by ``main --state``: tests and the report then use those running
-#: ranks instead of starting their own (saves a minute per run while developing).
+#: Set to a state file written by ``main --state``: the tests then use those running ranks instead
+#: of starting their own (saves a minute per run while developing).
 ATTACH_ENV = "PREFIXGATE_VLLM_RANKS"
 
 
@@ -281,24 +275,8 @@ def attach_ranks(path: Path) -> list[VllmRank]:
         VllmRank(r["name"], r["port"], Path(r["kv_socket"]), r["replay_port"], r["cpu"], Path(r["log_path"]))
         for r in rows
     ]
-    wait_healthy_urls(ranks, 10.0)
+    wait_healthy(ranks, 10.0)
     return ranks
-
-
-def wait_healthy_urls(ranks: Sequence[VllmRank], timeout: float) -> None:
-    """Raise unless every rank answers ``/health`` within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    with httpx.Client(trust_env=False, timeout=2.0) as client:
-        for rank in ranks:
-            while True:
-                try:
-                    if client.get(f"{rank.url}/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{rank.name} at {rank.url} is not healthy")
-                time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
             signal.pause()
     finally:
         stop_ranks(ranks)
-    return 0
 
 
 if __name__ == "__main__":

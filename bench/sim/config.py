@@ -128,7 +128,6 @@ class SimConfig:
     kv_events_topic: str = "kv"
     kv_events_port: int = 0
     kv_replay_port: int = 0
-    kv_events_buffer_steps: int = 10_000
     data_parallel_rank: int = 0
     enable_prompt_tokens_details: bool = True
     force_include_usage: bool = False

@@ -35,7 +35,6 @@ class SimRank:
                 topic=config.kv_events_topic,
                 version=config.kv_events_version,
                 data_parallel_rank=config.data_parallel_rank,
-                buffer_steps=config.kv_events_buffer_steps,
             )
         self.engine = Engine(config, self.publisher.publish if self.publisher else None)
         self.pool = self.engine.pool

@@ -75,13 +75,9 @@ class Counters:
     #: CPU tier: turns moved off the rank keeping their session's blocks in CPU memory.
     passed_over_cpu_tier: int = 0
     num_preemptions: int = 0
-    requests_admitted: int = 0
     requests_finished: int = 0
-    requests_aborted: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    steps: int = 0
-    busy_model_s: float = 0.0
 
 
 class Engine:
@@ -109,7 +105,6 @@ class Engine:
         self.running: list[SimRequest] = []
         self.counters = Counters()
         self.latencies = RequestLatencies()
-        self._ids = itertools.count()
         self._wakeup = asyncio.Event()
         self._stopping = False
 
@@ -144,11 +139,9 @@ class Engine:
                 f"the request needs {needed} KV blocks, the pool has {self.pool.usable_blocks}"
             )
         out: OutQueue = asyncio.Queue()
-        rid = f"{next(self._ids)}"
         now = time.monotonic()
         reqs = [
             SimRequest(
-                request_id=f"{rid}-{i}",
                 index=i,
                 # Each sequence appends its own output: own copies of the token and hash lists.
                 all_token_ids=list(prompt.token_ids),
@@ -178,7 +171,6 @@ class Engine:
                 self.waiting.remove(req)
             self._free(req)
             req.status = Status.ABORTED
-            self.counters.requests_aborted += 1
         self._flush_events()
 
     def reset_prefix_cache(self) -> bool:
@@ -318,7 +310,6 @@ class Engine:
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = num_hit_tokens
                     req.scheduled_at = time.monotonic()
-                    self.counters.requests_admitted += 1
                 req.num_computed_tokens += num_hit_tokens
                 req.status = Status.RUNNING
                 running.append(req)
@@ -432,9 +423,7 @@ class Engine:
                 await self._wakeup.wait()
                 continue
             dt = self.step_time(plan)
-            self.counters.busy_model_s += dt
             self.counters.cpu_load_s += self.load_time(plan)
-            self.counters.steps += 1
             delay = t0 + dt * scale - loop.time()
             await asyncio.sleep(delay if delay > 0 else 0)
             self.update(plan)

@@ -42,7 +42,6 @@ class Status(Enum):
 class SimRequest:
     """One sequence in the engine (a request with ``n > 1`` is ``n`` of them, like in vLLM)."""
 
-    request_id: str
     index: int
     all_token_ids: list[int]
     block_hashes: list[BlockHash]

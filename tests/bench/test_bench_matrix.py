@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from bench.bench_cmd import SCALED, configure_parser, select_systems
+from bench.bench_cmd import configure_parser, select_systems
 from bench.bench_presets import PRESSURES, SPEEDS, prefill_rate, resolve, scenario_fleet
 from bench.pressure import mean_working_set, pool_for
 from bench.traces import TraceRequest, TraceSession
@@ -52,8 +52,9 @@ def test_presets_run_every_speed_and_pressure() -> None:
 def test_prefixgate_runs_at_its_defaults_with_other_settings_beside_it_on_request() -> None:
     systems, _ = select_systems(parse("--no-peers", "--systems", "prefixgate:prefix_affinity"))
     assert [(s.name, s.args) for s in systems] == [(PREFIXGATE, ())]
-    scaled, _ = select_systems(parse("--no-peers", "--scaled-clocks", "--systems", "prefixgate:scaled"))
-    assert scaled[0].name == SCALED and "--session-idle-ttl" in scaled[0].args
+    clocks = "prefixgate:prefix_affinity:--session-idle-ttl 1.5 --admission-wait 0.5"
+    scaled, _ = select_systems(parse("--no-peers", "--systems", clocks))
+    assert scaled[0].args == ("--session-idle-ttl", "1.5", "--admission-wait", "0.5")
     flags, _ = select_systems(parse("--no-peers", "--systems", "prefixgate:prefix_affinity:--no-admission"))
     assert flags[0].policy == "prefix_affinity" and flags[0].args == ("--no-admission",)
 

@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.real_vllm.session import path_tool
 from bench.sim import SimConfig, SimRankServer
 from proxy.gateway import Gateway
 from proxy.server import ServerThread
 from tests.helpers.gateway import gateway_app
 from tests.helpers.ranks import RankServers
+from tests.helpers.real_vllm import path_tool
 
 SIM = replace(SimConfig(), time_scale=0.001, kv_tokens=65_536)
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from bench.real_vllm.ranks import VllmRank
-from bench.real_vllm.session import agent_turns, chat
 from proxy.server import ServerThread
+from tests.helpers.real_vllm import agent_turns, chat
 from tokenization.config import TokenizerConfig
 from tokenization.discover import Discovery, discover
 

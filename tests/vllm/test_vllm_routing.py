@@ -9,8 +9,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from bench.real_vllm.session import SimpleMirror, TurnResult, agent_turns, chat, hit_tokens
 from proxy.server import ServerThread
+from tests.helpers.real_vllm import SimpleMirror, TurnResult, agent_turns, chat, hit_tokens
 from tokenization.base import ChatPrompt
 from tokenization.block_hash import BlockHasher
 from tokenization.hf_tokenizer import HfTokenizer

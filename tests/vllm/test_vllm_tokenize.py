@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from bench.real_vllm.ranks import SERVED_MODEL, VllmRank
-from bench.real_vllm.session import TOOLS
+from tests.helpers.real_vllm import TOOLS
 from tokenization.base import ChatPrompt
 from tokenization.hf_tokenizer import HfTokenizer
 

@@ -1,6 +1,6 @@
 """Workloads and probes for the real-vLLM tier: agent-like sessions, a KV-event tap, a simple mirror.
 
-Shared by ``tests/vllm`` and the ``bench/real_vllm`` reports. Everything here talks to loopback only.
+Used by ``tests/vllm`` (and ``tests/explain`` for its tools). Everything here talks to loopback only.
 """
 
 from __future__ import annotations
@@ -14,22 +14,7 @@ import httpx
 import msgspec
 import zmq
 
-from bench.real_vllm.ranks import HASH_SEED, SERVED_MODEL, VllmRank
-from proxy.config import Settings, load_settings
-
-
-def gateway_settings(ranks: Sequence[VllmRank], model_dir: Any, *, kv_events: bool) -> Settings:
-    """prefixgate's settings in front of ``ranks`` for the reports: ``prefix_affinity`` with ``hf``
-    tokenization of the model in ``model_dir``, the ranks' hash seed, and (``kv_events``) their
-    KV-event and replay endpoints."""
-    flags: dict[str, Any] = {
-        "policy": "prefix_affinity",
-        "health_interval": 1.0,
-        "tokenization": {"kind": "hf", "path": str(model_dir), "hash_seed": HASH_SEED},
-    }
-    if kv_events:
-        flags["kv_events"] = ",".join(f"{r.name}={r.kv_endpoint}|{r.replay_endpoint}" for r in ranks)
-    return load_settings(flags=flags, backend_specs=[f"{r.name}={r.url}" for r in ranks], environ={})
+from bench.real_vllm.ranks import SERVED_MODEL
 
 
 def path_tool(name: str, description: str, path_description: str | None = None) -> dict[str, Any]:
@@ -176,7 +161,6 @@ class KVTap:
         self.endpoint = endpoint
         self.stored: list[StoredBlocks] = []
         self.removed: list[int] = []
-        self.batches = 0
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -209,7 +193,6 @@ class KVTap:
                 # [topic, seq, payload]; payload = msgpack [ts, events, dp_rank]
                 batch = msgspec.msgpack.decode(frames[-1])
                 with self._changed:
-                    self.batches += 1
                     for event in batch[1]:
                         self._add(event)
                     self._changed.notify_all()
