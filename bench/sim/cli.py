@@ -12,6 +12,7 @@ from dataclasses import replace
 from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, FaultConfig, SimConfig
 from bench.sim.runner import SimRankServer, start_fleet, stop_fleet
 from proxy.server import tune_collector
+from tokenization.block_hash import HashAlgo
 
 _D = SimConfig()
 DEFAULT_SIM_PORT = 8001
@@ -43,6 +44,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--name", default=None, help="rank name (single rank; default sim-0, fleets use sim-0..)")
     _opt(g, "--model", str, DEFAULT_MODEL, "served model name")
+    _opt(g, "--keep-alive", float, _D.keep_alive_s, "seconds an idle HTTP connection stays open (uvicorn's)")
     g = parser.add_argument_group("KV cache")
     _opt(g, "--block-size", int, _D.block_size, "tokens per KV block")
     _opt(g, "--kv-tokens", int, DEFAULT_KV_TOKENS, "KV pool size in tokens")
@@ -67,18 +69,56 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--time-scale like every modelled time); 0 = loading takes no time",
     )
     g.add_argument(
+        "--hash-algo",
+        choices=[a.value for a in HashAlgo],
+        default=_D.hash_algo,
+        help="block hash (default %(default)s)",
+    )
+    g.add_argument(
         "--hash-seed",
         default=None,
         help="NONE_HASH seed (default: PYTHONHASHSEED, else vLLM's 'vllm-none-hash')",
     )
     g = parser.add_argument_group("scheduling and timing")
     _opt(g, "--max-num-seqs", int, _D.max_num_seqs, "running sequences")
+    _opt(g, "--max-num-batched-tokens", int, _D.max_num_batched_tokens, "tokens per step")
     _opt(g, "--max-model-len", int, _D.max_model_len, "context length")
     _opt(g, "--time-scale", float, _D.time_scale, "multiplies every modelled duration")
     _opt(g, "--prefill-rate", float, _D.prefill_rate, "prefill tokens/s")
+    _opt(g, "--decode-base-ms", float, _D.decode_base_s * 1e3, "decode step ms")
+    _opt(g, "--decode-per-seq-ms", float, _D.decode_per_seq_s * 1e3, "ms per running seq")
+    _opt(
+        g,
+        "--decode-per-context-token-ns",
+        float,
+        _D.decode_per_context_token_s * 1e9,
+        "ns per context token in a decode step",
+    )
     _opt(g, "--max-tokens", int, _D.default_max_tokens, "default max_tokens")
     g = parser.add_argument_group("reporting")
     g.add_argument("--kv-events", action="store_true", help="publish KV cache events over ZMQ")
+    g.add_argument(
+        "--kv-events-version",
+        choices=["0.33", "0.11"],
+        default="0.33",
+        help="payload shape (default %(default)s)",
+    )
+    g.add_argument(
+        "--kv-events-port", type=int, default=0, help="PUB port; 0 = free port; fleets add the index"
+    )
+    g.add_argument(
+        "--kv-replay-port",
+        type=int,
+        default=0,
+        help="replay ROUTER port; 0 = free port; fleets add the index",
+    )
+    g.add_argument("--kv-events-topic", default="kv", help="ZMQ topic (default %(default)s)")
+    g.add_argument(
+        "--no-prompt-tokens-details",
+        action="store_true",
+        help="omit usage.prompt_tokens_details (vLLM without --enable-prompt-tokens-details)",
+    )
+    g.add_argument("--force-include-usage", action="store_true", help="usage chunk in every stream")
     g.add_argument(
         "--record",
         default=None,
@@ -105,9 +145,24 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="scripted-tool mode: a conversation offering a sub-agent tool (Agent, task) calls it once first",
     )
-    g = parser.add_argument_group("faults (the others are set at run time: POST /sim/faults)")
+    g = parser.add_argument_group("faults (also settable at run time: POST /sim/faults)")
+    g.add_argument(
+        "--fault-latency", type=float, default=0.0, help="seconds added before each inference request"
+    )
     g.add_argument(
         "--fault-error-rate", type=float, default=0.0, help="fraction of requests answered HTTP 500"
+    )
+    g.add_argument("--fault-die-after-chunks", type=int, default=None, help="drop streams after N SSE chunks")
+    g.add_argument("--fault-refuse", action="store_true", help="start refusing connections")
+    g.add_argument(
+        "--fault-refuse-for",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --fault-refuse: listen again after this many seconds (default: refuse until stopped)",
+    )
+    g.add_argument(
+        "--fault-malformed-sse", action="store_true", help="emit a malformed SSE line in each stream"
     )
 
 
@@ -125,17 +180,35 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         cpu_tier_tokens=args.cpu_tier_tokens,
         cpu_load_rate=args.cpu_load_rate,
         max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        hash_algo=args.hash_algo,
         hash_seed=args.hash_seed,
         time_scale=args.time_scale,
         prefill_rate=args.prefill_rate,
+        decode_base_s=args.decode_base_ms / 1e3,
+        decode_per_seq_s=args.decode_per_seq_ms / 1e3,
+        decode_per_context_token_s=args.decode_per_context_token_ns / 1e9,
         default_max_tokens=args.max_tokens,
         kv_events=args.kv_events,
+        kv_events_version=args.kv_events_version,
+        kv_events_topic=args.kv_events_topic,
+        kv_events_port=args.kv_events_port,
+        kv_replay_port=args.kv_replay_port,
+        enable_prompt_tokens_details=not args.no_prompt_tokens_details,
+        force_include_usage=args.force_include_usage,
+        keep_alive_s=args.keep_alive,
         scripted_tool_calls=args.scripted_tools,
         scripted_subagents=args.scripted_subagents,
         record_path=args.record,
         report_timing=args.report_timing,
-        faults=FaultConfig(error_rate=args.fault_error_rate),
+        faults=FaultConfig(
+            latency_s=args.fault_latency,
+            error_rate=args.fault_error_rate,
+            die_after_chunks=args.fault_die_after_chunks,
+            refuse_connections=False,  # applied after start: the rank must bind its port first
+            malformed_sse=args.fault_malformed_sse,
+        ),
     )
 
 
@@ -158,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for s in servers:
+            if args.fault_refuse:
+                s.set_faults(refuse_connections=True, refuse_for_s=args.fault_refuse_for)
             info = {
                 "name": s.name,
                 "url": s.url,
