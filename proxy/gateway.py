@@ -38,7 +38,6 @@ from proxy.stages.threads import Threads
 from proxy.state.backends import StateBackend, open_state
 from proxy.state.index_namespace import IndexNamespace
 from proxy.state.kv_feeds import KVFeeds, wait_caught_up
-from proxy.state.load_share import LoadShare, LocalShare, share_interval
 from proxy.state.local import SessionLocal, SessionLocals
 from proxy.state.sessions import Session, SessionTable
 from routing.health import HealthChecker
@@ -90,7 +89,6 @@ class Gateway:
         self.pipeline: Pipeline | None = None
         self.kv: KVFeeds | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._load_share: LoadShare | None = None
         self.health: HealthChecker | None = None
         self.facts: FactBook | None = None
         self.tokenizer: FleetTokenizer | None = None
@@ -209,10 +207,6 @@ class Gateway:
             ),
             asyncio.create_task(self.loop_lag.run()),
         ]
-        share = self.state.load_share()
-        if not isinstance(share, LocalShare):  # a lone process has no other replica's load to read
-            self._load_share = share
-            self._tasks.append(asyncio.create_task(self._share_load(share, router)))
         for rank in self.fleet:
             state = "healthy" if rank.healthy else f"DOWN ({rank.last_error})"
             log.info("rank %s at %s: %s", rank.name, rank.url, state)
@@ -260,8 +254,6 @@ class Gateway:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._load_share is not None:  # its load stops counting at once, not when stale
-            await asyncio.to_thread(self._load_share.leave)
         if self.health is not None:
             self.health.close()
         for client in (self.client, self._fresh_client):
@@ -299,15 +291,6 @@ class Gateway:
             log.info("redis is reachable again: prefix index resynchronized")
         else:
             log.warning("redis unreachable: routing from the local mirror until it returns")
-
-    async def _share_load(self, share: LoadShare, router: Router) -> None:
-        """This replica's load on the ranks out and the other replicas' in, every ``share_interval``
-        (off the event loop: a round trip to Redis)."""
-        while True:
-            own = router.own_load()
-            others = await asyncio.to_thread(share.exchange, own)
-            router.share_load(others)
-            await asyncio.sleep(share_interval(own, others))
 
     async def _refresh_admission(self, admission: Admission) -> None:
         """Apply what time changes to admission's accounting (sessions idling out, reservations

@@ -28,9 +28,6 @@ class Rank:
     healthy: bool = True
     #: Requests this process sent to the rank and not answered yet.
     in_flight: int = 0
-    #: Requests the other replicas sent and had not answered at their last exchange
-    #: (``proxy/state/load_share.py``; 0 for a lone process).
-    others_in_flight: int = 0
     last_error: str | None = None
     last_checked: float | None = None
     models: list[str] = field(default_factory=list)
@@ -44,11 +41,6 @@ class Rank:
     cpu_tier_tokens: int | None = None
     #: When the rank last went down (None while it is up).
     down_since: float | None = None
-
-    @property
-    def load(self) -> int:
-        """Requests in flight on the rank from every replica: what load-bounded routing weighs."""
-        return self.in_flight + self.others_in_flight
 
     def learned_cpu_tier(self, tokens: int) -> None:
         """The rank's CPU tier held ``tokens`` when it evicted: its size is at least that."""
@@ -91,7 +83,6 @@ class Rank:
             "url": self.url,
             "healthy": self.healthy,
             "in_flight": self.in_flight,
-            "others_in_flight": self.others_in_flight,
             "pool_tokens": self.pool_tokens,
             "block_size": self.block_size,
             "max_model_len": self.max_model_len,

@@ -31,7 +31,7 @@ def move_reason(
     home = admitted.home if admitted is not None else None
     return (
         f"{'saturated' if home == old else 'over the load bound'} (in flight "
-        f"{', '.join(f'{r.name}={r.load}' for r in candidates)}; prompt tokens in flight "
+        f"{', '.join(f'{r.name}={r.in_flight}' for r in candidates)}; prompt tokens in flight "
         f"on {old} {inflight_tokens.get(old, 0)}; prefill queued on {old} "
         f"{queued.get(old, 0)}, on {new} {queued.get(new, 0) - prefill}; "
         f"this request's there {prefill})"

@@ -26,7 +26,6 @@ from proxy.context import Outcome, RequestContext, RoutePlan
 from proxy.ops.metrics import Metrics
 from proxy.stages.move_reason import move_reason
 from proxy.stages.pin import Pins
-from proxy.state.load_share import Load
 from proxy.unavailable import no_rank
 from routing.index import Lookup, PrefixIndex
 from routing.index.inflight import InFlightBlocks
@@ -79,9 +78,6 @@ class Router:
         #: Prefill tokens routed to each rank and not prefilled yet (a stream's first token, or the
         #: end of a whole answer).
         self.queued_prefill: dict[str, int] = {r.name: 0 for r in fleet}
-        #: The other replicas' queued prefill per rank, as of their last exchange
-        #: (``proxy/state/load_share.py``; empty for a lone process).
-        self.others_queued: dict[str, int] = {}
         #: Prompt tokens routed to each rank and not answered yet (KV its running requests hold).
         self.inflight_tokens: dict[str, int] = {r.name: 0 for r in fleet}
         #: Blocks routed to the exact ranks whose KV events have not come yet.
@@ -145,7 +141,7 @@ class Router:
             found.matches,
             found.session_rank,
             self.block_size,
-            self.fleet_queued(),
+            self.queued_prefill,
             admitted.home if admitted is not None else None,
             self.inflight_tokens,
             blocks.head()[1] if blocks is not None else 0,
@@ -191,28 +187,9 @@ class Router:
         return self._lookup(block_hashes, None).matches
 
     def queued(self, rank: str) -> int:
-        """Prefill tokens routed to ``rank`` by every replica and not prefilled yet (a read, for
+        """Prefill tokens this process routed to ``rank`` and not prefilled yet (a read, for
         admission)."""
-        return self.queued_prefill.get(rank, 0) + self.others_queued.get(rank, 0)
-
-    def fleet_queued(self) -> Mapping[str, int]:
-        """Prefill tokens queued on each rank by every replica: this one's live, the others' as of
-        their last exchange (a read)."""
-        others = self.others_queued
-        if not others:
-            return self.queued_prefill
-        own = self.queued_prefill
-        return {rank: own.get(rank, 0) + others.get(rank, 0) for rank in own.keys() | others.keys()}
-
-    def own_load(self) -> Load:
-        """What this replica has outstanding on each rank (a copy: read off the event loop)."""
-        return Load(dict(self.queued_prefill), {rank.name: rank.in_flight for rank in self.fleet})
-
-    def share_load(self, others: Load) -> None:
-        """The other replicas' load on each rank, from their last exchange."""
-        self.others_queued = dict(others.prefill)
-        for rank in self.fleet:
-            rank.others_in_flight = others.requests.get(rank.name, 0)
+        return self.queued_prefill.get(rank, 0)
 
     def placed(self, ctx: RequestContext, rank: Rank) -> None:
         """Forwarding reached ``rank``: when a retry landed away from the charged rank, move the
@@ -371,7 +348,7 @@ class Router:
             return
         admitted = ctx.admitted
         reason = why or move_reason(
-            admitted, self.fleet.healthy(), old, new, prefill, self.fleet_queued(), self.inflight_tokens
+            admitted, self.fleet.healthy(), old, new, prefill, self.queued_prefill, self.inflight_tokens
         )
         session = admitted.session if admitted is not None else None
         turns = session.turns if session is not None else 0  # admission counts this request already
@@ -379,4 +356,4 @@ class Router:
 
     def stats(self) -> dict[str, object]:
         """The index's stats and the prefill queued per rank."""
-        return {"index": self.index.stats(), "queued_prefill": dict(self.fleet_queued())}
+        return {"index": self.index.stats(), "queued_prefill": dict(self.queued_prefill)}

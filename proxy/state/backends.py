@@ -1,8 +1,9 @@
 """The state backend: where the state that decides placement lives, chosen once per process.
 
-A backend serves the session table's store, the prefix index, the response id -> rank map,
-admission's claims on room, and the load every replica puts on each rank
-(``StateBackend``). ``memory`` keeps them in this process; ``redis`` shares them between replicas.
+A backend serves the session table's store, the prefix index, the response id -> rank map and
+admission's claims on room (``StateBackend``). ``memory`` keeps them in this process; ``redis``
+shares them between replicas. The load each replica puts on each rank is not shared: each routes on
+its own counts (``docs/investigations.md``: two replicas finished sooner without sharing them).
 A new backend is one new module plus one line in ``BACKENDS``.
 """
 
@@ -13,7 +14,6 @@ from typing import Protocol
 
 from proxy.config import ConfigError, Settings
 from proxy.state.claims import RoomClaims
-from proxy.state.load_share import LoadShare
 from proxy.state.memory import MemoryState
 from proxy.state.redis.backend import RedisState
 from proxy.state.responses import ResponseRanks
@@ -33,11 +33,6 @@ class StateBackend(Protocol):
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         """Where admission takes room (``on_state(shared)``: told when a shared ledger becomes
         unreachable, so that each replica admits on its own count, and back)."""
-        ...
-
-    def load_share(self) -> LoadShare:
-        """Where replicas tell each other the load they put on each rank (prefill queued, requests
-        in flight)."""
         ...
 
     def prefix_index(

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.state.claims import LocalClaims, RoomClaims
-from proxy.state.load_share import LoadShare, LocalShare
 from proxy.state.responses import MemoryResponseRanks, ResponseRanks
 from proxy.state.sessions import DEFAULT_MAX_SESSIONS, MAX_BREAKS, MAX_SAVE_LAG_S, Session, SessionStore
 from routing.index import PrefixIndex
@@ -77,9 +76,6 @@ class MemoryState:
 
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         return LocalClaims()
-
-    def load_share(self) -> LoadShare:
-        return LocalShare()
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]

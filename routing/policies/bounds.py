@@ -26,12 +26,12 @@ MIN_BOUND = 2
 
 def load_bound(candidates: Sequence[Rank], factor: float) -> int:
     """CHWBL's bound: the most requests in flight a rank may have and still take one more."""
-    total = sum(r.load for r in candidates)
+    total = sum(r.in_flight for r in candidates)
     return max(MIN_BOUND, math.ceil(factor * (total + 1) / len(candidates)))
 
 
 def within_bound(rank: Rank, bound: int) -> bool:
-    return rank.load + 1 <= bound
+    return rank.in_flight + 1 <= bound
 
 
 def prompt_size(prompt_tokens: int | None, full_blocks: int, block_size: int) -> int:

@@ -30,4 +30,4 @@ class LeastLoaded:
         start = self._turn % n
         self._turn += 1
         rotation = [candidates[(start + k) % n] for k in range(n)]
-        return sorted(rotation, key=lambda r: (r.load, queued.get(r.name, 0)))
+        return sorted(rotation, key=lambda r: (r.in_flight, queued.get(r.name, 0)))

@@ -103,7 +103,7 @@ class PrefixAffinity:
             held = matched.get(r.name, 0)
             hit = tier_weighed_hit(min(held, cap), held, offloaded.get(r.name, 0), size, costs.get(r.name))
             score = placement_score(hit, head, prompt, queued.get(r.name, 0), weights[r.name])
-            return (score, -r.load, rendezvous_order(key, r))
+            return (score, -r.in_flight, rendezvous_order(key, r))
 
         scores = {r.name: rank_key(r) for r in candidates}
 

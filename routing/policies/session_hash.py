@@ -56,7 +56,7 @@ class SessionHash:
             self._anonymous += 1
             n = len(candidates)
             rotation = [candidates[(self._anonymous + k) % n] for k in range(n)]
-            return sorted(rotation, key=lambda r: r.load)
+            return sorted(rotation, key=lambda r: r.in_flight)
         bound = load_bound(candidates, self.balance_factor)
         by_name = {r.name: r for r in candidates}
         # The ring covers every candidate; it is rebuilt only when the healthy set changes.
@@ -75,5 +75,5 @@ class SessionHash:
                 clockwise.append(rank)
             if len(seen) == len(by_name):
                 break
-        over = sorted((r for r in candidates if not within_bound(r, bound)), key=lambda r: r.load)
+        over = sorted((r for r in candidates if not within_bound(r, bound)), key=lambda r: r.in_flight)
         return clockwise + over

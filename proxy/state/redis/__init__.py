@@ -8,7 +8,6 @@ of them.
 - ``claims.py``: admission's claims on room, and the channel that says room freed;
 - ``index.py``, ``index_scripts.py`` and ``index_namespace.py``: the shared prefix index, its Lua
   scripts, and the namespace the replicas agree on;
-- ``load_share.py``: the load each replica puts on each rank;
 - ``responses.py``: response id -> rank;
 - ``embedded.py``: the Redis server ``serve --workers`` starts without ``--redis-url``;
 - ``check.py``: why Redis refused a connection (a wrong password, a TLS mismatch), said at start.

@@ -1,7 +1,7 @@
 """The ``redis`` state backend: every store that decides placement on one Redis, behind one link.
 
 The session table is ``sessions.py`` (whose docstring tells how the stores fail over to their
-mirrors and push them back); the claims, the load share, the response map and the prefix index are
+mirrors and push them back); the claims, the response map and the prefix index are
 their own modules.
 """
 
@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from proxy.state.claims import RoomClaims
-from proxy.state.load_share import LoadShare
 from proxy.state.redis.claims import RedisClaims
 from proxy.state.redis.index import RedisPrefixIndex
 from proxy.state.redis.index_namespace import NAMESPACE_KEY, agree
 from proxy.state.redis.link import RedisLink, fail_fast_client
-from proxy.state.redis.load_share import RedisShare
 from proxy.state.redis.responses import RedisResponseRanks
 from proxy.state.redis.sessions import RedisSessionStore
 from proxy.state.responses import ResponseRanks
@@ -47,9 +45,6 @@ class RedisState:
 
     def claims(self, on_state: Callable[[bool], None]) -> RoomClaims:
         return RedisClaims(self.link, on_state=on_state)
-
-    def load_share(self) -> LoadShare:
-        return RedisShare(self.link)
 
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]
