@@ -11,6 +11,7 @@ from tests.helpers.balancer import Balancer
 from tests.helpers.gateway import Gateways
 from tests.helpers.ranks import RankServers
 from tests.helpers.redis_server import RedisServer
+from tests.helpers.wait import wait_until
 
 
 def answered(url: str) -> int:
@@ -49,5 +50,10 @@ def a_session_dealt_across_replicas_keeps_one_rank(
             history.append(answer.json()["choices"][0]["message"])
         assert [answered(r.url) for r in replicas] == [4, 4]  # dealt in turn
         assert len(placed) == 1  # yet one rank served the whole session
-        for replica in replicas:  # and every replica sees the same record
-            assert httpx.get(replica.url + "/admin/sessions/lb-1").json()["turns"] == 8
+        for replica in replicas:  # and every replica sees the same record, once the last save
+            # behind has landed (proxy/state/redis/sessions.py: a queue's wait after the answer)
+            record = replica.url + "/admin/sessions/lb-1"
+            wait_until(
+                lambda record=record: httpx.get(record).json()["turns"] == 8,
+                lambda record=record: f"{record}: {httpx.get(record).json()['turns']} turns",
+            )
