@@ -95,8 +95,27 @@ def run_system(
             cpu.start()
             result = asyncio.run(replay_trace(running.url, sessions, replay_config, on_turn))
             cpu.stop()
+            moves = session_moves(running.url) if spec.kind == "prefixgate" else None
         counters = fleet.metrics()
-    return summarize(result, counters, cpu.seconds, fleet_config, time.perf_counter() - started)
+    summary = summarize(result, counters, cpu.seconds, fleet_config, time.perf_counter() - started)
+    summary["session_moves"] = moves
+    return summary
+
+
+def session_moves(url: str) -> dict[str, float] | None:
+    """prefixgate's count of known sessions routed off their rank, by what that rank held of the
+    prompt (``prefixgate_session_moves_total{held}``); None from a build without the metric."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        if family.name == "prefixgate_session_moves":
+            moves = dict.fromkeys(("gpu", "cpu", "none"), 0.0)
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    moves[sample.labels["held"]] = sample.value
+            return moves
+    return None
 
 
 def summarize(

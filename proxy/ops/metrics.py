@@ -120,6 +120,14 @@ class Metrics:
             ("backend",),
             registry=r,
         )
+        self.session_moves = Counter(
+            "prefixgate_session_moves",
+            "Known sessions routed off their rank, by what that rank held of the prompt's leading "
+            "blocks: gpu (some in its GPU pool), cpu (only in its CPU tier), none (each move "
+            "recomputes what the rank left held)",
+            ("held",),
+            registry=r,
+        )
         self.index_redis_up = Gauge(
             "prefixgate_index_redis_up",
             "1 while the Redis prefix index is reachable; 0 while routing uses the local mirror",

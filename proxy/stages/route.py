@@ -311,7 +311,7 @@ class Router:
         key = ctx.session_key
         if key and found.session_rank != name:
             if found.session_rank is not None:
-                self._log_move(ctx, found.session_rank, name, plan.prefill, why)
+                self._moved(ctx, found, name, plan.prefill, why)
             if not bound:
                 self.index.set_session_rank(key, name)
         if hashes and name not in self.exact:
@@ -342,8 +342,15 @@ class Router:
             self.inflight_blocks.prefilled(name, blocks)
         plan.inflight_blocks.clear()
 
-    def _log_move(self, ctx: RequestContext, old: str, new: str, prefill: int, why: str | None) -> None:
-        """Say why a known session left its rank: each move recomputes its context elsewhere."""
+    def _moved(self, ctx: RequestContext, found: Lookup, new: str, prefill: int, why: str | None) -> None:
+        """Count a known session leaving its rank by what that rank held of its prompt, and say why:
+        each move recomputes its context elsewhere."""
+        old = found.session_rank
+        assert old is not None
+        held = found.matches.get(old, 0)
+        tier = "none" if not held else "cpu" if found.offloaded_in(old, held) == held else "gpu"
+        if self.metrics is not None:
+            self.metrics.series(self.metrics.session_moves, tier).inc()
         if not log.isEnabledFor(logging.INFO):
             return
         admitted = ctx.admitted
@@ -352,7 +359,17 @@ class Router:
         )
         session = admitted.session if admitted is not None else None
         turns = session.turns if session is not None else 0  # admission counts this request already
-        log.info("session %s turn %d moved %s -> %s: %s", ctx.session_key, turns - 1, old, new, reason)
+        log.info(
+            "session %s turn %d moved %s -> %s: %s (%s held %d leading blocks of it, %s)",
+            ctx.session_key,
+            turns - 1,
+            old,
+            new,
+            reason,
+            old,
+            held,
+            tier,
+        )
 
     def stats(self) -> dict[str, object]:
         """The index's stats and the prefill queued per rank."""

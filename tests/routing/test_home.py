@@ -7,7 +7,10 @@ import logging
 import pytest
 
 from proxy.context import Admitted
+from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
+from routing.index import CPU, GPU
+from routing.index.memory import MemoryPrefixIndex
 from routing.policies import make_policy
 from tests.routing.conftest import chain, make_ctx, make_pool, observe, pick
 
@@ -114,6 +117,35 @@ def test_a_down_home_rank_sends_the_session_elsewhere_and_the_move_is_logged(
         home, moved = down_home_turn("s")
     assert moved != home
     assert f"session s turn -1 moved {home} -> {moved}: its rank is down" in caplog.text
+
+
+def moves_when_home_goes_down(medium: str | None) -> dict[str, float]:
+    """A session's home, fed by KV events, holds its blocks in ``medium`` (None: nothing) and goes
+    down: the session moves; ``prefixgate_session_moves_total`` by what its home held."""
+    pool = make_pool(2, pool_tokens=POOL)
+    metrics = Metrics()
+    index = MemoryPrefixIndex()
+    history = chain("s", 10)
+    router = Router(pool, make_policy("prefix_affinity"), index, metrics=metrics, exact=("r0", "r1"))
+    if medium is not None:
+        index.record("r0", history, counted=True, medium=CPU)  # offloaded, then the GPU dropped it
+        if medium == GPU:
+            index.record("r0", history[:4], counted=True, medium=GPU)
+    index.set_session_rank("s", "r0")
+    pool.get("r0").mark_down("test")  # type: ignore[union-attr]
+    ctx = make_ctx("s", history + chain("t2", 2, history[-1]))
+    ctx.admitted = Admitted(home="r0")
+    assert pick(router, ctx).name == "r1"
+    return {
+        held: metrics.registry.get_sample_value("prefixgate_session_moves_total", {"held": held}) or 0.0
+        for held in ("gpu", "cpu", "none")
+    }
+
+
+def test_a_move_is_counted_by_what_the_rank_it_left_held() -> None:
+    assert moves_when_home_goes_down(CPU) == {"gpu": 0.0, "cpu": 1.0, "none": 0.0}
+    assert moves_when_home_goes_down(GPU) == {"gpu": 1.0, "cpu": 0.0, "none": 0.0}
+    assert moves_when_home_goes_down(None) == {"gpu": 0.0, "cpu": 0.0, "none": 1.0}
 
 
 def test_prompt_tokens_in_flight_are_counted_until_the_answer() -> None:
