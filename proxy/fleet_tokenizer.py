@@ -63,6 +63,7 @@ class FleetTokenizer:
         else:
             log.info("tokenizer: %s, as configured (tokenization.kind)", self.config.kind)
             self.current = self._build(self.config, block_size, rank, model)
+        await self.current.prepare_threads(self.config.worker_threads)
         return self.current
 
     async def learned(self, rank: Rank, facts: RankFacts) -> None:
@@ -102,6 +103,7 @@ class FleetTokenizer:
         (log.warning if found.warn else log.info)("tokenizer: %s%s", found.reason, asked)
         # a Hugging Face tokenizer loads for a second or more: never on the event loop
         built = await asyncio.to_thread(self._build, found.config, block_size, rank, found.model)
+        await built.prepare_threads(self.config.worker_threads)
         self.asked = rank.name if rank is not None else None
         self.model = model or found.model
         return built

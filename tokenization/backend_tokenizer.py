@@ -92,6 +92,9 @@ class BackendTokenizer:
             payload["chat_template_kwargs"] = prompt.chat_template_kwargs
         return token_ids_plan(await self.tokenize(payload), prev)
 
+    def prepare_thread(self) -> None:
+        """Nothing is kept per thread."""
+
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
         """A completion prompt through ``{model, prompt}`` (the rank adds its special tokens)."""
         return token_ids_plan(await self.tokenize({"model": self._model_for(model), "prompt": text}), prev)

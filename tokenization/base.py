@@ -188,6 +188,10 @@ class Tokenizer(Protocol):
         """Tokenize a completion prompt (special tokens added as vLLM's completions do)."""
         ...
 
+    def prepare_thread(self) -> None:
+        """Set up what the tokenizer keeps per thread, on the calling thread (nothing, for most)."""
+        ...
+
 
 def common_prefix_len(a: Sequence[Any], b: Sequence[Any], chunk: int = 4096, *, start: int = 0) -> int:
     """Length of the common prefix of two sequences (str, array, list): chunked C compares first.

@@ -313,6 +313,9 @@ class HfTokenizer:
 
         return Plan(self.size.tokens(len(text) - cut_char), finish, kept=cut_token)
 
+    def prepare_thread(self) -> None:
+        """Nothing is kept per thread."""
+
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None = None) -> Plan:
         """A completion prompt, with the tokenizer's special tokens added (vLLM's completions default)."""
         del model

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
+import threading
 from array import array
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -136,6 +138,10 @@ class SessionCache(LRU[str, PromptMemo]):
     """LRU over sessions with a byte budget (approximate: tokens, hashes and tokenizer memos).
 
     A turn larger than the whole budget is not kept (its session's previous turn is dropped)."""
+
+
+#: Longest a worker thread waits for the pool's others to start while the threads are prepared.
+PREPARE_WAIT_S = 10.0
 
 
 class IncrementalTokenizer:
@@ -372,6 +378,25 @@ class IncrementalTokenizer:
             shared_blocks=lead,
             shared_tokens=len(tokens),
         )
+
+    async def prepare_threads(self, threads: int) -> None:
+        """Set up what the tokenizer keeps per thread on this thread and on ``threads`` threads of
+        the executor (the pool's size), before the first turns need it: with tiktoken, each
+        thread's encoding (~50 ms of CPU each), else built inside the first burst of first turns.
+        Each task waits at a barrier until all have started, so each runs on a thread of its own."""
+        self.tokenizer.prepare_thread()  # the event loop's thread first: it owns the shared encoding
+        if self.executor is None or threads <= 0:
+            return
+        started = threading.Barrier(threads)
+
+        def prepare() -> None:
+            # a pool smaller than asked breaks the barrier at the timeout: its threads still prepare
+            with contextlib.suppress(threading.BrokenBarrierError):
+                started.wait(timeout=PREPARE_WAIT_S)
+            self.tokenizer.prepare_thread()
+
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self.executor, prepare) for _ in range(threads)))
 
     async def _run(self, work: int | None, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)``, in a worker thread when ``work`` (tokens) exceeds ``offload_tokens`` or is

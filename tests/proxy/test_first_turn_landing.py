@@ -49,6 +49,9 @@ class HeldTokenizer:
         plan = await self.inner.plan_text(text, prev, model)
         return replace(plan, finish=self._held(plan))
 
+    def prepare_thread(self) -> None:
+        self.inner.prepare_thread()
+
     def _held(self, plan: Plan) -> Any:
         def finish() -> Encoded:
             self.started.set()

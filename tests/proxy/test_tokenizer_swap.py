@@ -30,6 +30,9 @@ class Recording:
     async def plan_text(self, text: str, prev: Encoded | None, model: str | None) -> Plan:
         return await self.inner.plan_text(text, prev, model)
 
+    def prepare_thread(self) -> None:
+        self.inner.prepare_thread()
+
 
 def turns(n: int) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [SYSTEM]

@@ -5,10 +5,14 @@ measured what that costs: docs/investigations.md)."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import tiktoken
 
 from tokenization.encoding import THREAD_ENCODINGS, _ThreadEncodings, chatml_encoding, thread_encoding
+from tokenization.hashers import make_hasher
+from tokenization.prompt import IncrementalTokenizer
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 
 TEXT = "def main():\n    return 'héllo <|im_start|> wörld' * 3  # 12345\n"
 
@@ -47,3 +51,41 @@ def test_the_module_hands_the_calling_thread_the_same_encoding_each_time() -> No
     thread.start()
     thread.join()
     assert other[0].encode(TEXT, allowed_special="all") == mine.encode(TEXT, allowed_special="all")
+
+
+class ThreadsPrepared(TiktokenTokenizer):
+    """Tiktoken noting the threads it prepared, and the encoding each was left with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared: dict[int, tiktoken.Encoding] = {}
+        self.order: list[int] = []
+
+    def prepare_thread(self) -> None:
+        super().prepare_thread()
+        self.order.append(threading.get_ident())
+        self.prepared[threading.get_ident()] = thread_encoding()
+
+
+def on_each_thread(pool: ThreadPoolExecutor, threads: int) -> dict[int, tiktoken.Encoding]:
+    """The encoding each of the pool's ``threads`` threads encodes with (one task per thread)."""
+    barrier = threading.Barrier(threads)
+
+    def encoding() -> tuple[int, tiktoken.Encoding]:
+        barrier.wait(timeout=10)
+        return threading.get_ident(), thread_encoding()
+
+    return dict(future.result() for future in [pool.submit(encoding) for _ in range(threads)])
+
+
+async def test_the_loop_and_every_worker_thread_are_prepared_before_the_first_turn() -> None:
+    """``prefixgate serve`` builds each thread's encoding at start: on a first burst, each of the
+    pool's threads built its own inside a first turn (~50 ms of CPU each)."""
+    tokenizer = ThreadsPrepared()
+    with ThreadPoolExecutor(3) as pool:
+        incremental = IncrementalTokenizer(tokenizer, make_hasher("xxh3", 16, "0"), executor=pool)
+        await incremental.prepare_threads(3)
+        later = on_each_thread(pool, 3)
+    assert tokenizer.order[0] == threading.get_ident()  # the loop's thread first
+    assert len(tokenizer.order) == 4 and set(tokenizer.order[1:]) == set(later)  # 3 threads, each once
+    assert all(tokenizer.prepared[thread] is encoding for thread, encoding in later.items())
