@@ -123,8 +123,8 @@ class Metrics:
         self.session_moves = Counter(
             "prefixgate_session_moves",
             "Known sessions routed off their rank, by what that rank held of the prompt's leading "
-            "blocks: gpu (some in its GPU pool), cpu (only in its CPU tier), none (each move "
-            "recomputes what the rank left held)",
+            "blocks: cpu (some of them only in its CPU tier), gpu (all in its GPU pool), none (each "
+            "move recomputes what the rank held)",
             ("held",),
             registry=r,
         )

@@ -348,7 +348,9 @@ class Router:
         old = found.session_rank
         assert old is not None
         held = found.matches.get(old, 0)
-        tier = "none" if not held else "cpu" if found.offloaded_in(old, held) == held else "gpu"
+        # vLLM looks a prompt up in the GPU pool first, then in the CPU tier: a chain's head is on the
+        # GPU (a shared system prompt, hot) and what the rank offloaded of the session is its tail.
+        tier = "none" if not held else "cpu" if found.offloaded_in(old, held) else "gpu"
         if self.metrics is not None:
             self.metrics.series(self.metrics.session_moves, tier).inc()
         if not log.isEnabledFor(logging.INFO):

@@ -119,18 +119,18 @@ def test_a_down_home_rank_sends_the_session_elsewhere_and_the_move_is_logged(
     assert f"session s turn -1 moved {home} -> {moved}: its rank is down" in caplog.text
 
 
-def moves_when_home_goes_down(medium: str | None) -> dict[str, float]:
-    """A session's home, fed by KV events, holds its blocks in ``medium`` (None: nothing) and goes
-    down: the session moves; ``prefixgate_session_moves_total`` by what its home held."""
+def moves_when_home_goes_down(blocks: int, on_gpu: int) -> dict[str, float]:
+    """A session's home, fed by KV events, holds the first ``blocks`` of its prompt's 10 blocks, the
+    first ``on_gpu`` of them in its GPU pool and the rest offloaded to its CPU tier only; the home
+    goes down and the session moves. ``prefixgate_session_moves_total`` by what its home held."""
     pool = make_pool(2, pool_tokens=POOL)
     metrics = Metrics()
     index = MemoryPrefixIndex()
     history = chain("s", 10)
     router = Router(pool, make_policy("prefix_affinity"), index, metrics=metrics, exact=("r0", "r1"))
-    if medium is not None:
-        index.record("r0", history, counted=True, medium=CPU)  # offloaded, then the GPU dropped it
-        if medium == GPU:
-            index.record("r0", history[:4], counted=True, medium=GPU)
+    index.record("r0", history[:blocks], counted=True, medium=GPU)
+    index.record("r0", history[on_gpu:blocks], counted=True, medium=CPU)  # offloaded ...
+    index.remove("r0", history[on_gpu:blocks], counted=True, medium=GPU)  # ... then the GPU dropped them
     index.set_session_rank("s", "r0")
     pool.get("r0").mark_down("test")  # type: ignore[union-attr]
     ctx = make_ctx("s", history + chain("t2", 2, history[-1]))
@@ -143,9 +143,11 @@ def moves_when_home_goes_down(medium: str | None) -> dict[str, float]:
 
 
 def test_a_move_is_counted_by_what_the_rank_it_left_held() -> None:
-    assert moves_when_home_goes_down(CPU) == {"gpu": 0.0, "cpu": 1.0, "none": 0.0}
-    assert moves_when_home_goes_down(GPU) == {"gpu": 1.0, "cpu": 0.0, "none": 0.0}
-    assert moves_when_home_goes_down(None) == {"gpu": 0.0, "cpu": 0.0, "none": 1.0}
+    # its shared head still on the GPU, its own context offloaded: the move loses a reload
+    assert moves_when_home_goes_down(10, 3) == {"gpu": 0.0, "cpu": 1.0, "none": 0.0}
+    assert moves_when_home_goes_down(10, 0) == {"gpu": 0.0, "cpu": 1.0, "none": 0.0}
+    assert moves_when_home_goes_down(10, 10) == {"gpu": 1.0, "cpu": 0.0, "none": 0.0}
+    assert moves_when_home_goes_down(0, 0) == {"gpu": 0.0, "cpu": 0.0, "none": 1.0}
 
 
 def test_prompt_tokens_in_flight_are_counted_until_the_answer() -> None:
