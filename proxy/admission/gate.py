@@ -17,7 +17,8 @@ The whole rule:
 - **Rotation.** Once a waiter has waited the rotation bound, quiet residents are parked for it
   (``rotation.py``: quiet longest since their last answer first, then the most service). On a rank
   that offloads KV to CPU memory parking costs a reload, not a recompute: rotation prefers it, and
-  a waiter coming back to its own blocks there does not wait the bound. Parking
+  a waiter coming back to its own blocks there does not wait the bound, nor takes room on another
+  rank (which would recompute its whole context) while a quiet session there can be parked. Parking
   gives up the seat and leaves the blocks to age out of the rank's cache; the session's next turn
   waits for a seat like a newcomer's. A seat is not taken back before it has served one answer and
   been held one bound (so seats do not flap).
@@ -41,18 +42,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from proxy.admission.accounting import RankState
 from proxy.admission.explain import decision_record, note_decision, note_parked
 from proxy.admission.ledger import Ledger
 from proxy.admission.queue import Ticket
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
-from proxy.admission.rotation import Parking, choose_parked
+from proxy.admission.room import Room
+from proxy.admission.rotation import Parking, choose_parked, reloads_own
 from proxy.admission.turns import head, prompt_tokens, take_turn
 from proxy.context import Admitted, Before, RequestContext, Seat
 from proxy.state.sessions import Session
 from proxy.tenants import shown_to
+from routing.ranks import Rank
 
 __all__ = ["Admission", "Guard"]
 
@@ -201,13 +204,21 @@ class Admission(Ledger):
                 return None
             states = self.refresh()
             room = self._room(tokens, head_key, head_tokens, states)
+            waited = time.monotonic() - started
             parking: Parking | None = None
-            if not room.allowed:
-                waited = time.monotonic() - started
+            # Its own context waits in a CPU tier where there is no room: a quiet session parked there
+            # costs a reload, room elsewhere a recompute of its whole context.
+            own = [r for r in self.fleet.healthy() if reloads_own(r, hits, head_tokens)]
+            if own and not room.allowed & {r.name for r in own}:
+                parking = self._rotation(states, need, head_key, head_tokens, hits, waited, ctx.priority, own)
+            if parking is None and not room.allowed:
                 parking = self._rotation(states, need, head_key, head_tokens, hits, waited, ctx.priority)
-                if parking is not None:
-                    self._park(parking, key, time.monotonic() - started)
-                    room = self._room(tokens, head_key, head_tokens, self.refresh())
+            if parking is not None:
+                self._park(parking, key, time.monotonic() - started)
+                room = self._room(tokens, head_key, head_tokens, self.refresh())
+                if parking.rank in room.allowed:  # the rank it parked on: where its own blocks are
+                    victims = {name: keys for name, keys in room.victims.items() if name == parking.rank}
+                    room = Room(frozenset({parking.rank}), victims)
             if not room.allowed:
                 return None
             granted = self._reserve(key, room, need, head_key, head_tokens)
@@ -236,13 +247,14 @@ class Admission(Ledger):
         hits: dict[str, int],
         waited: float,
         priority: int,
+        ranks: Sequence[Rank] | None = None,
     ) -> Parking | None:
-        """The residents to park for a waiter that has waited ``waited`` seconds
-        (``rotation.choose_parked``)."""
+        """The residents to park for a waiter that has waited ``waited`` seconds, on ``ranks`` (None:
+        the healthy ranks) (``rotation.choose_parked``)."""
         bound = self.time.wait_bound()
 
         return choose_parked(
-            self.fleet.healthy(),
+            self.fleet.healthy() if ranks is None else ranks,
             states,
             need,
             head_key,

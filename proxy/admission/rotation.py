@@ -69,10 +69,9 @@ def choose_parked(
         state = states.get(rank.name)
         if state is None:
             continue
-        own_blocks = hits.get(rank.name, 0) * (rank.block_size or DEFAULT_BLOCK_SIZE) > head_tokens
         chosen = _park_on(
             state,
-            rank.offloads_kv and own_blocks,
+            reloads_own(rank, hits, head_tokens),
             need,
             head_key,
             head_tokens,
@@ -91,6 +90,13 @@ def choose_parked(
         if best is None or score < best[0]:
             best = (score, Parking(rank.name, chosen))
     return best[1] if best is not None else None
+
+
+def reloads_own(rank: Rank, hits: Mapping[str, int], head_tokens: int) -> bool:
+    """Whether ``rank`` keeps what its GPU evicts in CPU memory and holds more of a waiter's prompt
+    (``hits``: leading blocks per rank) than its agent's head: the waiter's own context, which it
+    reloads there rather than recomputes anywhere else."""
+    return rank.offloads_kv and hits.get(rank.name, 0) * (rank.block_size or DEFAULT_BLOCK_SIZE) > head_tokens
 
 
 def state_sessions(state: RankState, keys: tuple[str, ...]) -> list[Session]:

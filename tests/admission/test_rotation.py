@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Sequence
 
+from proxy.admission import Admission, AdmissionConfig
 from proxy.admission.accounting import RankState
 from proxy.admission.rotation import choose_parked, parkable
 from proxy.context import Outcome
 from proxy.stages.usage import Usage
-from proxy.state.sessions import Session
-from routing.ranks import Rank
-from tests.admission.test_release import ctx_for, make, turn
+from proxy.state.memory import MemorySessionStore
+from proxy.state.sessions import Session, SessionTable
+from routing.ranks import Fleet, Rank
+from tests.admission.test_release import BLOCK, POOL, TTL, Clock, ctx_for, make, turn
 
 HOLD = 5.0
 
@@ -200,3 +203,49 @@ async def test_admission_says_each_seat_and_park_in_a_sentence_naming_one_rank(c
     assert any(
         re.match(r"session a parked on r0 after 1 turns: parked for session e", line) for line in lines
     )
+
+
+class Holding:
+    """Routing's view for admission: the leading blocks of any prompt each rank holds."""
+
+    def __init__(self, blocks: dict[str, int]) -> None:
+        self.blocks = blocks
+
+    def holds(self, block_hashes: Sequence[bytes]) -> dict[str, int]:
+        return dict(self.blocks)
+
+    def queued(self, rank: str) -> int:
+        return 0
+
+
+async def test_a_session_back_to_its_offloaded_context_parks_there_rather_than_move() -> None:
+    """Room on another rank would recompute its whole context there; a quiet session parked on
+    the rank that keeps the waiter's context in CPU memory costs a reload instead (issue 47: no
+    session moves off a rank holding its blocks in CPU memory)."""
+    clock = Clock()
+    table = SessionTable(MemorySessionStore(), TTL, clock)
+    # r0 keeps what its GPU evicts in a CPU tier: 2,000 + 1,000 tokens, a budget of 2,400
+    fleet = Fleet(
+        [
+            Rank("r0", "http://r0", pool_tokens=POOL, offloads_kv=True, cpu_tier_tokens=1000),
+            Rank("r1", "http://r1", pool_tokens=POOL),
+        ]
+    )
+    config = AdmissionConfig(idle_ttl=TTL, wait=3600.0, block_size=BLOCK)
+    placement = Holding({"r0": 50})  # 800 tokens of the returning prompt, past its 64-token head
+    adm = Admission(table, fleet, config, None, placement)
+    for key in ("a", "b", "back"):
+        await turn(adm, key, 700, head=b"H", head_tokens=64)  # all three on r0 (the first allowed)
+        clock.now += 1
+    assert {s.rank for s in adm.table.active()} == {"r0"}
+    adm.release("back")  # parked (or freed): its context stays in r0's tiers
+    await turn(adm, "c", 700, head=b"H", head_tokens=64)  # r0 is full again, r1 still empty
+    assert adm.table.get("c").rank == "r0"  # type: ignore[union-attr]
+    clock.now += 10  # a, b and c quiet, answered since their seats
+    admitted = await asyncio.wait_for(adm.admit(ctx_for("back", 760, head=b"H", head_tokens=64)), 5)
+    assert admitted.seat is not None and admitted.seat.decision == "rotated"
+    assert admitted.allowed == {"r0"} and admitted.seat.parked == ("a",)  # quiet longest
+    # a new session, of which r0 holds the head only, takes the room on r1 as before
+    placement.blocks = {"r0": 4}
+    fresh = await asyncio.wait_for(adm.admit(ctx_for("new", 700, head=b"H", head_tokens=64)), 5)
+    assert fresh.allowed == {"r1"} and fresh.seat is not None and fresh.seat.decision == "room"
