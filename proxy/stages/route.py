@@ -311,7 +311,7 @@ class Router:
         key = ctx.session_key
         if key and found.session_rank != name:
             if found.session_rank is not None:
-                self._moved(ctx, found, name, plan.prefill, why)
+                self._moved(ctx, found, found.session_rank, name, plan.prefill, why)
             if not bound:
                 self.index.set_session_rank(key, name)
         if hashes and name not in self.exact:
@@ -342,11 +342,11 @@ class Router:
             self.inflight_blocks.prefilled(name, blocks)
         plan.inflight_blocks.clear()
 
-    def _moved(self, ctx: RequestContext, found: Lookup, new: str, prefill: int, why: str | None) -> None:
-        """Count a known session leaving its rank by what that rank held of its prompt, and say why:
-        each move recomputes its context elsewhere."""
-        old = found.session_rank
-        assert old is not None
+    def _moved(
+        self, ctx: RequestContext, found: Lookup, old: str, new: str, prefill: int, why: str | None
+    ) -> None:
+        """Count a known session leaving its rank ``old`` by what that rank held of its prompt, and
+        say why: each move recomputes its context elsewhere."""
         held = found.matches.get(old, 0)
         # vLLM looks a prompt up in the GPU pool first, then in the CPU tier: a chain's head is on the
         # GPU (a shared system prompt, hot) and what the rank offloaded of the session is its tail.
