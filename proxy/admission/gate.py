@@ -208,7 +208,7 @@ class Admission(Ledger):
             parking: Parking | None = None
             # Its own context waits in a CPU tier where there is no room: a quiet session parked there
             # costs a reload, room elsewhere a recompute of its whole context.
-            own = [r for r in self.fleet.healthy() if reloads_own(r, hits, head_tokens)]
+            own = [r for r in self.fleet.healthy() if r.offloads_kv and reloads_own(r, hits, head_tokens)]
             if own and not room.allowed & {r.name for r in own}:
                 parking = self._rotation(states, need, head_key, head_tokens, hits, waited, ctx.priority, own)
             if parking is None and not room.allowed:
