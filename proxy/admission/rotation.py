@@ -6,10 +6,13 @@ answered) that have been answered since they took their seat and held it at leas
 rotation bound ``hold_s``, once the waiter has waited that long too (hysteresis: a seat just given is
 not taken back before it served). A waiter of a higher
 priority class parks a lower class's quiet session without waiting, held or not (once it served).
-So does a waiter coming back to its own blocks (more of its prompt than its agent's head) on a rank
-that keeps the blocks its GPU evicts in CPU memory (``Rank.offloads_kv``): there parking costs the
-parked session a reload of its context when it comes back, not a recompute, and the waiter reloads
-its own instead of recomputing them elsewhere. On replays at 1.9x the pools with a CPU tier of 4x,
+A waiter coming back to its own blocks (more of its prompt than its agent's head) on a rank that
+keeps the blocks its GPU evicts in CPU memory (``Rank.offloads_kv``) does not wait either, but parks
+only sessions that held their seat the bound: there parking costs the parked session a reload of its
+context when it comes back, not a recompute, and the waiter reloads its own instead of recomputing
+them elsewhere. Without the hold, two sessions back to their own blocks on one rank parked each
+other at every turn (a replay with a CPU tier half the pool: seats given up 1-20 ms after an answer,
+back and forth). On replays at 1.9x the pools with a CPU tier of 4x,
 waiting the bound there too held TTFT p99 at 4.0-4.3 s against 3.3-3.4 s (one round each).
 
 They go in order: the lowest class first, then quiet longest since their last answer; on a tie (the
@@ -138,10 +141,13 @@ def _park_on(
         return (session.priority, -quiet_ticks, -session.turns / max(weight(session.client), 1e-9))
 
     def due(session: Session) -> bool:
-        if session.priority < priority or reload_only:
-            # a higher class waits neither for the bound nor the hold, nor does a session back to
-            # its own blocks on a rank that offloads them (no recompute on either side)
-            return parkable(session, now, 0.0)
+        if session.priority < priority:
+            return parkable(session, now, 0.0)  # a higher class waits neither for the bound nor the hold
+        if reload_only:
+            # a session back to its own blocks on a rank that offloads them (no recompute on either
+            # side) does not wait the bound; the seat it takes is still held one bound, or two such
+            # sessions would park each other at every turn
+            return parkable(session, now, hold_s)
         return waited >= hold_s and parkable(session, now, hold_s)
 
     candidates = sorted((item for item in state.lru if due(item[0])), key=order)

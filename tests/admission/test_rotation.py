@@ -146,6 +146,15 @@ def test_a_waiter_back_to_its_own_blocks_on_an_offloading_rank_does_not_wait_the
     fresh.seated_at = 70.0
     parking = choose({"r0": full_rank("r0", [fresh])}, offloading={"r0"}, hits={"r0": 10}, **early)
     assert parking is None
+    # nor one that served but has held its seat less than the bound: two sessions back to their own
+    # blocks on one rank would park each other at every turn
+    just = resident("d", 99.9)
+    just.seated_at = 99.0  # seated 1 s ago, answered since, quiet 0.1 s
+    parking = choose({"r0": full_rank("r0", [just])}, 600, offloading={"r0"}, hits={"r0": 10}, **early)
+    assert parking is None
+    held = resident("e", 99.9)  # seated long ago
+    parking = choose({"r0": full_rank("r0", [held])}, 600, offloading={"r0"}, hits={"r0": 10}, **early)
+    assert parking is not None and parking.keys == ("e",)
 
 
 def test_a_rank_at_its_session_cap_parks_for_a_place() -> None:
@@ -231,7 +240,7 @@ async def test_a_session_back_to_its_offloaded_context_parks_there_rather_than_m
             Rank("r1", "http://r1", pool_tokens=POOL),
         ]
     )
-    config = AdmissionConfig(idle_ttl=TTL, wait=3600.0, block_size=BLOCK)
+    config = AdmissionConfig(idle_ttl=TTL, wait=5.0, block_size=BLOCK)
     placement = Holding({"r0": 50})  # 800 tokens of the returning prompt, past its 64-token head
     adm = Admission(table, fleet, config, None, placement)
     for key in ("a", "b", "back"):
