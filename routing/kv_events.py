@@ -26,7 +26,7 @@ import collections
 import enum
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,18 +114,20 @@ class RankMirror:
         rank: str,
         index: PrefixIndex,
         hasher: ChainHasher,
-        on_event: Callable[[str], None] | None = None,
+        on_applied: Callable[[Mapping[str, int]], None] | None = None,
         on_stored: Callable[[str, Sequence[bytes]], None] | None = None,
         on_tier_full: Callable[[str, int], None] | None = None,
     ) -> None:
-        """``on_event``: called with each applied event's type; ``on_stored``: with the rank and the
+        """``on_applied``: called once per batch with how many events of each type it applied (a
+        labelled counter's increment per event was 6 % of a proxy's CPU behind ranks with a CPU tier
+        and 16-token blocks, py-spy); ``on_stored``: with the rank and the
         own hashes of each run of stored blocks, once the mirror holds them; ``on_tier_full``: with a
         lower tier's medium and its size in tokens, each time it evicts holding more than ever
         before (module docstring)."""
         self.rank = rank
         self.index = index
         self.hasher = hasher
-        self.on_event = on_event
+        self.on_applied = on_applied
         self.on_stored = on_stored
         self.on_tier_full = on_tier_full
         #: Per lower medium, the blocks with a copy there (the tier's fill, as its events tell it).
@@ -143,6 +145,7 @@ class RankMirror:
         # any other event ends the run; an empty run writes nothing)
         removed: list[int] = []
         removed_medium = GPU
+        applied: dict[str, int] = {}
         for event in events:
             kind = event.type
             if kind == "BlockRemoved":
@@ -165,10 +168,12 @@ class RankMirror:
                     self._cleared(event.medium)
             else:
                 continue
-            self.applied += 1
-            if self.on_event is not None:
-                self.on_event(kind)
+            applied[kind] = applied.get(kind, 0) + 1
         self._removed(removed, removed_medium)
+        if applied:
+            self.applied += sum(applied.values())
+            if self.on_applied is not None:
+                self.on_applied(applied)
 
     def reset(self) -> None:
         self._own.clear()

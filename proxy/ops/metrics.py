@@ -322,7 +322,8 @@ class Metrics:
     def series(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, resolved once: ``labels`` validates, joins and locks on every
         call (~2 us), several times a request. The per-request series only (endpoint, rank, status,
-        client key label): their label values are few and never removed."""
+        client key label) and the per-batch KV-event counts (rank, event type): their label values
+        are few and never removed."""
         key = (id(metric), values)
         found = self._series.get(key)
         if found is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from proxy.ops.metrics import Metrics
 from proxy.stages.route import Router
@@ -62,8 +62,9 @@ class KVFeeds:
         of the rank must be stopped first)."""
         metrics, rank = self.metrics, source.rank
 
-        def count(kind: str) -> None:
-            metrics.kv_events.labels(rank, kind).inc()
+        def count(applied: Mapping[str, int]) -> None:
+            for kind, events in applied.items():
+                metrics.series(metrics.kv_events, rank, kind).inc(events)
 
         def fault(kind: str, count: int) -> None:
             metrics.kv_event_faults.labels(rank, kind).inc(count)
@@ -72,7 +73,7 @@ class KVFeeds:
         confirm = self.router.inflight_blocks.confirm
         tier_full = _on_cpu_tier_full(self.router.fleet.get(rank))
         mirror = RankMirror(
-            rank, self.router.index, self.hasher, on_event=count, on_stored=confirm, on_tier_full=tier_full
+            rank, self.router.index, self.hasher, on_applied=count, on_stored=confirm, on_tier_full=tier_full
         )
         subscriber = KVEventSubscriber(
             mirror, source.endpoint, source.replay_endpoint, source.topic, on_fault=fault

@@ -98,7 +98,7 @@ def test_sim_events_make_predictions_exact(sim_rank: SimRankServer) -> None:
     sources = client.get("/kv_event_sources").json()[0]
     kinds: list[str] = []
     sub = KVEventSubscriber(
-        RankMirror("sim-0", index, hasher, on_event=kinds.append, on_stored=router.inflight_blocks.confirm),
+        RankMirror("sim-0", index, hasher, on_applied=kinds.extend, on_stored=router.inflight_blocks.confirm),
         sources["endpoint"],
         sources["replay_endpoint"],
     ).start()
