@@ -140,7 +140,10 @@ class RankChains:
 
     def offloaded_copies(self, block_hash: bytes) -> int:
         """Copies of ``block_hash`` held outside the GPU."""
-        return sum(tier.get(block_hash, 0) for tier in self.offloaded.values())
+        tiers = self.offloaded
+        if len(tiers) <= 1:  # no tier, or vLLM's one (CPU): per block of every KV event, no generator
+            return next(iter(tiers.values())).get(block_hash, 0) if tiers else 0
+        return sum(tier.get(block_hash, 0) for tier in tiers.values())
 
     def on_gpu(self, block_hash: bytes) -> bool:
         """Whether some copy of the held ``block_hash`` is on the GPU."""
@@ -174,7 +177,11 @@ class RankChains:
 
     def _retier(self, block_hashes: Sequence[bytes]) -> None:
         """Bring ``off_gpu`` up to date for these blocks (their copies changed)."""
-        off_gpu, without_gpu = self.off_gpu, self._without_gpu
+        off_gpu = self.off_gpu
+        if not self.offloaded:  # nothing offloaded: every held block has a GPU copy
+            off_gpu.difference_update(block_hashes)
+            return
+        without_gpu = self._without_gpu
         for h in block_hashes:
             if without_gpu(h):
                 off_gpu.add(h)
