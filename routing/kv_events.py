@@ -61,8 +61,13 @@ class KVEvent:
 def _hashes(raw: Any) -> list[int]:
     """An event's block hashes as vLLM's uint64s. Some connectors' events (vLLM's offloading
     connector in some versions) carry the digests themselves: their last 8 bytes, as vLLM's
-    ``maybe_convert_block_hash`` makes of them."""
-    return [kv_event_hash(h) if isinstance(h, bytes) else h for h in raw or ()]
+    ``maybe_convert_block_hash`` makes of them. One connector sends one kind: a list of uint64s (the
+    decoder's own, fresh per payload) is taken as it is, without a look at each hash."""
+    if not raw:
+        return []
+    if type(raw[0]) is int and type(raw) is list:
+        return raw
+    return [kv_event_hash(h) if isinstance(h, bytes) else h for h in raw]
 
 
 def _hash(raw: Any) -> int | None:
