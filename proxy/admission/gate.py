@@ -17,8 +17,9 @@ The whole rule:
 - **Rotation.** Once a waiter has waited the rotation bound, quiet residents are parked for it
   (``rotation.py``: quiet longest since their last answer first, then the most service). On a rank
   that offloads KV to CPU memory parking costs a reload, not a recompute: rotation prefers it, and
-  a waiter coming back to its own blocks there does not wait the bound, nor takes room on another
-  rank (which would recompute its whole context) while a quiet session there can be parked. Parking
+  a waiter coming back to its own blocks there does not wait the bound (the seat it takes must have
+  been held one), nor takes room on another rank (which would recompute its whole context) while a
+  quiet session there can be parked. Parking
   gives up the seat and leaves the blocks to age out of the rank's cache; the session's next turn
   waits for a seat like a newcomer's. A seat is not taken back before it has served one answer and
   been held one bound (so seats do not flap).
