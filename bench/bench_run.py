@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.common import metrics_text
 from bench.replay import ReplayResult, TraceReplayConfig, TurnResult, bound_hit_rate, replay_trace
 from bench.traces import TraceSession
 
@@ -105,10 +106,9 @@ def run_system(
 def session_moves(url: str) -> dict[str, float] | None:
     """prefixgate's count of known sessions routed off their rank, by what that rank held of the
     prompt (``prefixgate_session_moves_total{held}``); None from a build without the metric."""
-    import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+    for family in text_string_to_metric_families(metrics_text(url)):
         if family.name == "prefixgate_session_moves":
             moves = dict.fromkeys(("gpu", "cpu", "none"), 0.0)
             for sample in family.samples:

@@ -79,12 +79,16 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
+def metrics_text(url: str) -> str:
+    """The Prometheus text at ``url + "/metrics"`` (a loopback server: no proxy from the environment)."""
+    return httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
+
+
 def metric_totals(url: str, names: Sequence[str]) -> dict[str, float]:
     """Each of ``names`` (without a ``_total`` suffix) summed over its labels in the Prometheus text
     at ``url + "/metrics"``; 0 for a metric the server does not have."""
     totals = dict.fromkeys(names, 0.0)
-    text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
-    for line in text.splitlines():
+    for line in metrics_text(url).splitlines():
         if not line or line[0] == "#":
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
