@@ -6,7 +6,6 @@ import argparse
 import json
 import signal
 import sys
-import threading
 from dataclasses import replace
 
 from bench.sim.config import DEFAULT_KV_TOKENS, DEFAULT_MODEL, FaultConfig, SimConfig
@@ -212,6 +211,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
+class _Stopped(Exception):
+    """SIGINT or SIGTERM arrived: leave the serving loop."""
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the ranks, print one JSON line per rank, serve until SIGINT/SIGTERM."""
     config = config_from_args(args)
@@ -223,10 +226,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         servers = start_fleet(args.ranks, replace(config, name="sim-0"))
     tune_collector()  # a process of its own serving requests, like prefixgate serve (proxy/server.py)
-    stop = threading.Event()
 
+    # The handler raises rather than set a threading.Event: Event.set() takes the lock that the main
+    # thread holds inside Event.wait(), and a signal landing there deadlocked the stop (seen once in CI).
     def on_signal(signum: int, frame: object) -> None:
-        stop.set()
+        raise _Stopped
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -247,8 +251,10 @@ def run(args: argparse.Namespace) -> int:
             f"prefixgate sim: {len(servers)} rank(s) up; in front: prefixgate serve {backends}",
             file=sys.stderr,
         )
-        while not stop.wait(0.5):
-            pass
+        while True:
+            signal.pause()
+    except _Stopped:
+        pass
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
