@@ -177,13 +177,23 @@ class RankChains:
 
     def _retier(self, block_hashes: Sequence[bytes]) -> None:
         """Bring ``off_gpu`` up to date for these blocks (their copies changed)."""
-        off_gpu = self.off_gpu
-        if not self.offloaded:  # nothing offloaded: every held block has a GPU copy
+        off_gpu, tiers = self.off_gpu, self.offloaded
+        if not tiers:  # nothing offloaded: every held block has a GPU copy
             off_gpu.difference_update(block_hashes)
             return
-        without_gpu = self._without_gpu
+        if len(tiers) > 1:
+            without_gpu = self._without_gpu
+            for h in block_hashes:
+                if without_gpu(h):
+                    off_gpu.add(h)
+                else:
+                    off_gpu.discard(h)
+            return
+        # vLLM's one lower tier (CPU): ``_without_gpu`` inlined, for every block of every KV event
+        tier, where, counts = next(iter(tiers.values())), self.where, self.counts
         for h in block_hashes:
-            if without_gpu(h):
+            off = tier.get(h, 0)
+            if off and (counts.get(h, 1) if h in where else 0) <= off:
                 off_gpu.add(h)
             else:
                 off_gpu.discard(h)
@@ -232,11 +242,15 @@ class RankChains:
             return
         taken: dict[bytes, int] = {}  # GPU copies this call already took, per block
         drop: list[bytes] = []
+        tiers = self.offloaded
+        # a GPU removal behind vLLM's one lower tier reads its copies directly (``offloaded_copies``)
+        one_tier = next(iter(tiers.values())) if len(tiers) == 1 else None
         for h in block_hashes:
             if h not in where:
                 continue
             if tier is None:
-                gpu = counts.get(h, 1) - self.offloaded_copies(h) - taken.get(h, 0)
+                off = one_tier.get(h, 0) if one_tier is not None else self.offloaded_copies(h)
+                gpu = counts.get(h, 1) - off - taken.get(h, 0)
                 if gpu <= 0:
                     continue
                 taken[h] = taken.get(h, 0) + 1

@@ -8,7 +8,7 @@ from bench.sim.kv_events import encode_batch
 from bench.sim.scheduler import Engine
 from routing.index import CPU, GPU
 from routing.index.memory import MemoryPrefixIndex
-from routing.kv_events import KVEvent, RankMirror, decode_batch
+from routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, RankMirror, decode_batch
 from tests.sim.conftest import VECTOR_SEED, prompt_of
 from tokenization.block_hash import BlockHasher
 
@@ -23,36 +23,36 @@ def mirror_of() -> tuple[RankMirror, MemoryPrefixIndex, list[tuple[str, int]]]:
     return mirror, index, told
 
 
-def stored_gpu(first: int, n: int, parent: int | None = None) -> KVEvent:
+def stored_gpu(first: int, n: int, parent: int | None = None) -> BlockStored:
     """``n`` blocks stored on the GPU, rank hashes ``first ..``, each of its own tokens."""
     tokens = [first * 1000 + i for i in range(n * BLOCK)]
-    return KVEvent("BlockStored", list(range(first, first + n)), parent, tokens, BLOCK, GPU)
+    return BlockStored(list(range(first, first + n)), parent, tokens, BLOCK, medium=GPU)
 
 
 def test_a_cpu_eviction_teaches_the_tier_size_and_a_demotion_does_not() -> None:
     mirror, index, told = mirror_of()
     mirror.apply([stored_gpu(1, 6)])
     # vLLM's offloading connector copies blocks to CPU by hash alone; the GPU then drops them
-    mirror.apply([KVEvent("BlockStored", [1, 2, 3, 4], medium=CPU)])
-    mirror.apply([KVEvent("BlockRemoved", [3, 4], medium=GPU)])  # demotions: still held in CPU
+    mirror.apply([BlockStored([1, 2, 3, 4], medium=CPU)])
+    mirror.apply([BlockRemoved([3, 4], medium=GPU)])  # demotions: still held in CPU
     assert mirror.tier_blocks[CPU] == 4 and index.held_by_tier("r") == (4, 2)
     assert told == [] and mirror.tier_full_blocks == {}
     # a removal of a CPU copy the mirror never saw announced is nothing the tier did
-    mirror.apply([KVEvent("BlockRemoved", [5, 99], medium=CPU)])
+    mirror.apply([BlockRemoved([5, 99], medium=CPU)])
     assert told == []
 
     # the tier evicts to make room (vLLM: evictions first, then the stores they made room for)
-    mirror.apply([KVEvent("BlockRemoved", [3], medium=CPU), KVEvent("BlockStored", [5], medium=CPU)])
+    mirror.apply([BlockRemoved([3], medium=CPU), BlockStored([5], medium=CPU)])
     assert told == [(CPU, 4 * BLOCK)] and mirror.tier_full_blocks == {CPU: 4}
     assert mirror.tier_blocks[CPU] == 4
     # evicting again at the same fill teaches nothing new
-    mirror.apply([KVEvent("BlockRemoved", [1, 2], medium=CPU), KVEvent("BlockStored", [6], medium=CPU)])
+    mirror.apply([BlockRemoved([1, 2], medium=CPU), BlockStored([6], medium=CPU)])
     assert told == [(CPU, 4 * BLOCK)] and mirror.tier_blocks[CPU] == 3
     # a cleared tier, or a restarted rank, empties the fill but the size learned stays
-    mirror.apply([KVEvent("AllBlocksCleared", [], medium=CPU)])
+    mirror.apply([AllBlocksCleared(medium=CPU)])
     assert mirror.tier_blocks[CPU] == 0 and mirror.tier_full_blocks == {CPU: 4}
-    mirror.apply([stored_gpu(10, 6), KVEvent("BlockStored", list(range(10, 16)), medium=CPU)])
-    mirror.apply([KVEvent("BlockRemoved", [10], medium=CPU)])  # a larger tier than thought: it grows
+    mirror.apply([stored_gpu(10, 6), BlockStored(list(range(10, 16)), medium=CPU)])
+    mirror.apply([BlockRemoved([10], medium=CPU)])  # a larger tier than thought: it grows
     assert told == [(CPU, 4 * BLOCK), (CPU, 6 * BLOCK)]
     mirror.reset()
     assert not mirror.tier_blocks and mirror.tier_full_blocks == {CPU: 6}

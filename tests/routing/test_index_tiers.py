@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from routing.index import CPU, GPU, Lookup
 from routing.index.memory import MemoryPrefixIndex
-from routing.kv_events import KVEvent, RankMirror, decode_batch
+from routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, RankMirror, decode_batch
 from tests.routing.conftest import chain
 from tokenization.block_hash import BlockHasher, kv_event_hash
 
@@ -157,16 +157,14 @@ def test_cpu_events_by_hash_alone_follow_the_gpu_store(shared_dir: Path) -> None
     index = MemoryPrefixIndex()
     mirror = RankMirror("a", index, hasher)
     mirror.apply(events[:1])  # BlockStored, GPU
-    mirror.apply(
-        [KVEvent("BlockStored", u64s, None, [], 16, CPU), KVEvent("BlockStored", [7], None, [], 16, CPU)]
-    )
+    mirror.apply([BlockStored(u64s, None, [], 16, medium=CPU), BlockStored([7], None, [], 16, medium=CPU)])
     assert mirror.unmapped == 1, "a CPU store of a block never seen on the GPU cannot be keyed"
     assert tiers(index, own) == (2, 0)
     mirror.apply(events[1:2])  # BlockRemoved of block 1, GPU: demoted
     assert tiers(index, own) == (2, 1)
-    mirror.apply([KVEvent("BlockRemoved", [u64s[1]], medium=CPU)])
+    mirror.apply([BlockRemoved([u64s[1]], medium=CPU)])
     assert tiers(index, own) == (1, 0)
-    mirror.apply([KVEvent("AllBlocksCleared", [], medium=GPU)])  # block 0 still on CPU
+    mirror.apply([AllBlocksCleared(medium=GPU)])  # block 0 still on CPU
     assert tiers(index, own) == (1, 1)
     mirror.apply(events[2:])  # AllBlocksCleared without medium: everything
     assert tiers(index, own) == (0, 0)
@@ -180,9 +178,9 @@ def test_cpu_store_with_tokens_is_hashed_like_a_gpu_store() -> None:
     u64s = [kv_event_hash(h) for h in own]
     index = MemoryPrefixIndex()
     mirror = RankMirror("a", index, hasher)
-    mirror.apply([KVEvent("BlockStored", u64s, None, tokens, 16, CPU)])
+    mirror.apply([BlockStored(u64s, None, tokens, 16, medium=CPU)])
     assert tiers(index, own) == (3, 3)
-    mirror.apply([KVEvent("BlockRemoved", u64s[2:], medium=GPU)])  # no GPU copy: ignored
+    mirror.apply([BlockRemoved(u64s[2:], medium=GPU)])  # no GPU copy: ignored
     assert tiers(index, own) == (3, 3)
 
 

@@ -13,7 +13,14 @@ import pytest
 from bench.sim import PromptProcessor, SimRankServer
 from proxy.stages.route import Router
 from routing.index.memory import MemoryPrefixIndex
-from routing.kv_events import KVEvent, KVEventSubscriber, RankMirror, decode_batch, decode_event
+from routing.kv_events import (
+    BlockRemoved,
+    BlockStored,
+    KVEventSubscriber,
+    RankMirror,
+    decode_batch,
+    decode_event,
+)
 from routing.policies import make_policy
 from routing.ranks import Fleet, Rank
 from tests.helpers.ranks import RankServers
@@ -155,11 +162,11 @@ def test_a_run_of_block_removed_events_is_one_removal_and_the_same_mirror() -> N
     chains = {name: [base + n for n in range(16 * 4)] for name, base in (("a", 1000), ("b", 5000))}
     ids = {name: [kv_event_hash(h) for h in hasher.hash_blocks(tokens)] for name, tokens in chains.items()}
     events = [
-        KVEvent("BlockStored", ids["a"], None, chains["a"], 16),
-        *(KVEvent("BlockRemoved", [u64]) for u64 in reversed(ids["a"][2:])),  # a's tail, one by one
-        KVEvent("BlockStored", ids["b"], None, chains["b"], 16),
-        *(KVEvent("BlockRemoved", [u64]) for u64 in reversed(ids["b"][1:])),
-        KVEvent("BlockRemoved", [ids["a"][1]]),
+        BlockStored(ids["a"], None, chains["a"], 16),
+        *(BlockRemoved([u64]) for u64 in reversed(ids["a"][2:])),  # a's tail, one by one
+        BlockStored(ids["b"], None, chains["b"], 16),
+        *(BlockRemoved([u64]) for u64 in reversed(ids["b"][1:])),
+        BlockRemoved([ids["a"][1]]),
     ]
     batched, one_by_one = CountingIndex(), CountingIndex()
     RankMirror("r0", batched, hasher).apply(events)
@@ -218,3 +225,41 @@ def test_digest_hashes_are_read_as_vllms_uint64s() -> None:
         digest
     )
     assert decode_event(["BlockRemoved", [digest], "CPU"]).block_hashes == [kv_event_hash(digest)]
+
+
+@pytest.mark.parametrize("as_map", [True, False])
+def test_an_unknown_event_type_is_skipped_and_the_rest_of_its_batch_applied(as_map: bool) -> None:
+    """A newer vLLM's event type fails the typed decoding of its batch: the batch is then read event
+    by event, and the events the mirror knows are kept, in order."""
+    import msgspec
+
+    stored = {"type": "BlockStored", "block_hashes": [11, 12], "token_ids": list(range(32)), "block_size": 16}
+    removed = {"type": "BlockRemoved", "block_hashes": [b"\x00" * 24 + (12).to_bytes(8, "big")]}
+    future = {"type": "BlockPinned", "block_hashes": [11]}
+    events = (
+        [stored, future, removed]
+        if as_map
+        else [
+            ["BlockStored", [11, 12], None, list(range(32)), 16, None, "CPU"],
+            ["BlockPinned", [11]],
+            ["BlockRemoved", [12]],
+        ]
+    )
+    ts, decoded, dp_rank = decode_batch(msgspec.msgpack.encode([2.5, events]))
+    assert (ts, dp_rank) == (2.5, None)
+    assert [e.type for e in decoded] == ["BlockStored", "BlockRemoved"]
+    assert decoded[0].medium == ("GPU" if as_map else "CPU") and decoded[1].block_hashes == [12]
+
+
+def test_a_decoder_that_learned_one_form_still_reads_the_other() -> None:
+    """A subscriber's decoder tries the form of its rank's last batch first, never only that one."""
+    import msgspec
+
+    from routing.kv_events import EventDecoder
+
+    decoder = EventDecoder()
+    as_array = msgspec.msgpack.encode([1.0, [["BlockRemoved", [5], "CPU"]], 3])
+    as_map = msgspec.msgpack.encode([1.0, [{"type": "BlockRemoved", "block_hashes": [5]}]])
+    for payload, medium in ((as_array, "CPU"), (as_array, "CPU"), (as_map, "GPU")):
+        _, events, _ = decoder.decode(payload)
+        assert isinstance(events[0], BlockRemoved) and events[0].medium == medium
