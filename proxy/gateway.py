@@ -127,7 +127,7 @@ class Gateway:
             self.metrics.registry.unregister(self.metrics.redis_write_wait)
             self.metrics.registry.unregister(self.metrics.session_saves_dropped)
         namespace = await self.namespace.first(model)
-        self.namespace.index = index = self.state.prefix_index(namespace, block_size, algo, self._index_state)
+        index = self.state.prefix_index(namespace, block_size, algo, self._index_state)
         self.pins = Pins(
             self.state.response_ranks(), self.fleet, client, self.locals, settings.health_timeout
         )

@@ -48,6 +48,11 @@ class StateBackend(Protocol):
         none is agreed yet and ``proposal`` is None. Blocking (a round trip to a shared store)."""
         ...
 
+    def move_index(self, namespace: str) -> None:
+        """The replicas agreed on ``namespace`` after this one opened its index under another (no
+        rank was up to name the model): a shared index moves there; one process's has none to keep."""
+        ...
+
     def backlog(self) -> tuple[int, float] | None:
         """Writes queued for a shared store now and how long the latest one run had waited (how
         late other replicas see this one's writes); None without a shared store."""

@@ -15,8 +15,6 @@ import asyncio
 import logging
 
 from proxy.state.backends import StateBackend
-from proxy.state.redis.index import RedisPrefixIndex
-from routing.index import PrefixIndex
 from routing.rank_facts import RankFacts
 from routing.ranks import Rank
 
@@ -35,7 +33,6 @@ class IndexNamespace:
         self.shared = state.name != "memory"
         self.current = configured or PROVISIONAL
         self.settled = configured is not None or not self.shared
-        self.index: PrefixIndex | None = None
 
     async def first(self, model: str | None) -> str:
         """The namespace to open the index with, ``model`` being what the ranks up now serve."""
@@ -64,8 +61,8 @@ class IndexNamespace:
             return
         moved = agreed != self.current
         self._settle(agreed, facts.model)
-        if moved and isinstance(self.index, RedisPrefixIndex):
-            self.index.move_to(agreed)
+        if moved:
+            self.state.move_index(agreed)
 
     def missing(self, rank: Rank) -> list[str]:
         return [] if self.settled else ["index namespace"]

@@ -85,6 +85,9 @@ class MemoryState:
     def agree_index_namespace(self, proposal: str | None) -> str | None:
         return proposal  # one process: nothing to agree with
 
+    def move_index(self, namespace: str) -> None:
+        pass
+
     def backlog(self) -> tuple[int, float] | None:
         return None
 

@@ -34,6 +34,7 @@ class RedisState:
         self.link = RedisLink(fail_fast_client(url, timeout))
         self.client = self.link.client
         self._session_stores: list[RedisSessionStore] = []
+        self._indexes: list[RedisPrefixIndex] = []
 
     def sessions(self) -> SessionStore:
         store = RedisSessionStore(self.url, socket_timeout=self.timeout, link=self.link)
@@ -49,7 +50,7 @@ class RedisState:
     def prefix_index(
         self, model: str, block_size: int, hash_algo: str, on_state: Callable[[bool], None]
     ) -> PrefixIndex:
-        return RedisPrefixIndex(
+        index = RedisPrefixIndex(
             self.url,
             model=model,
             block_size=block_size,
@@ -59,6 +60,12 @@ class RedisState:
             on_state=on_state,
             link=self.link,
         )
+        self._indexes.append(index)
+        return index
+
+    def move_index(self, namespace: str) -> None:
+        for index in self._indexes:
+            index.move_to(namespace)
 
     def agree_index_namespace(self, proposal: str | None) -> str | None:
         """First writer wins (``SET NX``): replicas started at different moments, each first asking
