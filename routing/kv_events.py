@@ -126,7 +126,8 @@ def _hashes(raw: list[int | bytes]) -> list[int | bytes]:
 def decode_event(raw: Any) -> KVEvent | None:
     """One event from its 0.33 map or 0.11 positional array (None: a type the mirror does not use)."""
     try:
-        return msgspec.convert(raw, KVEvent if isinstance(raw, dict) else _ArrayEvent)  # type: ignore[arg-type]
+        form: Any = KVEvent if isinstance(raw, dict) else _ArrayEvent  # a union, not a class
+        return cast(KVEvent, msgspec.convert(raw, form))
     except msgspec.ValidationError:
         return None
 
