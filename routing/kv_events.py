@@ -47,9 +47,10 @@ class BlockStored(msgspec.Struct, tag_field="type", tag=True, gc=False):
     read by the subclass below)."""
 
     type: ClassVar[str] = "BlockStored"
-    #: The rank's uint64s (a digest on the wire is read as one, ``__post_init__``).
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None = None
+    #: The rank's uint64s: ints once decoded (a digest on the wire is read as one, ``__post_init__``;
+    #: typed Any so that msgspec takes either and the mirror's loop reads ints without a cast call).
+    block_hashes: list[Any]
+    parent_block_hash: Any = None
     token_ids: list[int] | None = None
     block_size: int | None = None
     lora_id: int | None = None
@@ -68,7 +69,7 @@ class BlockRemoved(msgspec.Struct, tag_field="type", tag=True, gc=False):
     """Blocks a rank evicted from ``medium`` (vLLM sends one per block)."""
 
     type: ClassVar[str] = "BlockRemoved"
-    block_hashes: list[int | bytes]
+    block_hashes: list[Any]  # ints once decoded, as BlockStored's
     medium: str | None = GPU
 
     def __post_init__(self) -> None:
@@ -113,7 +114,7 @@ class _ArrayBatch(msgspec.Struct, array_like=True, gc=False):
     data_parallel_rank: int | None = None
 
 
-def _hashes(raw: list[int | bytes]) -> list[int | bytes]:
+def _hashes(raw: list[Any]) -> list[Any]:
     """An event's block hashes as vLLM's uint64s. Some connectors' events (vLLM's offloading
     connector in some versions) carry the digests themselves: their last 8 bytes, as vLLM's
     ``maybe_convert_block_hash`` makes of them. One connector sends one kind: a list of uint64s is
@@ -208,11 +209,11 @@ class RankMirror:
         applied: dict[str, int] = {}
         for event in events:
             if isinstance(event, BlockRemoved):
-                medium = cast(str, event.medium)
+                medium = event.medium or GPU
                 if medium != removed_medium:
                     self._removed(removed, removed_medium)
                     removed, removed_medium = [], medium
-                removed.extend(cast(list[int], event.block_hashes))
+                removed.extend(event.block_hashes)
             elif isinstance(event, BlockStored):
                 self._removed(removed, removed_medium)
                 removed = []
@@ -259,8 +260,8 @@ class RankMirror:
 
     def _stored(self, event: BlockStored) -> None:
         size = self.hasher.block_size
-        medium = cast(str, event.medium)
-        hashes = cast(list[int], event.block_hashes)
+        medium = event.medium or GPU
+        hashes: list[int] = event.block_hashes
         tokens = event.token_ids or []
         if not tokens and hashes:
             # vLLM's offloading connector announces the blocks it copies to CPU by hash alone: blocks
@@ -274,7 +275,7 @@ class RankMirror:
         if event.parent_block_hash is None:
             own = self.hasher.hash_blocks(tokens)
         else:
-            parent = self._own.get(cast(int, event.parent_block_hash))
+            parent = self._own.get(event.parent_block_hash)
             if parent is None:  # its chain began before anything we saw: cannot be keyed
                 self.unmapped += len(hashes)
                 return
