@@ -116,7 +116,7 @@ class Settings(BaseModel):
     # sessions and admission control (proxy/sessions.py, proxy/admission.py)
     no_admission: bool = False
     admission_queue: int = Field(default=1024, ge=0)
-    target_fraction: float = Field(default=0.8, gt=0, le=1.0)
+    target_fraction: float = Field(default=0.8, gt=0, le=2.0)
     # None: learned from the traffic (think gaps, request durations); a value overrides
     session_idle_ttl: float | None = Field(default=None, gt=0)
     admission_wait: float | None = Field(default=None, ge=0)
@@ -258,7 +258,8 @@ OPTIONS: tuple[Option, ...] = (
         "target_fraction",
         float,
         "share of a rank's KV pool (GPU, plus the CPU tier of a rank that offloads) its active sessions"
-        " may fill (its budget)",
+        " may fill, each counted at its projected peak (its budget); up to 2: above 1 seats more than"
+        " those peaks fit, which one rank of 8 seats turned into throughput (docs/investigations.md)",
     ),
     Option(
         "session_idle_ttl",

@@ -55,6 +55,8 @@ def error_of(tmp_path: Path, yaml_text: str | None = None, **flags: object) -> s
         ({"redis_url": "localhost:6379"}, ["redis_url", "redis://", "'localhost:6379'"]),
         ({"kv_events": "garbage"}, ["kv_events", "'garbage'", "NAME=tcp://HOST:PORT", "auto"]),
         ({"kv_events": "b=tcp://h:5557"}, ["kv_events", "'b'", "configured: a", "from --kv-events"]),
+        ({"target_fraction": 2.5}, ["target_fraction", "2", "2.5", "from --target-fraction"]),
+        ({"target_fraction": 0}, ["target_fraction", "0", "from --target-fraction"]),
     ],
 )
 def test_a_bad_flag_is_named_with_its_value_and_choices(tmp_path, flags, fragments):
@@ -80,6 +82,13 @@ def test_a_bad_file_value_is_named_with_the_file(tmp_path, text, fragments):
     for fragment in fragments:
         assert fragment in message, message
     assert str(tmp_path / "prefixgate.yaml") in message
+
+
+def test_a_budget_past_the_pool_is_accepted_up_to_twice_it():
+    """Above 1 the budget seats more sessions than their projected peaks fit: an operator's choice
+    (docs/investigations.md, "A budget of the whole pool, or more"), bounded at 2."""
+    settings = load_settings(flags={"target_fraction": 1.2}, backend_specs=["a=" + RANK], environ={})
+    assert settings.target_fraction == 1.2
 
 
 def test_an_environment_value_names_its_variable():
