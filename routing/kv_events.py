@@ -317,23 +317,20 @@ class RankMirror:
         table = self._own
         held = self.tier_blocks[medium] if medium != GPU else 0
         gone: list[bytes] = []
-        if medium == GPU:  # ``_copy`` inlined for the GPU, one per block vLLM evicts
-            for u64 in hashes:
-                entry = table.get(u64)
-                if entry is None or not entry[1]:
+        gpu = medium == GPU
+        for u64 in hashes:
+            entry = table.get(u64)
+            if entry is None:
+                continue
+            if gpu:  # ``_copy`` inlined for the GPU, one per block vLLM evicts
+                if not entry[1]:
                     continue
                 entry[1] -= 1
-                gone.append(entry[0])
-                if not entry[1] and entry[2] is None:
-                    del table[u64]
-        else:
-            for u64 in hashes:
-                entry = table.get(u64)
-                if entry is None or not self._copy(entry, medium, -1):
-                    continue
-                gone.append(entry[0])
-                if entry[1] == 0 and entry[2] is None:
-                    del table[u64]
+            elif not self._copy(entry, medium, -1):
+                continue
+            gone.append(entry[0])
+            if not entry[1] and entry[2] is None:
+                del table[u64]
         if gone:
             self.index.remove(self.rank, gone, counted=True, medium=medium)
             if medium != GPU:

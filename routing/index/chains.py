@@ -145,6 +145,12 @@ class RankChains:
             return next(iter(tiers.values())).get(block_hash, 0) if tiers else 0
         return sum(tier.get(block_hash, 0) for tier in tiers.values())
 
+    def _one_tier(self) -> dict[bytes, int] | None:
+        """The copies of vLLM's one lower tier (CPU), read directly per block of a KV event instead
+        of through ``offloaded_copies``; None with no tier or several."""
+        tiers = self.offloaded
+        return next(iter(tiers.values())) if len(tiers) == 1 else None
+
     def on_gpu(self, block_hash: bytes) -> bool:
         """Whether some copy of the held ``block_hash`` is on the GPU."""
         return block_hash not in self.off_gpu
@@ -177,22 +183,14 @@ class RankChains:
 
     def _retier(self, block_hashes: Sequence[bytes]) -> None:
         """Bring ``off_gpu`` up to date for these blocks (their copies changed)."""
-        off_gpu, tiers = self.off_gpu, self.offloaded
-        if not tiers:  # nothing offloaded: every held block has a GPU copy
+        off_gpu = self.off_gpu
+        if not self.offloaded:  # nothing offloaded: every held block has a GPU copy
             off_gpu.difference_update(block_hashes)
             return
-        if len(tiers) > 1:
-            without_gpu = self._without_gpu
-            for h in block_hashes:
-                if without_gpu(h):
-                    off_gpu.add(h)
-                else:
-                    off_gpu.discard(h)
-            return
-        # vLLM's one lower tier (CPU): ``_without_gpu`` inlined, for every block of every KV event
-        tier, where, counts = next(iter(tiers.values())), self.where, self.counts
+        # ``_without_gpu`` inlined, for every block of every KV event
+        one_tier, where, counts = self._one_tier(), self.where, self.counts
         for h in block_hashes:
-            off = tier.get(h, 0)
+            off = one_tier.get(h, 0) if one_tier is not None else self.offloaded_copies(h)
             if off and (counts.get(h, 1) if h in where else 0) <= off:
                 off_gpu.add(h)
             else:
@@ -242,9 +240,7 @@ class RankChains:
             return
         taken: dict[bytes, int] = {}  # GPU copies this call already took, per block
         drop: list[bytes] = []
-        tiers = self.offloaded
-        # a GPU removal behind vLLM's one lower tier reads its copies directly (``offloaded_copies``)
-        one_tier = next(iter(tiers.values())) if len(tiers) == 1 else None
+        one_tier = self._one_tier()
         for h in block_hashes:
             if h not in where:
                 continue
