@@ -98,7 +98,8 @@ def replay(feed: list[bytes], block_size: int, rounds: int) -> dict[str, Any]:
         index, in_flight = MemoryPrefixIndex(), InFlightBlocks()
         in_flight.add("r0", [bytes(16)])  # something in flight: each store confirms, as in a proxy
         mirror = RankMirror("r0", index, Xxh3ChainHasher(block_size), on_stored=in_flight.confirm)
-        # A subscriber never started: its batch handling, not its socket (payloads fed in order).
+        # A subscriber never started: its batch handling, not its socket (payloads fed in order). Its
+        # private _handle is the one seam the trees before the typed decoder share (--tree).
         subscriber = KVEventSubscriber(mirror, "tcp://127.0.0.1:1")
         started = time.perf_counter()
         for seq, payload in enumerate(feed):

@@ -46,38 +46,53 @@ def turn_gaps(results: dict[str, Any]) -> tuple[dict[tuple[str, int], float], di
 def completion_bound(cell: dict[str, Any], hit_rate: float) -> float | None:
     """Seconds any system needs at least to reach ``hit_rate`` on ``cell`` (None: past the
     infinite-cache bound, which no system reaches)."""
+    return _bound(*_space(cell), hit_rate)
+
+
+def _space(cell: dict[str, Any]) -> tuple[list[tuple[float, float]], float, float, float]:
+    """What the bound reads of a cell, the same for every hit rate asked: each later turn's gap and
+    private tokens (shortest gaps first), the tokens a cache of shared heads alone hits, the prompt
+    tokens, and the pool less the shared head."""
     gaps, hits = turn_gaps(cell["results"])
     turns = next(iter(cell["results"].values()))["turns"]
     prompt = sum(t["prompt_tokens"] for t in turns)
     shared = statistics.median(hits[key] for key in hits if key[1] == 0)
     pool = cell["kv_tokens"] * cell["ranks"]
-    needed = hit_rate * prompt - sum(min(h, shared) for h in hits.values())
+    private = sorted((gaps[key], hits[key] - min(hits[key], shared)) for key in gaps)
+    return private, sum(min(h, shared) for h in hits.values()), prompt, pool - shared
+
+
+def _bound(
+    private: list[tuple[float, float]], head_hits: float, prompt: float, room: float, hit_rate: float
+) -> float | None:
+    needed = hit_rate * prompt - head_hits
     pool_seconds = 0.0
-    for gap, private in sorted((gaps[key], hits[key] - min(hits[key], shared)) for key in gaps):
+    for gap, tokens in private:
         if needed <= 0:
             break
-        taken = min(private, needed)
+        taken = min(tokens, needed)
         pool_seconds += taken * gap
         needed -= taken
-    return None if needed > 0 else pool_seconds / (pool - shared)
+    return None if needed > 0 else pool_seconds / room
 
 
 def cell_bounds(cell: dict[str, Any]) -> dict[str, Any]:
     """The bound for the best peer's hit rate + ``HIT_MARGIN`` and for each system's own, beside the
     completion each took (a cell without a peer: each system's only)."""
     results = cell["results"]
+    space = _space(cell)  # once per cell, not per hit rate
     peers = {name: r for name, r in results.items() if not name.startswith("prefixgate")}
     out: dict[str, Any] = {
         name: {
             "hit_rate": r["hit_rate"],
             "completion_s": r["wall_s"],
-            "bound_s": completion_bound(cell, r["hit_rate"]),
+            "bound_s": _bound(*space, r["hit_rate"]),
         }
         for name, r in results.items()
     }
     if peers:
         target = max(r["hit_rate"] for r in peers.values()) + HIT_MARGIN
-        out["best peer + margin"] = {"hit_rate": target, "bound_s": completion_bound(cell, target)}
+        out["best peer + margin"] = {"hit_rate": target, "bound_s": _bound(*space, target)}
     return out
 
 
