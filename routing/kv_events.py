@@ -491,6 +491,10 @@ class KVEventSubscriber:
         sub = self._zmq.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        # A rank that is down is retried at 0.1 s doubling to 1 s, not 10 times a second for as
+        # long as it is gone: its port may meanwhile be another server's, which logs each greeting
+        # as an invalid request. Back up, a rank is heard from within a second.
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sub.connect(self.endpoint)
         try:
             if self.replay_endpoint is not None:
