@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from proxy.admission.accounting import RankState, Reservation, budget_tokens, count, log_over_pool
+from proxy.admission.budget import LearnedBudget
 from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
 from proxy.admission.explain import note_placed
 from proxy.admission.growth import PeakEstimator
@@ -69,6 +70,8 @@ class Ledger:
         self.metrics = metrics
         self.placement = placement
         self.time = LearnedTime(config)
+        #: Each rank's share of its cache that seats may fill: configured, else learned.
+        self.budget = LearnedBudget(config.target_fraction)
         self.speeds = speeds if speeds is not None else RankSpeeds()
         # through ``self.claims`` at the first wait: whichever claims admission has by then
         self.queue = WaitQueue(self.poll_interval(), lambda wake: self.claims.watch(wake))
@@ -150,7 +153,7 @@ class Ledger:
 
     def _budget(self, name: str) -> int | None:
         rank = self.fleet.get(name)
-        return budget_tokens(rank, self.config.target_fraction) if rank is not None else None
+        return budget_tokens(rank, self.budget.fraction(name)) if rank is not None else None
 
     def _claim(self, session: Session, rank: str) -> None:
         """``session`` holds its projected working set on ``rank`` (its head counted once there)."""
@@ -175,7 +178,7 @@ class Ledger:
             self.fleet,
             active,
             self._reservations.values(),
-            self.config,
+            self.budget.fraction,
             now,
             self.peaks.expected_peak,
             self.time.release_rule(),
@@ -289,6 +292,11 @@ class Ledger:
             session.hit_tokens_estimated += estimated
         usage = outcome.usage
         if usage is not None:
+            if not admitted.fresh:
+                waiting = len(self.queue) > 0
+                self.budget.judge(
+                    rank, outcome.ctx.expectation, usage.prompt_tokens, usage.cached_tokens, waiting
+                )
             self.moves.track(rank, settle(session, usage, self.config.block_size))
         session.served_s = 0.0 if admitted.waited_s else time.perf_counter() - outcome.ctx.started
         session.answered_at = session.last_seen

@@ -185,7 +185,9 @@ def test_dashboard_for_an_operator_in_chromium(deployment):
                 "prefix_affinity",
                 "canonicalization",
                 "admission",
-                "on, budget 80.0%",
+                "on, budget learned per rank",  # no --target-fraction
+                "session idle TTL\nlearned",  # no --session-idle-ttl: not "null s"
+                "admission wait\nlearned",
             ):
                 assert fragment in settings
             # at 800 px nothing runs off the side of the page (the sessions table scrolls in its panel)

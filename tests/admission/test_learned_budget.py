@@ -1,0 +1,122 @@
+"""Each rank's share of its KV cache that seats may fill, learned from whether seated sessions keep
+their blocks (``proxy/admission/budget.py``): grown while they keep them and others wait, cut when
+one loses them, fixed by ``--target-fraction``."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from proxy.admission.budget import CUT, MAX_FRACTION, MIN_FRACTION, STEP, WINDOW, LearnedBudget
+from proxy.config import DEFAULT_TARGET_FRACTION
+from proxy.context import Expectation
+from tests.admission.conftest import KV_TOKENS, Background, chat, metric
+from tests.helpers.wait import wait_until
+
+BLOCK = 16
+PROMPT = 1000
+
+
+def returned(rank: str = "r0", previous: str | None = "r0", expected: int = 960) -> Expectation:
+    """A turn of ``PROMPT`` tokens on ``rank`` sharing ``expected`` tokens with its previous turn's
+    prompt, which went to ``previous``."""
+    return Expectation(3, expected, PROMPT, BLOCK, rank, previous)
+
+
+def window(budget: LearnedBudget, *, lost: int = 0, waiting: bool = True, rank: str = "r0") -> None:
+    """One decision's worth of judged returns on ``rank``, ``lost`` of them short of their prefix."""
+    for n in range(WINDOW):
+        cached = 960 - BLOCK if n < lost else 960
+        budget.judge(rank, returned(rank, rank), PROMPT, cached, waiting)
+
+
+def test_kept_blocks_while_sessions_wait_grow_the_share_one_step_a_window() -> None:
+    budget = LearnedBudget()
+    assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION
+    for n in range(WINDOW - 1):
+        budget.judge("r0", returned(), PROMPT, 960, waiting=n == 0)
+    assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION  # not before a whole window
+    budget.judge("r0", returned(), PROMPT, 960, waiting=False)
+    assert budget.fraction("r0") == pytest.approx(DEFAULT_TARGET_FRACTION + STEP)
+    window(budget)
+    assert budget.fraction("r0") == pytest.approx(DEFAULT_TARGET_FRACTION + 2 * STEP)
+    assert budget.fraction("r1") == DEFAULT_TARGET_FRACTION  # per rank
+    assert budget.fractions() == {"r0": pytest.approx(DEFAULT_TARGET_FRACTION + 2 * STEP)}
+
+
+def test_room_nobody_waits_for_teaches_nothing() -> None:
+    budget = LearnedBudget()
+    for _ in range(3):
+        window(budget, waiting=False)
+    assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION
+
+
+def test_one_seated_session_losing_blocks_cuts_the_share() -> None:
+    budget = LearnedBudget()
+    window(budget)
+    window(budget, lost=1)  # one block short in one return of the window: waiters or not
+    assert budget.fraction("r0") == pytest.approx((DEFAULT_TARGET_FRACTION + STEP) * CUT)
+    window(budget, lost=WINDOW, waiting=False)
+    assert budget.fraction("r0") == pytest.approx((DEFAULT_TARGET_FRACTION + STEP) * CUT * CUT)
+
+
+def test_the_share_stays_within_its_bounds() -> None:
+    budget = LearnedBudget()
+    for _ in range(100):
+        window(budget, lost=1)
+    assert budget.fraction("r0") == MIN_FRACTION
+    for _ in range(100):
+        window(budget)
+    assert budget.fraction("r0") == MAX_FRACTION
+
+
+def test_only_a_return_extending_its_turn_on_the_same_rank_is_judged() -> None:
+    budget = LearnedBudget()
+    for _ in range(WINDOW):
+        budget.judge("r0", returned(previous="r1"), PROMPT, 0, True)  # moved: lost by the move
+        budget.judge("r0", returned(rank="r1"), PROMPT, 0, True)  # answered elsewhere than routed
+        budget.judge("r0", returned(expected=0), PROMPT, 0, True)  # its prompt was rewritten
+        budget.judge("r0", returned(), PROMPT + 5, 0, True)  # the rank counted another prompt
+        budget.judge("r0", returned(), PROMPT, None, True)  # the rank did not say
+        budget.judge("r0", None, PROMPT, 0, True)  # no previous turn
+    assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION
+
+
+def test_a_configured_fraction_is_never_learned() -> None:
+    budget = LearnedBudget(1.2)
+    window(budget)
+    window(budget, lost=1)
+    assert budget.fraction("r0") == 1.2 and budget.fractions() == {}
+
+
+def test_a_waiter_is_seated_once_seated_sessions_show_the_pool_holds_more(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    """Two ~720-token sessions fill a 2,048-token rank's starting budget (0.8); a third waits (no
+    rotation, no idling out) while the two keep returning and keep their blocks: the share grows a
+    step a window until the third fits."""
+    ranks = rank_servers.sim(1)
+    proxy = gateway(ranks, admission_wait=120, session_idle_ttl=120)
+    for key in ("a", "b"):
+        assert chat(proxy.url, key, 700).status_code == 200
+    waiter = Background(lambda: chat(proxy.url, "c", 700, timeout=60))
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 1)
+    seated = [httpx.get(f"{proxy.url}/admin/sessions/{k}", timeout=5).json() for k in "ab"]
+    rank = seated[0]["rank"]
+    # c's prompt is as long as a's (the same text under another name): what its admission counts
+    needs = sum(s["context_tokens"] for s in seated) + seated[0]["turns_log"][0]["prompt_tokens"]
+
+    def share() -> float | None:
+        return metric(proxy.url, "prefixgate_admission_budget_fraction", backend=rank)
+
+    windows = 0
+    while share() * KV_TOKENS < needs:  # type: ignore[operator]
+        assert windows < 12, "the share never grew enough"
+        assert waiter.response is None and metric(proxy.url, "prefixgate_admission_queue_depth") == 1
+        for turn in range(WINDOW):
+            assert chat(proxy.url, "ab"[turn % 2], 700).status_code == 200
+        windows += 1
+        grown = DEFAULT_TARGET_FRACTION + windows * STEP
+        wait_until(lambda grown=grown: share() == pytest.approx(grown), "the share did not grow a step")
+    assert windows > 0
+    assert waiter.result(timeout=10).status_code == 200
+    record = httpx.get(f"{proxy.url}/admin/sessions/c", timeout=5).json()["admission"]
+    assert record["decision"] == "room" and record["rank"] == rank  # nobody parked or idled out for it
