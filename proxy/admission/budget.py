@@ -13,10 +13,13 @@ to protect:
   that turn's (the prefix-break explainer's ``Expectation``). It *kept* its blocks when the rank
   reported at least that prefix cached (every tier: a block offloaded to CPU memory is kept), and
   *lost* them otherwise: the rank's cache evicted a seated session's blocks.
-- After every ``WINDOW`` judged returns on a rank: one lost, and the share is cut to ``CUT`` of itself
-  (not below ``MIN_FRACTION``); none lost while sessions waited for a seat, and it grows by ``STEP``
-  (not past ``MAX_FRACTION``); none lost and nobody waiting, it stays (room nobody asked for teaches
-  nothing about what the pool holds).
+- A lost return cuts the rank's share to ``CUT`` of itself at once (not below ``MIN_FRACTION``); so
+  does a preemption the rank reports (``vllm:num_preemptions_total`` grew between two scrapes: its
+  running sequences outgrew the pool).
+- ``WINDOW`` judged returns in a row that kept their blocks grow it by ``STEP`` (not past
+  ``MAX_FRACTION``) if any of them found sessions waiting for a seat while the rank's own scheduler
+  queue was empty at its last scrape. Room nobody asked for teaches nothing about what the pool
+  holds, and a rank whose own queue is full would run no faster with more sessions.
 
 Additive increase and multiplicative decrease, as TCP's congestion window: the share settles just
 under the point where seated sessions start to evict each other, and backs off quickly when the
@@ -30,10 +33,13 @@ fast in its own time.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from proxy.config import DEFAULT_TARGET_FRACTION
 from proxy.context import Expectation
+
+log = logging.getLogger("prefixgate.admission")
 
 #: Judged returns on a rank between two decisions on its share.
 WINDOW = 8
@@ -48,12 +54,13 @@ MAX_FRACTION = 2.0
 
 @dataclass(slots=True)
 class RankShare:
-    """One rank's learned share and the judged returns since its last decision."""
+    """One rank's learned share and the judged returns since it last changed."""
 
+    rank: str
     fraction: float
+    #: Judged returns in a row that kept their blocks.
     judged: int = 0
-    lost: int = 0
-    #: Judged returns of this window that found sessions waiting for a seat.
+    #: Of those, the ones that found sessions waiting for a seat while the rank's own queue was empty.
     wanted: int = 0
 
 
@@ -66,6 +73,8 @@ class LearnedBudget:
         self.start = fixed if fixed is not None else DEFAULT_TARGET_FRACTION
         self.fixed = fixed is not None
         self._shares: dict[str, RankShare] = {}
+        #: Each rank's preemption counter at its last scrape.
+        self._preemptions: dict[str, float] = {}
 
     def fraction(self, rank: str) -> float:
         """``rank``'s share of its KV cache that seats may fill (a read)."""
@@ -76,26 +85,57 @@ class LearnedBudget:
         """Every rank's learned share (ranks not yet judged use ``start``)."""
         return {name: share.fraction for name, share in self._shares.items()}
 
+    def preempted(self, rank: str, preemptions: float | None) -> None:
+        """``rank``'s scrape counted ``preemptions`` so far: any since the last scrape cut its share."""
+        if preemptions is None:
+            return
+        last = self._preemptions.get(rank)
+        self._preemptions[rank] = preemptions
+        if last is not None and preemptions > last and not self.fixed:
+            self._cut(self._share(rank), f"it preempted {preemptions - last:.0f} running requests")
+
     def judge(
-        self, rank: str, expected: Expectation | None, prompt_tokens: int, cached: int | None, waiting: bool
+        self, rank: str, expected: Expectation | None, prompt_tokens: int, cached: int | None, wanted: bool
     ) -> None:
         """A seated session's turn on ``rank`` was answered with ``cached`` of its ``prompt_tokens``
-        cached; ``waiting``: sessions were waiting for a seat. Only a return that extends its previous
-        turn on the same rank, counted the same way by the rank, is judged."""
+        cached; ``wanted``: sessions were waiting for a seat while the rank's own queue was empty.
+        Only a return that extends its previous turn on the same rank, counted the same way by the
+        rank, is judged."""
         if self.fixed or expected is None or cached is None or expected.expected_tokens <= 0:
             return
         if expected.rank != rank or expected.previous_rank != rank or prompt_tokens != expected.num_tokens:
             return
-        share = self._shares.get(rank)
-        if share is None:
-            share = self._shares[rank] = RankShare(self.start)
+        share = self._share(rank)
+        if cached < expected.expected_tokens:
+            self._cut(share, f"a seated session lost {expected.expected_tokens - cached} cached tokens")
+            return
         share.judged += 1
-        share.lost += cached < expected.expected_tokens
-        share.wanted += waiting
+        share.wanted += wanted
         if share.judged < WINDOW:
             return
-        if share.lost:
-            share.fraction = max(MIN_FRACTION, share.fraction * CUT)
-        elif share.wanted:
-            share.fraction = min(MAX_FRACTION, share.fraction + STEP)
-        share.judged = share.lost = share.wanted = 0
+        if share.wanted:
+            before, share.fraction = share.fraction, min(MAX_FRACTION, share.fraction + STEP)
+            if share.fraction != before:
+                log.info(
+                    "%s's budget share %.2f -> %.2f of its cache: %d seated sessions' returns kept their "
+                    "blocks while others waited",
+                    rank,
+                    before,
+                    share.fraction,
+                    share.judged,
+                )
+        share.judged = share.wanted = 0
+
+    def _share(self, rank: str) -> RankShare:
+        share = self._shares.get(rank)
+        if share is None:
+            share = self._shares[rank] = RankShare(rank, self.start)
+        return share
+
+    def _cut(self, share: RankShare, why: str) -> None:
+        before, share.fraction = share.fraction, max(MIN_FRACTION, share.fraction * CUT)
+        share.judged = share.wanted = 0
+        if share.fraction != before:
+            log.info(
+                "%s's budget share %.2f -> %.2f of its cache: %s", share.rank, before, share.fraction, why
+            )

@@ -244,8 +244,10 @@ class Ledger:
     # -- what the ranks measure -------------------------------------------------------------------
 
     def observe_rank(self, rank: str, sample: RankSample) -> None:
-        """A rank's new ``/metrics`` figures (the poller's callback): its speed; waiters re-check."""
+        """A rank's new ``/metrics`` figures (the poller's callback): its speed and preemptions;
+        waiters re-check."""
         self.speeds.observe(rank, sample)
+        self.budget.preempted(rank, sample.value("preemptions"))
         self.queue.notify()
 
     # -- after routing and after the answer -------------------------------------------------------
@@ -293,9 +295,10 @@ class Ledger:
         usage = outcome.usage
         if usage is not None:
             if not admitted.fresh:
-                waiting = len(self.queue) > 0
+                # more room would have seated someone, on a rank with capacity to run them
+                wanted = len(self.queue) > 0 and self.speeds.load(rank).waiting == 0
                 self.budget.judge(
-                    rank, outcome.ctx.expectation, usage.prompt_tokens, usage.cached_tokens, waiting
+                    rank, outcome.ctx.expectation, usage.prompt_tokens, usage.cached_tokens, wanted
                 )
             self.moves.track(rank, settle(session, usage, self.config.block_size))
         session.served_s = 0.0 if admitted.waited_s else time.perf_counter() - outcome.ctx.started

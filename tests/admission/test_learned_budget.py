@@ -23,20 +23,24 @@ def returned(rank: str = "r0", previous: str | None = "r0", expected: int = 960)
     return Expectation(3, expected, PROMPT, BLOCK, rank, previous)
 
 
-def window(budget: LearnedBudget, *, lost: int = 0, waiting: bool = True, rank: str = "r0") -> None:
-    """One decision's worth of judged returns on ``rank``, ``lost`` of them short of their prefix."""
-    for n in range(WINDOW):
-        cached = 960 - BLOCK if n < lost else 960
-        budget.judge(rank, returned(rank, rank), PROMPT, cached, waiting)
+def window(budget: LearnedBudget, *, waiting: bool = True, rank: str = "r0") -> None:
+    """One decision's worth of judged returns on ``rank`` that kept their blocks."""
+    for _ in range(WINDOW):
+        budget.judge(rank, returned(rank, rank), PROMPT, 960, waiting)
+
+
+def lose(budget: LearnedBudget, rank: str = "r0") -> None:
+    """A judged return on ``rank`` one block short of its prefix."""
+    budget.judge(rank, returned(rank, rank), PROMPT, 960 - BLOCK, False)
 
 
 def test_kept_blocks_while_sessions_wait_grow_the_share_one_step_a_window() -> None:
     budget = LearnedBudget()
     assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION
     for n in range(WINDOW - 1):
-        budget.judge("r0", returned(), PROMPT, 960, waiting=n == 0)
+        budget.judge("r0", returned(), PROMPT, 960, wanted=n == 0)
     assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION  # not before a whole window
-    budget.judge("r0", returned(), PROMPT, 960, waiting=False)
+    budget.judge("r0", returned(), PROMPT, 960, wanted=False)
     assert budget.fraction("r0") == pytest.approx(DEFAULT_TARGET_FRACTION + STEP)
     window(budget)
     assert budget.fraction("r0") == pytest.approx(DEFAULT_TARGET_FRACTION + 2 * STEP)
@@ -51,19 +55,38 @@ def test_room_nobody_waits_for_teaches_nothing() -> None:
     assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION
 
 
-def test_one_seated_session_losing_blocks_cuts_the_share() -> None:
+def test_a_seated_session_losing_blocks_cuts_the_share_at_once_and_restarts_the_window() -> None:
     budget = LearnedBudget()
     window(budget)
-    window(budget, lost=1)  # one block short in one return of the window: waiters or not
-    assert budget.fraction("r0") == pytest.approx((DEFAULT_TARGET_FRACTION + STEP) * CUT)
-    window(budget, lost=WINDOW, waiting=False)
-    assert budget.fraction("r0") == pytest.approx((DEFAULT_TARGET_FRACTION + STEP) * CUT * CUT)
+    for _ in range(WINDOW - 1):
+        budget.judge("r0", returned(), PROMPT, 960, wanted=True)
+    lose(budget)  # one block short: cut now, whoever waits
+    grown = DEFAULT_TARGET_FRACTION + STEP
+    assert budget.fraction("r0") == pytest.approx(grown * CUT)
+    lose(budget)
+    assert budget.fraction("r0") == pytest.approx(grown * CUT * CUT)
+    for _ in range(WINDOW - 1):  # the kept returns before the loss count no more
+        budget.judge("r0", returned(), PROMPT, 960, wanted=True)
+    assert budget.fraction("r0") == pytest.approx(grown * CUT * CUT)
+    budget.judge("r0", returned(), PROMPT, 960, wanted=True)
+    assert budget.fraction("r0") == pytest.approx(grown * CUT * CUT + STEP)
+
+
+def test_a_rank_preempting_running_requests_cuts_its_share() -> None:
+    budget = LearnedBudget()
+    budget.preempted("r0", 3.0)  # the first scrape: a baseline, nothing since
+    budget.preempted("r0", 3.0)
+    budget.preempted("r0", None)  # a rank that does not export the counter
+    assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION
+    budget.preempted("r0", 5.0)
+    assert budget.fraction("r0") == pytest.approx(DEFAULT_TARGET_FRACTION * CUT)
+    assert budget.fraction("r1") == DEFAULT_TARGET_FRACTION
 
 
 def test_the_share_stays_within_its_bounds() -> None:
     budget = LearnedBudget()
     for _ in range(100):
-        window(budget, lost=1)
+        lose(budget)
     assert budget.fraction("r0") == MIN_FRACTION
     for _ in range(100):
         window(budget)
@@ -85,7 +108,9 @@ def test_only_a_return_extending_its_turn_on_the_same_rank_is_judged() -> None:
 def test_a_configured_fraction_is_never_learned() -> None:
     budget = LearnedBudget(1.2)
     window(budget)
-    window(budget, lost=1)
+    lose(budget)
+    budget.preempted("r0", 1.0)
+    budget.preempted("r0", 2.0)
     assert budget.fraction("r0") == 1.2 and budget.fractions() == {}
 
 
