@@ -10,7 +10,7 @@ import pytest
 from proxy.admission.budget import CUT, MAX_FRACTION, MIN_FRACTION, STEP, WINDOW, LearnedBudget
 from proxy.config import DEFAULT_TARGET_FRACTION
 from proxy.context import Expectation
-from tests.admission.conftest import KV_TOKENS, Background, chat, metric
+from tests.admission.conftest import KV_TOKENS, Background, chat, metric, prompt_of
 from tests.helpers.wait import wait_until
 
 BLOCK = 16
@@ -145,3 +145,36 @@ def test_a_waiter_is_seated_once_seated_sessions_show_the_pool_holds_more(rank_s
     assert waiter.result(timeout=10).status_code == 200
     record = httpx.get(f"{proxy.url}/admin/sessions/c", timeout=5).json()["admission"]
     assert record["decision"] == "room" and record["rank"] == rank  # nobody parked or idled out for it
+
+
+def test_a_rank_that_preempts_has_its_share_cut(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    """Two seated sessions decoding together outgrow a 2,048-token pool: the rank preempts one, says
+    so in its ``/metrics``, and the proxy cuts the rank's share once it scrapes that."""
+    # decoding at a fifth of the modelled speed (~0.6 s an answer), so the second session is admitted
+    # while the first is in flight, at its prompt's size; an instant first answer would have grown
+    # it to 1,111 tokens and left the second waiting for a seat
+    ranks = rank_servers.sim(1, time_scale=0.2)
+    proxy = gateway(ranks, admission_wait=120, session_idle_ttl=120)
+
+    def long_answer(key: str) -> httpx.Response:
+        body = {
+            "model": "sim",
+            "messages": [{"role": "user", "content": prompt_of(key, 600)}],
+            "max_tokens": 500,
+        }
+        return httpx.post(
+            f"{proxy.url}/v1/chat/completions", json=body, headers={"x-session-id": key}, timeout=30
+        )
+
+    answers = [Background(lambda key=key: long_answer(key)) for key in "ab"]  # 2 x 1,100 > 2,048
+    assert all(a.result().status_code == 200 for a in answers)
+    preemptions = httpx.get(f"{ranks[0].url}/metrics", timeout=5).text
+    assert "vllm:num_preemptions_total 0.0" not in preemptions  # the rank did preempt
+    rank = httpx.get(f"{proxy.url}/admin/sessions/a", timeout=5).json()["rank"]
+    wait_until(
+        lambda: (
+            metric(proxy.url, "prefixgate_admission_budget_fraction", backend=rank)
+            == pytest.approx(DEFAULT_TARGET_FRACTION * CUT)
+        ),
+        "the share was not cut after the rank's preemption",
+    )
