@@ -13,13 +13,15 @@ to protect:
   that turn's (the prefix-break explainer's ``Expectation``). It *kept* its blocks when the rank
   reported at least that prefix cached (every tier: a block offloaded to CPU memory is kept), and
   *lost* them otherwise: the rank's cache evicted a seated session's blocks.
-- A lost return cuts the rank's share to ``CUT`` of itself at once (not below ``MIN_FRACTION``); so
-  does a preemption the rank reports (``vllm:num_preemptions_total`` grew between two scrapes: its
-  running sequences outgrew the pool).
-- ``WINDOW`` judged returns in a row that kept their blocks grow it by ``STEP`` (not past
-  ``MAX_FRACTION``) if any of them found sessions waiting for a seat while the rank's own scheduler
-  queue was empty at its last scrape. Room nobody asked for teaches nothing about what the pool
-  holds, and a rank whose own queue is full would run no faster with more sessions.
+- Judged returns are taken ``WINDOW`` at a time. The first lost one of a window cuts the rank's share
+  to ``CUT`` of itself at once (not below ``MIN_FRACTION``); so does a preemption the rank reports
+  (``vllm:num_preemptions_total`` grew between two scrapes: its running sequences outgrew the pool).
+  One cut a window: the cut takes no seat back, so the losses that follow it at once are the same
+  crowding, and cutting for each would take the share to its floor.
+- A window with no loss or preemption grows the share by ``STEP`` (not past ``MAX_FRACTION``) if any
+  of its returns found sessions waiting for a seat while the rank's own scheduler queue was empty at
+  its last scrape. Room nobody asked for teaches nothing about what the pool holds, and a rank whose
+  own queue is full would run no faster with more sessions.
 
 Additive increase and multiplicative decrease, as TCP's congestion window: the share settles just
 under the point where seated sessions start to evict each other, and backs off quickly when the
@@ -58,10 +60,12 @@ class RankShare:
 
     rank: str
     fraction: float
-    #: Judged returns in a row that kept their blocks.
+    #: Judged returns of the current window.
     judged: int = 0
     #: Of those, the ones that found sessions waiting for a seat while the rank's own queue was empty.
     wanted: int = 0
+    #: The window has cut the share (a loss or a preemption): it cuts no more and does not grow it.
+    cut: bool = False
 
 
 class LearnedBudget:
@@ -108,12 +112,11 @@ class LearnedBudget:
         share = self._share(rank)
         if cached < expected.expected_tokens:
             self._cut(share, f"a seated session lost {expected.expected_tokens - cached} cached tokens")
-            return
         share.judged += 1
         share.wanted += wanted
         if share.judged < WINDOW:
             return
-        if share.wanted:
+        if not share.cut and share.wanted:
             before, share.fraction = share.fraction, min(MAX_FRACTION, share.fraction + STEP)
             if share.fraction != before:
                 log.info(
@@ -125,6 +128,7 @@ class LearnedBudget:
                     share.judged,
                 )
         share.judged = share.wanted = 0
+        share.cut = False
 
     def _share(self, rank: str) -> RankShare:
         share = self._shares.get(rank)
@@ -133,8 +137,11 @@ class LearnedBudget:
         return share
 
     def _cut(self, share: RankShare, why: str) -> None:
+        """Cut ``share`` for ``why``, unless its window has cut it already."""
+        if share.cut:
+            return
+        share.cut = True
         before, share.fraction = share.fraction, max(MIN_FRACTION, share.fraction * CUT)
-        share.judged = share.wanted = 0
         if share.fraction != before:
             log.info(
                 "%s's budget share %.2f -> %.2f of its cache: %s", share.rank, before, share.fraction, why

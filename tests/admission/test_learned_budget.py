@@ -55,20 +55,21 @@ def test_room_nobody_waits_for_teaches_nothing() -> None:
     assert budget.fraction("r0") == DEFAULT_TARGET_FRACTION
 
 
-def test_a_seated_session_losing_blocks_cuts_the_share_at_once_and_restarts_the_window() -> None:
+def test_a_seated_session_losing_blocks_cuts_the_share_at_once_once_a_window() -> None:
     budget = LearnedBudget()
     window(budget)
+    grown = DEFAULT_TARGET_FRACTION + STEP
     for _ in range(WINDOW - 1):
         budget.judge("r0", returned(), PROMPT, 960, wanted=True)
-    lose(budget)  # one block short: cut now, whoever waits
-    grown = DEFAULT_TARGET_FRACTION + STEP
+    lose(budget)  # one block short, the window's last: cut now, whoever waits
     assert budget.fraction("r0") == pytest.approx(grown * CUT)
-    lose(budget)
+    lose(budget)  # the next window's first loss cuts again
     assert budget.fraction("r0") == pytest.approx(grown * CUT * CUT)
-    for _ in range(WINDOW - 1):  # the kept returns before the loss count no more
-        budget.judge("r0", returned(), PROMPT, 960, wanted=True)
-    assert budget.fraction("r0") == pytest.approx(grown * CUT * CUT)
+    for _ in range(WINDOW - 2):  # the same crowding: no more cuts this window
+        lose(budget)
     budget.judge("r0", returned(), PROMPT, 960, wanted=True)
+    assert budget.fraction("r0") == pytest.approx(grown * CUT * CUT)  # nor growth at its end
+    window(budget)
     assert budget.fraction("r0") == pytest.approx(grown * CUT * CUT + STEP)
 
 
@@ -81,12 +82,20 @@ def test_a_rank_preempting_running_requests_cuts_its_share() -> None:
     budget.preempted("r0", 5.0)
     assert budget.fraction("r0") == pytest.approx(DEFAULT_TARGET_FRACTION * CUT)
     assert budget.fraction("r1") == DEFAULT_TARGET_FRACTION
+    budget.preempted("r0", 6.0)  # the same window: cut once
+    lose(budget)
+    assert budget.fraction("r0") == pytest.approx(DEFAULT_TARGET_FRACTION * CUT)
+    window(budget)  # a window without growth (the cut's), then one that may grow it
+    window(budget)
+    assert budget.fraction("r0") == pytest.approx(DEFAULT_TARGET_FRACTION * CUT + STEP)
 
 
 def test_the_share_stays_within_its_bounds() -> None:
     budget = LearnedBudget()
     for _ in range(100):
         lose(budget)
+        for _ in range(WINDOW - 1):
+            budget.judge("r0", returned(), PROMPT, 960, wanted=True)
     assert budget.fraction("r0") == MIN_FRACTION
     for _ in range(100):
         window(budget)
