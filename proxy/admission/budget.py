@@ -43,11 +43,11 @@ from proxy.context import Expectation
 
 log = logging.getLogger("prefixgate.admission")
 
-#: Judged returns on a rank between two decisions on its share.
+#: Judged returns on a rank a window holds: at most one cut, or one step of growth, a window.
 WINDOW = 8
-#: What a decision adds to a share when no seated session lost blocks while others waited.
+#: What a window adds to a share when no seated session lost blocks while others waited.
 STEP = 0.05
-#: What a share keeps of itself when a seated session lost blocks.
+#: What a share keeps of itself when a seated session lost blocks or the rank preempted.
 CUT = 0.8
 #: The bounds of a learned share (of the projected peaks the pool holds).
 MIN_FRACTION = 0.4
@@ -84,10 +84,6 @@ class LearnedBudget:
         """``rank``'s share of its KV cache that seats may fill (a read)."""
         share = self._shares.get(rank)
         return share.fraction if share is not None else self.start
-
-    def fractions(self) -> dict[str, float]:
-        """Every rank's learned share (ranks not yet judged use ``start``)."""
-        return {name: share.fraction for name, share in self._shares.items()}
 
     def preempted(self, rank: str, preemptions: float | None) -> None:
         """``rank``'s scrape counted ``preemptions`` so far: any since the last scrape cut its share."""
