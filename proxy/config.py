@@ -39,9 +39,6 @@ DEFAULT_IDLE_TTL_S = 300.0
 #: Until the traffic has shown enough request durations, a session waits for a seat this long before
 #: one rotates to it (then the learned bound: a few long requests, ``proxy/admission/timing.py``).
 DEFAULT_WAIT_S = 30.0
-#: A rank's share of its KV cache that seats may fill, until its seated sessions' returns teach
-#: another (``proxy/admission/budget.py``).
-DEFAULT_TARGET_FRACTION = 0.8
 
 ENV_PREFIX = "PREFIXGATE_"
 KiB = 1024
@@ -119,9 +116,8 @@ class Settings(BaseModel):
     # sessions and admission control (proxy/sessions.py, proxy/admission.py)
     no_admission: bool = False
     admission_queue: int = Field(default=1024, ge=0)
-    # None: learned from the traffic (seated sessions' kept blocks, think gaps, request durations);
-    # a value overrides
-    target_fraction: float | None = Field(default=None, gt=0, le=2.0)
+    target_fraction: float = Field(default=0.8, gt=0, le=2.0)
+    # None: learned from the traffic (think gaps, request durations); a value overrides
     session_idle_ttl: float | None = Field(default=None, gt=0)
     admission_wait: float | None = Field(default=None, ge=0)
     max_sessions_per_rank: int = Field(default=0, ge=0)
@@ -261,11 +257,9 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "target_fraction",
         float,
-        "override: share of a rank's KV pool (GPU, plus the CPU tier of a rank that offloads) its"
-        " active sessions may fill, each counted at its projected peak (its budget), up to 2 (unset:"
-        " learned per rank, starting at the default: grown while seated sessions keep their blocks"
-        " and others wait, cut when one loses them; docs/admission.md)",
-        starts_at=DEFAULT_TARGET_FRACTION,
+        "share of a rank's KV pool (GPU, plus the CPU tier of a rank that offloads) its active sessions"
+        " may fill, each counted at its projected peak (its budget); up to 2: above 1 seats more than"
+        " those peaks fit, which one rank of 8 seats turned into throughput (docs/investigations.md)",
     ),
     Option(
         "session_idle_ttl",

@@ -39,9 +39,6 @@ SCALARS = {
     # of prefilling (the CPU tier's hits, outside ``cached_tokens``), and the seconds those loads took.
     "vllm:external_prefix_cache_hits_total": "cpu_loaded_tokens",
     "vllm:kv_offload_load_time_total": "cpu_load_seconds",
-    # requests the rank preempted (their blocks freed for others', recomputed later): running
-    # sequences outgrew the pool
-    "vllm:num_preemptions_total": "preemptions",
 }
 #: Histograms read (their ``_sum`` and ``_count``).
 HISTOGRAMS = {

@@ -8,9 +8,9 @@
 - ``rotation.py``: which quiet residents are parked for a session waiting past the rotation bound
   (the seat granted, ``Admitted`` and ``Before`` are request records: ``proxy/context.py``);
 - ``queue.py``: the wait for a seat, by priority and weighted-fair across client keys;
-- ``growth.py``, ``timing.py``, ``rank_speed.py``, ``budget.py``: what the traffic and the ranks
+- ``growth.py``, ``timing.py``, ``rank_speed.py``: what the traffic and the ranks
   teach (how far sessions grow, how long agents think, when a session has ended, the rotation
-  bound, how fast each rank computes, how much of its cache seats may fill);
+  bound, how fast each rank computes);
 - ``turns.py``, ``moves.py``: what a turn weighs, and a session's record as its turns come, fail
   and move;
 - ``explain.py``: each decision, said (the session's record, the metrics); ``refusals.py``: the 429s

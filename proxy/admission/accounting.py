@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from proxy.admission.config import RESERVATION_TTL_S
+from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
 from proxy.state.sessions import Session
 from routing.ranks import Fleet, Rank
 
@@ -102,19 +102,18 @@ def count(
     fleet: Fleet,
     active: Iterable[Session],
     reservations: Iterable[Reservation],
-    fraction: Callable[[str], float],
+    config: AdmissionConfig,
     now: float,
     expected_peak: Callable[[int], int],
     release_after: Callable[[Session], float],
     idle_ttl: float,
 ) -> dict[str, RankState]:
     """Working set and session count per rank from the ``active`` sessions and live reservations
-    (``fraction``: a rank's share of its cache seats may fill, ``budget.py``; ``idle_ttl``: the one in
-    force, configured or learned; ``release_after``: a session's quiet seconds after which it has most
-    likely ended)."""
+    (``idle_ttl``: the one in force, configured or learned; ``release_after``: a session's quiet
+    seconds after which it has most likely ended)."""
+    fraction = config.target_fraction
     states = {
-        r.name: RankState(r.name, r.pool_tokens, budget_tokens(r, fraction(r.name)), held_tokens(r))
-        for r in fleet
+        r.name: RankState(r.name, r.pool_tokens, budget_tokens(r, fraction), held_tokens(r)) for r in fleet
     }
     live = [r for r in reservations if r.live(time.monotonic())]
     # sessions a pending reservation will release: their room is spoken for already

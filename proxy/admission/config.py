@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
 from proxy.state.sessions import Session
 
+DEFAULT_TARGET_FRACTION = 0.8
 #: A session quiet for longer than this many times its longest think gap so far has most likely ended:
 #: in those traces a session's next gap exceeds twice its longest earlier gap for ~5 % of gaps.
 DEFAULT_RELEASE_FACTOR = 2.0
@@ -29,9 +30,7 @@ DEFAULT_MAX_QUEUE = 1024
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
     enabled: bool = True
-    #: Every rank's share of its KV cache that seats may fill; None: learned per rank, from
-    #: ``DEFAULT_TARGET_FRACTION`` (``budget.py``).
-    target_fraction: float | None = None
+    target_fraction: float = DEFAULT_TARGET_FRACTION
     #: Seconds after which a quiet session has ended; None: learned from the think gaps (``timing``).
     idle_ttl: float | None = DEFAULT_IDLE_TTL_S
     #: Seconds a session waits for a seat before one rotates to it; None: learned from request

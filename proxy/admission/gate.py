@@ -2,9 +2,7 @@
 
 The whole rule:
 
-- A rank's budget is a share of its KV pool, learned per rank from whether its seated sessions keep
-  their blocks (``budget.py``: cut when one loses them or the rank preempts, grown while they keep
-  them and others wait) or fixed by ``target_fraction``; on a rank that offloads KV to CPU memory,
+- A rank's budget is ``target_fraction`` of its KV pool; on a rank that offloads KV to CPU memory,
   of its GPU pool plus its CPU tier, whose size is learned from the rank's KV events (full at its
   first eviction: the size is what it held just before; each replica learns it from the same events,
   ``routing/kv_events.py``). Until an offloading rank has shown its CPU tier's size, its budget does

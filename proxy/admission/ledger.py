@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from proxy.admission.accounting import RankState, Reservation, budget_tokens, count, log_over_pool
-from proxy.admission.budget import LearnedBudget
 from proxy.admission.config import RESERVATION_TTL_S, AdmissionConfig
 from proxy.admission.explain import note_placed
 from proxy.admission.growth import PeakEstimator
@@ -70,8 +69,6 @@ class Ledger:
         self.metrics = metrics
         self.placement = placement
         self.time = LearnedTime(config)
-        #: Each rank's share of its cache that seats may fill: configured, else learned.
-        self.budget = LearnedBudget(config.target_fraction)
         self.speeds = speeds if speeds is not None else RankSpeeds()
         # through ``self.claims`` at the first wait: whichever claims admission has by then
         self.queue = WaitQueue(self.poll_interval(), lambda wake: self.claims.watch(wake))
@@ -153,7 +150,7 @@ class Ledger:
 
     def _budget(self, name: str) -> int | None:
         rank = self.fleet.get(name)
-        return budget_tokens(rank, self.budget.fraction(name)) if rank is not None else None
+        return budget_tokens(rank, self.config.target_fraction) if rank is not None else None
 
     def _claim(self, session: Session, rank: str) -> None:
         """``session`` holds its projected working set on ``rank`` (its head counted once there)."""
@@ -178,7 +175,7 @@ class Ledger:
             self.fleet,
             active,
             self._reservations.values(),
-            self.budget.fraction,
+            self.config,
             now,
             self.peaks.expected_peak,
             self.time.release_rule(),
@@ -244,10 +241,8 @@ class Ledger:
     # -- what the ranks measure -------------------------------------------------------------------
 
     def observe_rank(self, rank: str, sample: RankSample) -> None:
-        """A rank's new ``/metrics`` figures (the poller's callback): its speed and preemptions;
-        waiters re-check."""
+        """A rank's new ``/metrics`` figures (the poller's callback): its speed; waiters re-check."""
         self.speeds.observe(rank, sample)
-        self.budget.preempted(rank, sample.value("preemptions"))
         self.queue.notify()
 
     # -- after routing and after the answer -------------------------------------------------------
@@ -294,12 +289,6 @@ class Ledger:
             session.hit_tokens_estimated += estimated
         usage = outcome.usage
         if usage is not None:
-            if not admitted.fresh:
-                # more room would have seated someone, on a rank with capacity to run them
-                wanted = len(self.queue) > 0 and self.speeds.load(rank).waiting == 0
-                self.budget.judge(
-                    rank, outcome.ctx.expectation, usage.prompt_tokens, usage.cached_tokens, wanted
-                )
             self.moves.track(rank, settle(session, usage, self.config.block_size))
         session.served_s = 0.0 if admitted.waited_s else time.perf_counter() - outcome.ctx.started
         session.answered_at = session.last_seen

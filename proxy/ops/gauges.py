@@ -41,7 +41,6 @@ def export_gauges(
         metrics.admission_idle_ttl.set(float(clocks["idle_ttl_s"] or 0.0))
         metrics.admission_wait_bound.set(float(clocks["wait_bound_s"] or 0.0))
         for rank in fleet:
-            metrics.admission_budget_fraction.labels(rank.name).set(admission.budget.fraction(rank.name))
             speed = admission.speeds.tokens_per_second(rank.name)
             if speed is not None:
                 metrics.rank_prefill_rate.labels(rank.name).set(speed)

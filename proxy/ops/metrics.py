@@ -268,13 +268,6 @@ class Metrics:
             "request durations)",
             registry=r,
         )
-        self.admission_budget_fraction = Gauge(
-            "prefixgate_admission_budget_fraction",
-            "Share of the rank's KV cache its seated sessions may fill, at their projected peaks "
-            "(configured, or learned from whether seated sessions keep their blocks)",
-            ["backend"],
-            registry=r,
-        )
         self.rank_prefill_rate = Gauge(
             "prefixgate_rank_prefill_tokens_per_second",
             "A backend's prefill speed as its own metrics measure it (prefill time per computed token)",

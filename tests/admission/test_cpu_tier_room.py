@@ -4,6 +4,7 @@ the tier has shown its size, unbounded until then; a rank that does not offload 
 from __future__ import annotations
 
 from proxy.admission.accounting import RankState, budget_tokens, count, held_tokens
+from proxy.admission.config import AdmissionConfig
 from proxy.admission.room import excess_tokens, find_room
 from proxy.state.sessions import Session
 from routing.ranks import Fleet, Rank
@@ -24,7 +25,7 @@ def counted(rank: Rank, *contexts: int) -> RankState:
         Fleet([rank]),
         sessions,
         [],
-        lambda name: FRACTION,
+        AdmissionConfig(target_fraction=FRACTION),
         now=100.0,
         expected_peak=lambda tokens: tokens,
         release_after=lambda session: 3600.0,

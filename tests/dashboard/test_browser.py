@@ -185,7 +185,7 @@ def test_dashboard_for_an_operator_in_chromium(deployment):
                 "prefix_affinity",
                 "canonicalization",
                 "admission",
-                "on, budget learned per rank",  # no --target-fraction
+                "on, budget 80.0%",
                 "session idle TTL\nlearned",  # no --session-idle-ttl: not "null s"
                 "admission wait\nlearned",
             ):

@@ -82,7 +82,6 @@ def overview(
                 "in_flight": rank.in_flight,
                 "pool_tokens": pool,
                 "budget_tokens": state.budget_tokens if state is not None else None,
-                "budget_fraction": admission.budget.fraction(rank.name) if admission is not None else None,
                 "working_set_tokens": working,
                 "occupancy": working / pool if pool else None,
                 "sessions": state.sessions if state is not None else 0,
@@ -127,7 +126,6 @@ def overview(
         "ranks": ranks,
         "admission": {
             "enabled": bool(config and config.enabled),
-            # None: learned per rank (each rank's ``budget_fraction``)
             "target_fraction": config.target_fraction if config else None,
             "idle_ttl": clocks["idle_ttl_s"] if clocks else None,
             "clocks": clocks,
