@@ -140,10 +140,7 @@ class RankChains:
 
     def offloaded_copies(self, block_hash: bytes) -> int:
         """Copies of ``block_hash`` held outside the GPU."""
-        tiers = self.offloaded
-        if len(tiers) <= 1:  # no tier, or vLLM's one (CPU): per block of every KV event, no generator
-            return next(iter(tiers.values())).get(block_hash, 0) if tiers else 0
-        return sum(tier.get(block_hash, 0) for tier in tiers.values())
+        return sum(tier.get(block_hash, 0) for tier in self.offloaded.values())
 
     def _one_tier(self) -> dict[bytes, int] | None:
         """The copies of vLLM's one lower tier (CPU), read directly per block of a KV event instead
