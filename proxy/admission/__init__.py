@@ -1,7 +1,7 @@
 """Stage 5, admit: per-rank session budgets against the KV pool (see ``gate.py``).
 
-- ``gate.py``: ``Admission``, the stage's face (admit, placed, finished, release, count, refresh),
-  and the whole rule in its docstring;
+- ``gate.py``: ``Admission`` (admit, placed, finished, release, count, refresh), the whole rule in
+  its docstring: the decisions, the count they are made on, and what a turn weighs;
 - ``accounting.py``: the pure count of each rank's active sessions and reservations;
 - ``room.py``: which ranks have room for a session within their budgets, which session leaves a
   rank that outgrew its pool;
@@ -11,8 +11,7 @@
 - ``growth.py``, ``timing.py``, ``rank_speed.py``: what the traffic and the ranks
   teach (how far sessions grow, how long agents think, when a session has ended, the rotation
   bound, how fast each rank computes);
-- ``turns.py``, ``moves.py``: what a turn weighs, and a session's record as its turns come, fail
-  and move;
+- ``moves.py``: where sessions are counted as they move between ranks;
 - ``explain.py``: each decision, said (the session's record, the metrics); ``refusals.py``: the 429s
   and the 400;
 - ``config.py``: the settings and the rule that judges a quiet session ended.
@@ -22,8 +21,7 @@ from __future__ import annotations
 
 from proxy.admission.accounting import RankState, Reservation
 from proxy.admission.config import AdmissionConfig
-from proxy.admission.gate import Admission
-from proxy.admission.ledger import Placement
+from proxy.admission.gate import Admission, Placement
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.config import Settings
 from proxy.ops.metrics import Metrics

@@ -71,7 +71,7 @@ class Session:
     gap_max: float = 0.0
     gap_last: float = 0.0
     #: Seconds its latest answered request took from arrival to last byte, 0 when it waited for
-    #: admission: what requests take, read from the table by every replica (``ledger.py``).
+    #: admission: what requests take, read from the table by every replica (``admission/gate.py``).
     served_s: float = 0.0
     #: The leading system+tools prefix other sessions of the same agent share, as the rank caches it
     #: (key: the hash of its last full block, hex); a rank holds it once whatever its sessions.

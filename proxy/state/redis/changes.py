@@ -1,6 +1,6 @@
 """The session records active in Redis, re-read only where they changed.
 
-Admission counts the active sessions every poll (``Ledger.refresh``, every 10-250 ms), and reading
+Admission counts the active sessions every poll (``Admission.refresh``, every 10-250 ms), and reading
 every active record from Redis each time (a sorted-set range, then every record, parsed) made the
 poll O(sessions): with 256 sessions it was a sixth of the event loop's time (py-spy, the
 workers investigation in docs/investigations.md).
