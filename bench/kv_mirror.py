@@ -90,7 +90,7 @@ def replay(feed: list[bytes], block_size: int, rounds: int) -> dict[str, Any]:
     from routing.index.inflight import InFlightBlocks
     from routing.index.memory import MemoryPrefixIndex
     from routing.kv_events import KVEventSubscriber, RankMirror
-    from tokenization.hashers import Xxh3ChainHasher
+    from tokenization.block_hash import Xxh3ChainHasher
 
     seconds = []
     events = 0

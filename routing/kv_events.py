@@ -33,8 +33,7 @@ import msgspec
 import zmq
 
 from routing.index import GPU, PrefixIndex
-from tokenization.block_hash import kv_event_hash
-from tokenization.hashers import ChainHasher
+from tokenization.block_hash import ChainHasher, kv_event_hash
 
 log = logging.getLogger("prefixgate.kv_events")
 

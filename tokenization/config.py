@@ -9,8 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tokenization.block_hash import ExtraKeysStyle, HashAlgo
-from tokenization.hashers import HASH_ALGOS, XXH3
+from tokenization.block_hash import HASH_ALGOS, XXH3, ExtraKeysStyle, HashAlgo
 
 #: ``hash_algo`` default: vLLM's own hashes only where something compares them with a rank's.
 AUTO_HASH_ALGO = "auto"

@@ -7,9 +7,8 @@ from concurrent.futures import Executor
 import aiohttp
 
 from tokenization.base import Tokenizer
-from tokenization.block_hash import DEFAULT_BLOCK_SIZE
+from tokenization.block_hash import DEFAULT_BLOCK_SIZE, make_hasher
 from tokenization.config import TokenizerConfig, resolve_hash_algo
-from tokenization.hashers import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 
 

@@ -37,8 +37,7 @@ from tokenization.base import (
     UnsupportedRequest,
     token_ids_plan,
 )
-from tokenization.block_hash import BlockHash, kv_event_hash
-from tokenization.hashers import ChainHasher
+from tokenization.block_hash import BlockHash, ChainHasher, kv_event_hash
 from tokenization.lru import LRU
 
 _T = TypeVar("_T")

@@ -25,7 +25,7 @@ from routing.kv_events import KVEventSubscriber, RankMirror
 from routing.kv_sources import EventSource, parse_kv_event_specs
 from routing.rank_facts import RankFacts
 from routing.ranks import Rank
-from tokenization.hashers import ChainHasher
+from tokenization.block_hash import ChainHasher
 
 log = logging.getLogger("prefixgate.routing")
 

@@ -23,7 +23,7 @@ from tests.helpers.ranks import RankServers
 from tests.helpers.wait import wait_until
 from tests.proxy.test_blocks_stage import context as blocks_context
 from tokenization.base import ChatPrompt, Encoded, Plan
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 

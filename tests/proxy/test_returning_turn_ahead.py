@@ -16,7 +16,7 @@ from tests.helpers.ranks import RankServers
 from tests.helpers.wait import wait_until
 from tests.proxy.test_first_turn_landing import SYSTEM, HeldTokenizer, chat, context, reference_blocks
 from tokenization import encoding
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 

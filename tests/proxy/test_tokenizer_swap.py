@@ -9,7 +9,7 @@ from proxy.stages.blocks import Blocks
 from proxy.state.local import SessionLocals
 from tests.proxy.test_first_turn_landing import SYSTEM, context
 from tokenization.base import ChatPrompt, Encoded, Plan
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tokenization.block_hash import make_hasher
 from tokenization.edited import kept_lead
 from tokenization.encoding import chatml_encoding, encode
-from tokenization.hashers import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 

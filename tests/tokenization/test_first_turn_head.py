@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptHead
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 

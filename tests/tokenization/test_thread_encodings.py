@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tiktoken
 
+from tokenization.block_hash import make_hasher
 from tokenization.encoding import THREAD_ENCODINGS, _ThreadEncodings, chatml_encoding, thread_encoding
-from tokenization.hashers import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 

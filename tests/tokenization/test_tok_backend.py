@@ -17,9 +17,9 @@ from tests.helpers.wait import wait_until
 from tokenization import chatml, encoding
 from tokenization.backend_info import block_size_of, fetch_cache_config, parse_cache_config_info
 from tokenization.backend_tokenizer import BackendTokenizeError, BackendTokenizer
+from tokenization.block_hash import make_hasher
 from tokenization.config import TokenizerConfig
 from tokenization.factory import build_incremental
-from tokenization.hashers import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer
 

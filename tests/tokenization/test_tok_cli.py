@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tokenization import chatml, cli, encoding
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 
 BODY = {
     "model": "m",

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tokenization import chatml, encoding
 from tokenization.base import ChatPrompt
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 from tokenization.prompt import IncrementalTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer, plain
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tokenization import chatml, encoding
 from tokenization.base import UnsupportedRequest
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 from tokenization.hf_tokenizer import HfTokenizer
 from tokenization.prompt import IncrementalTokenizer, PromptBlocks
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer

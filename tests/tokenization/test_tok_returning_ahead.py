@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.tokenization.test_tok_incremental import OP, _apply, _body, _same
 from tokenization.base import Tokenizer
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 from tokenization.hf_tokenizer import HfTokenizer
 from tokenization.prompt import IncrementalTokenizer, PromptBlocks, PromptHead, PromptMemo
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tokenization.hashers import make_hasher
+from tokenization.block_hash import make_hasher
 from tokenization.lru import LRU
 from tokenization.prompt import IncrementalTokenizer
 from tokenization.tiktoken_tokenizer import TiktokenTokenizer

@@ -8,8 +8,14 @@ from typing import Any
 
 import pytest
 
-from tokenization.block_hash import ExtraKeysStyle, kv_event_hash
-from tokenization.hashers import SHA256_INT, XXH3, Xxh3ChainHasher, make_hasher
+from tokenization.block_hash import (
+    SHA256_INT,
+    XXH3,
+    ExtraKeysStyle,
+    Xxh3ChainHasher,
+    kv_event_hash,
+    make_hasher,
+)
 
 VECTORS = Path(__file__).resolve().parents[3] / "shared" / "specs" / "vllm_hash_vectors.json"
 
