@@ -37,7 +37,7 @@ from routing.policies import DEFAULT_POLICY, POLICIES, policy_names
 #: longer has most likely ended.
 DEFAULT_IDLE_TTL_S = 300.0
 #: Until the traffic has shown enough request durations, a session waits for a seat this long before
-#: one rotates to it (then the learned bound: a few long requests, ``proxy/admission/timing.py``).
+#: one rotates to it (then the learned bound: a few long requests, ``proxy/admission/learned.py``).
 DEFAULT_WAIT_S = 30.0
 
 ENV_PREFIX = "PREFIXGATE_"

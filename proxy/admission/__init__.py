@@ -8,7 +8,7 @@
 - ``rotation.py``: which quiet residents are parked for a session waiting past the rotation bound
   (the seat granted, ``Admitted`` and ``Before`` are request records: ``proxy/context.py``);
 - ``queue.py``: the wait for a seat, by priority and weighted-fair across client keys;
-- ``growth.py``, ``timing.py``, ``rank_speed.py``: what the traffic and the ranks
+- ``learned.py``, ``rank_speed.py``: what the traffic and the ranks
   teach (how far sessions grow, how long agents think, when a session has ended, the rotation
   bound, how fast each rank computes);
 - ``moves.py``: where sessions are counted as they move between ranks;

@@ -7,7 +7,7 @@ it. Two refinements keep the count close to what the rank's prefix cache really 
 - Sessions of one agent share their leading system+tools segment (about 15k tokens for Claude
   Code), and a rank caches those blocks once: a rank's working set counts each distinct head once.
 - Room is counted in *projected* tokens: each active session as large as recently ended sessions
-  of at least its size grew (``proxy/admission/growth.py``).
+  of at least its size grew (``proxy/admission/learned.py``).
 
 What a rank holds (``held_tokens``) is its GPU pool, plus its CPU tier on a rank that offloads KV:
 a session whose blocks the GPU evicts there costs a reload, not a recompute. The tier's size is

@@ -24,7 +24,7 @@ The whole rule:
   waits for a seat like a newcomer's. A seat is not taken back before it has served one answer and
   been held one bound (so seats do not flap).
 - The rotation bound is learned from the traffic: ``WAIT_REQUESTS`` long requests' durations
-  (``timing.py``), so a replay compressed 100x gets a bound 100x shorter; ``--admission-wait`` sets
+  (``learned.py``), so a replay compressed 100x gets a bound 100x shorter; ``--admission-wait`` sets
   it in seconds. A session quiet past twice its own longest think gap has most likely ended and
   gives up its seat to a waiter at once, without a rotation.
 - 429 only for a client key's ``max_sessions`` and a queue longer than ``--admission-queue``, with
@@ -50,14 +50,13 @@ from typing import Protocol
 from proxy.admission.accounting import RankState, Reservation, budget_tokens, count, log_over_pool
 from proxy.admission.config import BYTES_PER_TOKEN, RESERVATION_TTL_S, AdmissionConfig
 from proxy.admission.explain import decision_record, note_decision, note_parked, note_placed
-from proxy.admission.growth import PeakEstimator
+from proxy.admission.learned import LearnedTime, PeakEstimator
 from proxy.admission.moves import Moves
 from proxy.admission.queue import Ticket, WaitQueue
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.room import Room, find_room
 from proxy.admission.rotation import Parking, choose_parked, reloads_own
-from proxy.admission.timing import LearnedTime
 from proxy.context import Admitted, Before, Outcome, RequestContext, Seat
 from proxy.errors import CLIENT_CLOSED
 from proxy.ops.metrics import Metrics

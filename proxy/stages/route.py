@@ -22,9 +22,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
-from proxy.context import Outcome, RequestContext, RoutePlan
+from proxy.context import Admitted, Outcome, RequestContext, RoutePlan
 from proxy.ops.metrics import Metrics
-from proxy.stages.move_reason import move_reason
 from proxy.stages.pin import Pins
 from proxy.unavailable import no_rank
 from routing.index import Lookup, PrefixIndex
@@ -356,7 +355,7 @@ class Router:
         if not log.isEnabledFor(logging.INFO):
             return
         admitted = ctx.admitted
-        reason = why or move_reason(
+        reason = why or _move_reason(
             admitted, self.fleet.healthy(), old, new, prefill, self.queued_prefill, self.inflight_tokens
         )
         session = admitted.session if admitted is not None else None
@@ -376,3 +375,30 @@ class Router:
     def stats(self) -> dict[str, object]:
         """The index's stats and the prefill queued per rank."""
         return {"index": self.index.stats(), "queued_prefill": dict(self.queued_prefill)}
+
+
+def _move_reason(
+    admitted: Admitted | None,
+    candidates: Sequence[Rank],
+    old: str,
+    new: str,
+    prefill: int,
+    queued: Mapping[str, int],
+    inflight_tokens: Mapping[str, int],
+) -> str:
+    """The reason routing gives when a session went from ``old`` to ``new`` on its own account
+    (``prefill``: this request's on ``new``; ``queued``: prefill queued per rank, this request's
+    included; ``inflight_tokens``: prompt tokens in flight per rank)."""
+    if admitted is not None and admitted.allowed is not None:
+        room = ", ".join(sorted(admitted.allowed))
+        return f"admitted anew (back after idling out or being released), room on {room}"
+    if all(r.name != old for r in candidates):
+        return "its rank is down or failed this request"
+    home = admitted.home if admitted is not None else None
+    return (
+        f"{'saturated' if home == old else 'over the load bound'} (in flight "
+        f"{', '.join(f'{r.name}={r.in_flight}' for r in candidates)}; prompt tokens in flight "
+        f"on {old} {inflight_tokens.get(old, 0)}; prefill queued on {old} "
+        f"{queued.get(old, 0)}, on {new} {queued.get(new, 0) - prefill}; "
+        f"this request's there {prefill})"
+    )

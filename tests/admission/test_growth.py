@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from proxy.admission.growth import PeakEstimator
+from proxy.admission.learned import PeakEstimator
 from tests.admission.test_release import TTL, ctx_for, make, turn, waits
 
 

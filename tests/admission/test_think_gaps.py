@@ -10,7 +10,7 @@ import pytest
 
 from proxy.admission import AdmissionConfig
 from proxy.admission.config import OWN_EVIDENCE
-from proxy.admission.timing import ThinkGaps
+from proxy.admission.learned import ThinkGaps
 from proxy.state.sessions import Session
 from routing.samples import MIN_SAMPLES
 from tests.admission.test_release import TTL, make, turn

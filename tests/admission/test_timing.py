@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.admission import AdmissionConfig
-from proxy.admission.timing import MIN_DURATIONS, MIN_IDLE_TTL_S, WAIT_REQUESTS, LearnedTime
+from proxy.admission.learned import MIN_DURATIONS, MIN_IDLE_TTL_S, WAIT_REQUESTS, LearnedTime
 from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
 from proxy.state.sessions import Session
 from routing.samples import MIN_SAMPLES
