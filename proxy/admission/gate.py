@@ -49,7 +49,6 @@ from typing import Protocol
 
 from proxy.admission.accounting import RankState, Reservation, budget_tokens, count, log_over_pool
 from proxy.admission.config import BYTES_PER_TOKEN, RESERVATION_TTL_S, AdmissionConfig
-from proxy.admission.explain import decision_record, note_decision, note_parked, note_placed
 from proxy.admission.learned import LearnedTime, PeakEstimator
 from proxy.admission.moves import Moves
 from proxy.admission.queue import Ticket, WaitQueue
@@ -238,23 +237,33 @@ class Admission:
             raise context_too_long(tokens, max(limits))
 
     def _explain(self, session: Session, seat: Seat | None, waited: float, returning: bool) -> None:
+        """The decision, said: the record ``/admin/sessions/{id}`` and the dashboard show (its rank
+        added once placed: ``_say_placed``), and the metrics counted for it."""
         if seat is not None:
             decision, reason = seat.decision, seat.reason
         else:
             decision, reason = "room", "no healthy rank to weigh: the router decides"
-        bound = self.time.wait_bound()
-        session.admission = decision_record(
-            seat,
-            decision,
-            reason,
-            at=self.table.clock(),
-            waited_s=waited,
-            bound_s=bound,
-            idle_ttl_s=self.time.idle_ttl(),
-            resumed=returning,
-            owner=session.client,
-        )
-        note_decision(self.metrics, decision, waited, returning)
+        session.admission = {
+            "at": self.table.clock(),
+            "decision": decision,
+            "reason": reason,
+            "resumed": returning,
+            "waited_s": round(waited, 4),
+            "wait_bound_s": round(self.time.wait_bound(), 4),
+            "idle_ttl_s": round(self.time.idle_ttl(), 4),
+            "allowed": sorted(seat.allowed) if seat is not None else None,
+            "parked": [shown_to(key, session.client).removeprefix("session ") for key in seat.parked]
+            if seat
+            else [],
+            "rank": None,
+        }
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.admission_decisions.labels(decision).inc()
+            if returning:
+                metrics.admission_resumed.inc()
+            if waited > 0:
+                metrics.admission_wait.observe(waited)
 
     async def _wait_for_seat(
         self, ctx: RequestContext, tokens: int, head_key: str | None, head_tokens: int, guard: Guard | None
@@ -368,7 +377,8 @@ class Admission:
             }
             self.table.save(session)
             self.claims.release(key)
-            note_parked(self.metrics, parking.rank)
+            if self.metrics is not None:
+                self.metrics.admission_parked.labels(parking.rank).inc()
             log.info("session %s parked on %s after %d turns: %s", key, parking.rank, session.turns, reason)
 
     # -- room and reservations ------------------------------------------------------------------
@@ -531,7 +541,7 @@ class Admission:
                 if released is not None and released.released:
                     self.claims.release(victim)
         if admitted.fresh:
-            note_placed(session, rank.name)
+            _say_placed(session, rank.name)
         moved = session.rank != rank.name
         self.moves.move(self.table, session, rank.name)
         if admitted.fresh or moved or reservation is not None:  # else its answer updates the claim
@@ -670,3 +680,22 @@ def settle(session: Session, usage: Usage, block_size: int) -> int:
     session.context_tokens = context
     session.context_blocks = -(-context // block_size)
     return delta
+
+
+def _say_placed(session: Session, rank: str) -> None:
+    """The router picked ``rank`` for a session just seated: record it, and say it in one sentence
+    (once the rank is known, so the line names the one it went to)."""
+    record = session.admission
+    if record is None or record.get("rank") is not None:
+        return
+    record["rank"] = rank
+    if log.isEnabledFor(logging.INFO):
+        log.info(
+            "session %s %s on %s after waiting %.3f s (rotation bound %.3g s): %s",
+            session.key,
+            "resumed" if record.get("resumed") else "seated",
+            rank,
+            record.get("waited_s", 0.0),
+            record.get("wait_bound_s") or 0.0,
+            record.get("reason"),
+        )
