@@ -2,7 +2,7 @@
 
 - ``gate.py``: ``Admission`` (admit, placed, finished, release, count, refresh), the whole rule in
   its docstring: the decisions (each said: the session's record, the metrics), the count they are
-  made on, and what a turn weighs;
+  made on, sessions moving between ranks, and what a turn weighs;
 - ``accounting.py``: the pure count of each rank's active sessions and reservations;
 - ``room.py``: which ranks have room for a session within their budgets, which session leaves a
   rank that outgrew its pool;
@@ -12,7 +12,6 @@
 - ``learned.py``, ``rank_speed.py``: what the traffic and the ranks
   teach (how far sessions grow, how long agents think, when a session has ended, the rotation
   bound, how fast each rank computes);
-- ``moves.py``: where sessions are counted as they move between ranks;
 - ``refusals.py``: the 429s and the 400;
 - ``config.py``: the settings and the rule that judges a quiet session ended.
 """

@@ -50,11 +50,10 @@ from typing import Protocol
 from proxy.admission.accounting import RankState, Reservation, budget_tokens, count, log_over_pool
 from proxy.admission.config import BYTES_PER_TOKEN, RESERVATION_TTL_S, AdmissionConfig
 from proxy.admission.learned import LearnedTime, PeakEstimator
-from proxy.admission.moves import Moves
 from proxy.admission.queue import Ticket, WaitQueue
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
-from proxy.admission.room import Room, find_room
+from proxy.admission.room import Room, excess_tokens, find_room, should_move
 from proxy.admission.rotation import Parking, choose_parked, reloads_own
 from proxy.context import Admitted, Before, Outcome, RequestContext, Seat
 from proxy.errors import CLIENT_CLOSED
@@ -123,7 +122,9 @@ class Admission:
         self._live: dict[str, int] = {}
         #: Each session's think-gap count and answer time at the refresh that last saw it (``_learn``).
         self._seen: dict[str, tuple[int, float]] = {}
-        self.moves = Moves(fleet, config, self.refresh, self._room, self._reserve, self.projected)
+        #: Each rank's working set at the last full count, kept current as sessions grow and move,
+        #: so a session's turn checks its rank against it before counting everything again.
+        self._last_working_set: dict[str, int] = {}
 
     def typical_gap(self) -> float | None:
         """A long think gap across sessions (their 95th percentile), once enough are known."""
@@ -211,7 +212,7 @@ class Admission:
         head_tokens: int,
     ) -> Admitted:
         """A seated session's next turn: admitted at once, homed on its rank, unless its rank's
-        sessions outgrew the pool and it is the one to move (``Moves.rehome``)."""
+        sessions outgrew the pool and it is the one to move (``_rehome``)."""
         before = Before.of(session)
         session.note_request(now)
         if session.client is None:
@@ -220,7 +221,7 @@ class Admission:
         self.table.save(session)
         if not self.config.enabled:
             return Admitted(session, before=before)
-        allowed = self.moves.rehome(session, before.context_tokens, head_key, head_tokens)
+        allowed = self._rehome(session, before.context_tokens, head_key, head_tokens)
         return Admitted(session, allowed, session.rank if allowed is None else None, before=before)
 
     def _check_fits(self, tokens: int | None) -> None:
@@ -471,7 +472,7 @@ class Admission:
         self._learn(active)
         self._note_ended({session.key: session.context_tokens for session in active})
         states = self._count(active, now)
-        self.moves.counted(states)
+        self._counted(states)
         log_over_pool(states, self._over_pool)
         return states
 
@@ -516,6 +517,90 @@ class Admission:
         for key in [k for k, r in self._reservations.items() if not r.live(now)]:
             del self._reservations[key]
 
+    # -- sessions moving between ranks -------------------------------------------------------------
+
+    def _counted(self, states: dict[str, RankState]) -> None:
+        """A full count happened: the tracked working sets start from it."""
+        self._last_working_set = {name: state.working_set_tokens for name, state in states.items()}
+
+    def _forget_counts(self) -> None:
+        """The tracked working sets are off (a failed request was undone): count again next time."""
+        self._last_working_set = {}
+
+    def _track(self, rank: str, delta: int) -> int | None:
+        """Keep the last count of ``rank``'s working set current between full counts as its sessions
+        grow, arrive and leave; its new value (None before the first count)."""
+        last = self._last_working_set.get(rank)
+        if last is None:
+            return None
+        last = self._last_working_set[rank] = last + delta
+        return last
+
+    def _move(self, session: Session, rank: str) -> None:
+        """``session`` is on ``rank`` now (placed there, or a retry answered there)."""
+        if session.rank != rank:
+            if session.rank is not None:
+                self._track(session.rank, -session.context_tokens)
+            self._track(rank, session.context_tokens)
+            session.rank = rank
+            self.table.save(session)
+
+    def _rehome(
+        self, session: Session, old_tokens: int, head_key: str | None, head_tokens: int
+    ) -> frozenset[str] | None:
+        """The ranks with room to move ``session`` to, when its rank's sessions have outgrown its pool
+        and ``session`` is the one to go (``room.should_move``); None: it stays. Only to a rank with
+        room for its projected size as it stands (nobody is released for a move)."""
+        rank = self.fleet.get(session.rank) if session.rank is not None else None
+        if rank is None or not rank.pool_tokens:
+            return None
+        last = self._track(rank.name, session.context_tokens - old_tokens)
+        if last is not None and last <= rank.pool_tokens:
+            return None  # the cheap check (an over-estimate: shared heads count in full)
+        states = self.refresh()
+        state = states[rank.name]
+        if not should_move(state, session.key):
+            return None
+        room = self._room(session.context_tokens, head_key, head_tokens, states, release=False)
+        allowed = room.allowed - {rank.name}
+        if not allowed:
+            return None
+        log.info(
+            "session %s re-homed before its turn %d: %s holds %d tokens past its pool of %d; room on %s",
+            session.key,
+            session.turns - 1,
+            rank.name,
+            excess_tokens(state),
+            rank.pool_tokens,
+            ", ".join(sorted(allowed)),
+        )
+        # None when the shared claims granted none of them: another replica took that room first
+        granted = self._reserve(session.key, Room(allowed), self.projected(session.context_tokens))
+        return granted or None
+
+    def _release_idle(self, rank: str, keys: tuple[str, ...], for_key: str) -> None:
+        """End sessions the new session ``for_key`` took the room of (unless they came back since)."""
+        table = self.table
+        now = table.clock()
+        for key in keys:
+            session = table.get(key, breaks=False)
+            if session is None or session.released or session.rank != rank or not session.answered:
+                continue
+            if now - session.answered_at <= self.release_after(session):
+                continue  # it sent a request since the room check
+            session.released = True
+            table.save(session)
+            log.info(
+                "session %s released before its turn %d on %s after %.1f s idle (longest think gap %.1f s) "
+                "for %s",
+                key,
+                session.turns,
+                rank,
+                now - session.answered_at,
+                session.gap_max,
+                for_key,
+            )
+
     # -- what the ranks measure -------------------------------------------------------------------
 
     def observe_rank(self, rank: str, sample: RankSample) -> None:
@@ -535,7 +620,7 @@ class Admission:
         reservation = self._reservations.pop(session.key, None)
         if reservation is not None and reservation.victims.get(rank.name):
             victims = reservation.victims[rank.name]
-            self.moves.release_idle(self.table, rank.name, victims, session.key, self.release_after)
+            self._release_idle(rank.name, victims, session.key)
             for victim in victims:
                 released = self.table.get(victim, breaks=False)
                 if released is not None and released.released:
@@ -543,7 +628,7 @@ class Admission:
         if admitted.fresh:
             _say_placed(session, rank.name)
         moved = session.rank != rank.name
-        self.moves.move(self.table, session, rank.name)
+        self._move(session, rank.name)
         if admitted.fresh or moved or reservation is not None:  # else its answer updates the claim
             self._claim(session, rank.name)
 
@@ -560,14 +645,14 @@ class Admission:
         if not outcome.answered:
             return
         rank = outcome.rank
-        self.moves.move(self.table, session, rank)  # a retry may have answered elsewhere
+        self._move(session, rank)  # a retry may have answered elsewhere
         session.last_seen = max(session.last_seen, self.table.clock())
         estimated = outcome.ctx.estimated_cached_tokens
         if estimated is not None:
             session.hit_tokens_estimated += estimated
         usage = outcome.usage
         if usage is not None:
-            self.moves.track(rank, settle(session, usage, self.config.block_size))
+            self._track(rank, settle(session, usage, self.config.block_size))
         session.served_s = 0.0 if admitted.waited_s else time.perf_counter() - outcome.ctx.started
         session.answered_at = session.last_seen
         if outcome.ctx.session_ends:
@@ -593,7 +678,7 @@ class Admission:
             self.claims.release(session.key)
         else:
             self._claim(session, session.rank)
-        self.moves.forget_counts()
+        self._forget_counts()
         self.queue.notify()
 
     def _end(self, session: Session, reason: str) -> None:
