@@ -27,9 +27,8 @@ from proxy.errors import CLIENT_CLOSED
 from proxy.stages.splice import upstream_bytes
 
 if TYPE_CHECKING:
-    from proxy.apis.base import Api
+    from proxy.apis.base import Api, Usage
     from proxy.ops.auth import ClientKey
-    from proxy.stages.usage import Usage
     from proxy.state.local import CachedAnswer, SessionLocal, ThreadLocal
     from proxy.state.sessions import Session
     from routing.ranks import Rank

@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy.admission import Admission
-from proxy.apis.base import Api, Endpoint, Translation
+from proxy.apis.base import Api, Endpoint, Translation, json_or_none, last_event_with
 from proxy.context import Outcome, RequestContext
 from proxy.errors import CLIENT_CLOSED, NO_BACKEND, ProxyError, upstream_failed
 from proxy.explain import Explainer
@@ -60,7 +60,6 @@ from proxy.stages.pin import Pins
 from proxy.stages.relay import Opened, PrefillWatch, RelayResponse, StreamOutcome
 from proxy.stages.route import Router
 from proxy.stages.threads import Threads
-from proxy.stages.usage import json_or_none, last_event_with
 from proxy.tenants import client_view
 from routing.ranks import Rank
 

@@ -55,10 +55,10 @@ from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.room import Room, excess_tokens, find_room, should_move
 from proxy.admission.rotation import Parking, choose_parked, reloads_own
+from proxy.apis.base import Usage
 from proxy.context import Admitted, Before, Outcome, RequestContext, Seat
 from proxy.errors import CLIENT_CLOSED
 from proxy.ops.metrics import Metrics
-from proxy.stages.usage import Usage
 from proxy.state.claims import Ask, LocalClaims, RoomClaims
 from proxy.state.sessions import Session, SessionTable
 from proxy.tenants import shown_to

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from proxy.apis.base import Endpoint, NativeApi, check_stream_and_model, first_user_head
+from proxy.apis.base import Endpoint, NativeApi, Usage, check_stream_and_model, first_user_head, usage_of_json
 from proxy.errors import bad_request
 from proxy.ops.limits import Bounds, check_bounds
-from proxy.stages.usage import Usage, usage_of_json
 
 PATH = "/v1/chat/completions"
 

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from proxy.apis.base import (
     Endpoint,
     NativeApi,
+    Usage,
     canon_view_of,
     check_stream_and_model,
     first_user_head,
@@ -32,7 +33,6 @@ from proxy.apis.base import (
 )
 from proxy.errors import ProxyError, bad_request
 from proxy.ops.limits import Bounds, check_bounds
-from proxy.stages.usage import Usage
 from tokenization.chat_conversion import ConversionError, anthropic_to_chat, anthropic_tools_to_chat
 
 PATH = "/v1/messages"

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from proxy.apis.base import (
     Endpoint,
     NativeApi,
+    Usage,
     canon_view_of,
     check_stream_and_model,
     first_user_head,
@@ -29,7 +30,6 @@ from proxy.apis.base import (
 )
 from proxy.errors import bad_request
 from proxy.ops.limits import Bounds, check_bounds, too_many
-from proxy.stages.usage import Usage
 from tokenization.chat_conversion import (
     ConversionError,
     is_one_of,

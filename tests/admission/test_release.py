@@ -13,8 +13,8 @@ from starlette.datastructures import Headers
 
 from proxy.admission import Admission, AdmissionConfig
 from proxy.apis import CHAT
+from proxy.apis.base import Usage
 from proxy.context import Outcome, RequestContext
-from proxy.stages.usage import Usage
 from proxy.state.memory import MemorySessionStore
 from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet, Rank

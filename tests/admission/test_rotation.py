@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from proxy.admission import Admission, AdmissionConfig
 from proxy.admission.accounting import RankState
 from proxy.admission.rotation import choose_parked, parkable
+from proxy.apis.base import Usage
 from proxy.context import Outcome
-from proxy.stages.usage import Usage
 from proxy.state.memory import MemorySessionStore
 from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet, Rank

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from proxy.admission import Admission, AdmissionConfig
+from proxy.apis.base import Usage
 from proxy.context import Outcome, RequestContext
-from proxy.stages.usage import Usage
 from proxy.state.claims import LocalClaims
 from proxy.state.redis.claims import RedisClaims
 from proxy.state.redis.link import RedisLink, fail_fast_client

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from proxy.admission import Admission, AdmissionConfig
+from proxy.apis.base import Usage
 from proxy.context import Outcome, RequestContext
-from proxy.stages.usage import Usage
 from proxy.state.redis.claims import RedisClaims
 from proxy.state.redis.link import RedisLink, fail_fast_client
 from proxy.state.redis.sessions import RedisSessionStore

@@ -7,10 +7,10 @@ from array import array
 from starlette.datastructures import Headers
 
 from proxy.apis import CHAT
+from proxy.apis.base import Usage
 from proxy.context import Outcome, RequestContext
 from proxy.explain import Explainer, Turn, extends
 from proxy.explain.records import line_change
-from proxy.stages.usage import Usage
 from proxy.state.local import SessionLocals
 from tokenization.block_hash import BlockHasher
 from tokenization.prompt import PromptBlocks

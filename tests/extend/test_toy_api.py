@@ -15,10 +15,9 @@ import pytest
 
 from bench.sim import SimConfig, start_fleet, stop_fleet
 from proxy import apis
-from proxy.apis.base import Endpoint, NativeApi, check_stream_and_model
+from proxy.apis.base import Endpoint, NativeApi, Usage, check_stream_and_model, usage_of_json
 from proxy.errors import bad_request
 from proxy.ops.limits import Bounds
-from proxy.stages.usage import Usage, usage_of_json
 from tests.helpers.gateway import start_gateway
 
 

@@ -7,9 +7,9 @@ from collections.abc import Collection
 from starlette.datastructures import Headers
 
 from proxy.apis import CHAT
+from proxy.apis.base import Usage
 from proxy.context import Outcome, RequestContext
 from proxy.stages.route import Router
-from proxy.stages.usage import Usage
 from routing.ranks import Fleet, Rank
 from tests.helpers.redis_server import RedisServer  # noqa: F401  (imported from here by the tests)
 
