@@ -13,7 +13,7 @@
   teach (how far sessions grow, how long agents think, when a session has ended, the rotation
   bound, how fast each rank computes);
 - ``refusals.py``: the 429s and the 400;
-- ``config.py``: the settings and the rule that judges a quiet session ended.
+- ``config.py``: the settings.
 """
 
 from __future__ import annotations

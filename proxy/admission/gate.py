@@ -49,7 +49,7 @@ from typing import Protocol
 
 from proxy.admission.accounting import RankState, Reservation, budget_tokens, count, log_over_pool
 from proxy.admission.config import BYTES_PER_TOKEN, RESERVATION_TTL_S, AdmissionConfig
-from proxy.admission.learned import LearnedTime, PeakEstimator
+from proxy.admission.learned import LearnedTime, PeakEstimator, poll_interval
 from proxy.admission.queue import Ticket, WaitQueue
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
@@ -132,11 +132,11 @@ class Admission:
 
     def release_after(self, session: Session) -> float:
         """Quiet seconds after its last answer from which ``session`` has most likely ended
-        (``AdmissionConfig.release_after``'s think-gap rule)."""
+        (``learned.release_after``'s think-gap rule)."""
         return self.time.release_rule()(session)
 
     def poll_interval(self) -> float:
-        return self.config.poll_interval(self.time.idle_ttl())
+        return poll_interval(self.time.idle_ttl())
 
     def clocks(self) -> dict[str, float | bool | None]:
         """The clocks in force and whether the traffic taught them (a read, for ``/metrics`` and the

@@ -8,7 +8,7 @@ comes from what the traffic shows, and a configured value (``--session-idle-ttl`
 - **When a quiet session has ended** (the idle TTL): ``release_factor`` x a long think gap of the
   population (its 95th percentile, ``ThinkGaps``): ~5 % of a session's gaps exceed twice its longest
   earlier one, so past that it has most likely ended. A session quiet past its own think times
-  (``AdmissionConfig.release_after``) gives up its seat sooner when another needs it.
+  (``release_after``) gives up its seat sooner when another needs it.
 - **The rotation bound**, how long a session waits for a seat before quiet residents are parked for
   it: ``WAIT_REQUESTS`` long requests' durations (the 90th percentile of recent requests that did
   not wait, arrival to last byte): a seat rotates after a few turns' time, however fast the ranks
@@ -32,11 +32,16 @@ import bisect
 from collections import deque
 from collections.abc import Callable
 
-from proxy.admission.config import TYPICAL_GAP_QUANTILE, AdmissionConfig
+from proxy.admission.config import AdmissionConfig
 from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
 from proxy.state.sessions import Session
 from routing.samples import RecentSamples
 
+#: A session with at least this many think gaps of its own is judged by them alone; one with fewer
+#: (a single short gap, or none for a one-request session) by the population's (``ThinkGaps``).
+OWN_EVIDENCE = 3
+#: The population's think gap that stands in for a session's own: the 95th percentile.
+TYPICAL_GAP_QUANTILE = 0.95
 #: Request durations remembered (the most recent), and how many before the bound is learned.
 DURATION_WINDOW = 1000
 MIN_DURATIONS = 5
@@ -55,7 +60,35 @@ class ThinkGaps(RecentSamples):
     """Recent think gaps of all sessions (seconds), how long agents usually stay quiet between an
     answer and their next request: ``quantile`` is a typical agent's long pause
     (``routing.samples``), what stands in for the gaps of a session that has shown too few of its own
-    (``config.OWN_EVIDENCE``)."""
+    (``OWN_EVIDENCE``)."""
+
+
+def release_after(
+    config: AdmissionConfig, session: Session, typical_gap: float | None = None, idle_ttl: float | None = None
+) -> float:
+    """Seconds after its last answer from which ``session`` counts as ended when room is needed.
+
+    ``typical_gap``: a long think gap of the population (``ThinkGaps``), which stands in for the
+    session's own while it has fewer than ``OWN_EVIDENCE`` gaps: with none it would hold its room
+    for the whole idle TTL, with one short gap it would count as ended after twice that.
+    ``idle_ttl``: the TTL in force (learned, when the configuration leaves it open).
+    """
+    ttl = idle_ttl if idle_ttl is not None else config.idle_ttl
+    if ttl is None:
+        ttl = DEFAULT_IDLE_TTL_S
+    if typical_gap is not None and session.gaps < OWN_EVIDENCE:
+        estimate = max(session.gap_max, typical_gap)
+    elif session.gaps:
+        estimate = session.gap_max
+    else:
+        return ttl  # no think time seen yet: nothing to judge by
+    floor = ttl * config.release_min_fraction
+    return min(ttl, max(floor, config.release_factor * estimate))
+
+
+def poll_interval(idle_ttl: float) -> float:
+    """How often a queued request re-checks: sessions idle out with time, other replicas change."""
+    return min(0.25, max(idle_ttl / 10, 0.01))
 
 
 class LearnedTime:
@@ -112,13 +145,13 @@ class LearnedTime:
 
     def release_rule(self) -> Callable[[Session], float]:
         """Quiet seconds after its last answer from which a session has most likely ended
-        (``AdmissionConfig.release_after``), with what the traffic taught read once: for a pass over
+        (``release_after``), with what the traffic taught read once: for a pass over
         many sessions (reading the gaps' quantiles per session was a third of a count's time)."""
         config, typical = self.config, self.typical_gap()
         idle_ttl = self.idle_ttl()
         if config.idle_ttl is None and typical is not None:
             idle_ttl = config.release_factor * typical  # the learned TTL before its floor
-        return lambda session: config.release_after(session, typical, idle_ttl)
+        return lambda session: release_after(config, session, typical, idle_ttl)
 
 
 #: Ended sessions remembered (the most recent): a bound on memory, and the estimate follows the

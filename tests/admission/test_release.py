@@ -12,6 +12,7 @@ import pytest
 from starlette.datastructures import Headers
 
 from proxy.admission import Admission, AdmissionConfig
+from proxy.admission.learned import release_after
 from proxy.apis import CHAT
 from proxy.apis.base import Usage
 from proxy.context import Outcome, RequestContext
@@ -92,19 +93,19 @@ async def two_idle_sessions() -> tuple[Admission, Clock]:
 def test_release_after_follows_the_sessions_own_think_gaps() -> None:
     config = AdmissionConfig(idle_ttl=TTL)
     s = Session("s", created=0.0, last_seen=0.0)
-    assert config.release_after(s) == TTL  # no gap seen yet: the full idle TTL
+    assert release_after(config, s) == TTL  # no gap seen yet: the full idle TTL
     s.answered_at = 10.0
     s.last_seen = 10.0
     s.note_request(14.0)  # a 4 s think gap
     assert (s.gaps, s.gap_max) == (1, 4.0)
     assert not s.answered  # the request is in flight
-    assert config.release_after(s) == 30.0  # 2 x 4 s is under the floor: 0.1 x the TTL
+    assert release_after(config, s) == 30.0  # 2 x 4 s is under the floor: 0.1 x the TTL
     s.answered_at = s.last_seen = 20.0
     s.note_request(120.0)
-    assert config.release_after(s) == 200.0
+    assert release_after(config, s) == 200.0
     s.answered_at = s.last_seen = 130.0
     s.note_request(400.0)
-    assert config.release_after(s) == TTL  # never past the idle TTL
+    assert release_after(config, s) == TTL  # never past the idle TTL
     s.note_request(900.0)  # no answer in between: not a think gap
     assert s.gaps == 3
 

@@ -9,8 +9,7 @@ import random
 import pytest
 
 from proxy.admission import AdmissionConfig
-from proxy.admission.config import OWN_EVIDENCE
-from proxy.admission.learned import ThinkGaps
+from proxy.admission.learned import OWN_EVIDENCE, ThinkGaps, release_after
 from proxy.state.sessions import Session
 from routing.samples import MIN_SAMPLES
 from tests.admission.test_release import TTL, make, turn
@@ -44,15 +43,15 @@ def session_with_gaps(*gaps: float) -> Session:
 def test_release_after_uses_the_typical_gap_until_the_session_has_its_own_evidence() -> None:
     config = AdmissionConfig(idle_ttl=TTL)
     fresh = session_with_gaps()
-    assert config.release_after(fresh) == TTL  # nothing known at all: the idle TTL, as before
-    assert config.release_after(fresh, typical_gap=40.0) == 80.0  # 2 x the population's long gap
+    assert release_after(config, fresh) == TTL  # nothing known at all: the idle TTL, as before
+    assert release_after(config, fresh, typical_gap=40.0) == 80.0  # 2 x the population's long gap
     one_short = session_with_gaps(20.0)
-    assert config.release_after(one_short) == 40.0  # its own single gap alone
-    assert config.release_after(one_short, typical_gap=40.0) == 80.0  # not judged by it alone
+    assert release_after(config, one_short) == 40.0  # its own single gap alone
+    assert release_after(config, one_short, typical_gap=40.0) == 80.0  # not judged by it alone
     one_long = session_with_gaps(60.0)
-    assert config.release_after(one_long, typical_gap=40.0) == 120.0  # its own when longer
+    assert release_after(config, one_long, typical_gap=40.0) == 120.0  # its own when longer
     seasoned = session_with_gaps(*[20.0] * OWN_EVIDENCE)
-    assert config.release_after(seasoned, typical_gap=100.0) == 40.0  # enough of its own: those
+    assert release_after(config, seasoned, typical_gap=100.0) == 40.0  # enough of its own: those
 
 
 async def test_a_one_request_session_is_reclaimable_after_twice_the_typical_gap() -> None:
