@@ -188,9 +188,6 @@ class SystemSpec:
     #: The source tree this system's prefixgate runs from (None: this one): another commit's
     #: worktree, side by side with this one in the same run.
     root: Path | None = None
-    #: How Python starts this system's prefixgate: ``-c CODE`` runs a patched one (the plain
-    #: protocol of ``bench/http_path.py``).
-    launcher: tuple[str, ...] = ("-m", "proxy.cli")
 
 
 #: What a fleet has without prefixgate: requests dealt out in turn by a plain load balancer, no
@@ -237,7 +234,7 @@ def system_under_test(
     log = log_dir / log_name(spec.name)
     if spec.kind == "prefixgate":
         args = [*prefixgate_args, *spec.args]
-        with _prefixgate(spec.policy, rank_urls, log, args, spec.root, spec.launcher) as running:
+        with _prefixgate(spec.policy, rank_urls, log, args, spec.root) as running:
             yield running
         return
     assert spec.peer is not None
@@ -252,7 +249,6 @@ def _prefixgate(
     log: Path,
     extra: Sequence[str],
     root: Path | None,
-    launcher: Sequence[str] = ("-m", "proxy.cli"),
 ) -> Iterator[RunningSystem]:
     flags = ["--policy", policy, "--log-level", "warning"]
     for i, url in enumerate(rank_urls):
@@ -262,7 +258,7 @@ def _prefixgate(
     with open(log, "ab") as out:
         for _ in range(START_ATTEMPTS):  # again on another port when the chosen one was taken meanwhile
             port = free_port()
-            args = [sys.executable, *launcher, "serve", "--host", "127.0.0.1", "--port", str(port)]
+            args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
             proc = subprocess.Popen(args + flags, stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env)
             up = _came_up(proc, [f"http://127.0.0.1:{port}"])
             if up or proc.poll() != EXIT_CONFIG:  # exit 2 at start: the port in use, or a wrong flag

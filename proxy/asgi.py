@@ -6,7 +6,8 @@ path beside it for the APIs' fixed-path endpoints. Side by side against ``prefix
 CPU per streamed 16-token chat turn, 9 rounds of 600 turns, concurrency 8), FastAPI's stack for
 every request cost 2.13 ms a turn where the pair cost 1.93. This one path costs what the pair did:
 3.97 against 3.95 ms a 16-token turn and 12.0 against 11.75 ms a ~100k-token one, medians of 9
-rounds (``python -m bench.http_path --rounds 9 --baseline-root DIR``, DIR a tree with the pair).
+rounds (``python -m bench.http_path --rounds 9 --baseline-root DIR``, DIR a tree with the pair, at
+``e3b0b3e``; the script has since been deleted, its finding is this paragraph).
 
 Every request, the APIs' and the operator's alike, goes through the operator's middleware (header
 bound, auth, body log) to one Starlette ``Router``, which tries the routes in the order they were
