@@ -47,7 +47,7 @@ def test_the_deselected_tiers_and_the_lines_that_run_them_are_named():
         assert f"marked `{marker}` (`tests/{marker}`" in setup, marker
     # each tier's line in .ci/run, word for word
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    for script in ("bench/real_vllm/test.sh", "bench/agents/test.sh"):
+    for script in ("tests/vllm/test.sh", "tests/agents/test.sh"):
         (line,) = [line.strip() for line in ci if script in line and not line.startswith("#")]
         assert f"`{line}`" in " ".join(setup.split()), line
 

@@ -1,7 +1,7 @@
 """``--record FILE``: the simulated rank appends every POST request it gets to a JSONL file.
 
 One line per request: ``{"time", "path", "headers", "body"}`` (``body`` parsed when it is JSON, else
-the text). The real-agent tier (``bench/agents/``) reads what each agent CLI really sent from it.
+the text). The real-agent tier (``tests/agents/``) reads what each agent CLI really sent from it.
 """
 
 from __future__ import annotations

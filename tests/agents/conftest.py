@@ -1,8 +1,8 @@
-"""Fixtures of the real-agent tier: the agent CLIs (``bench/agents/install.sh``) driven through
-prefixgate against simulated ranks in scripted-tool mode (``bench/agents``).
+"""Fixtures of the real-agent tier: the agent CLIs (``tests/agents/install.sh``) driven through
+prefixgate against simulated ranks in scripted-tool mode (``tests/agents``).
 
 Every test here carries the ``agents`` marker (deselected by default); run them with
-``bench/agents/test.sh``, which installs the CLIs first. The scenarios run once per session (about
+``tests/agents/test.sh``, which installs the CLIs first. The scenarios run once per session (about
 a minute) and every test checks one of issue 20's "Done when" figures on their results.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from bench.agents import clis
-from bench.agents.scenarios import SCENARIOS
+from tests.agents import clis
+from tests.agents.scenarios import SCENARIOS
 from tests.helpers.markers import mark_folder
 
 
@@ -24,9 +24,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tier(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every scenario's results (``bench.agents.scenarios``)."""
+    """Every scenario's results (``tests.agents.scenarios``)."""
     missing = clis.installed()
     if missing:
-        pytest.fail(f"agent CLIs not installed ({', '.join(missing)}): run bench/agents/install.sh")
+        pytest.fail(f"agent CLIs not installed ({', '.join(missing)}): run tests/agents/install.sh")
     root = tmp_path_factory.mktemp("agents")
     return {name: scenario(root / name) for name, scenario in SCENARIOS.items()}

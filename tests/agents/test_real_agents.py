@@ -1,6 +1,6 @@
 """Issue 20's "Done when", measured with the real agent CLIs (Claude Code 2.1.332, Codex CLI 0.171.0,
 opencode 1.18.33) through prefixgate with its defaults against simulated ranks that render system
-before tools (``python -m bench.agents`` prints the same figures)."""
+before tools (``python -m tests.agents`` prints the same figures)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.agents.__main__ import targets
+from tests.agents.__main__ import targets
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import httpx
 import msgspec
 import zmq
 
-from bench.real_vllm.ranks import SERVED_MODEL
+from tests.vllm.ranks import SERVED_MODEL
 
 
 def path_tool(name: str, description: str, path_description: str | None = None) -> dict[str, Any]:

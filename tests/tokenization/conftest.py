@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.real_vllm.build_model import train_tokenizer
+from tests.vllm.build_model import train_tokenizer
 from tokenization.hf_tokenizer import HfTokenizer
 
 # Qwen-style: tools inside the system turn, tool calls as JSON in <tool_call>, loop controls, the

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from bench.real_vllm.build_model import SPECIALS
 from tests.tokenization.conftest import CHAT_TEMPLATE, TRAINING_TEXT
 from tests.tokenization.test_edited import HEAD, PIECE_TEXTS, TEXT
+from tests.vllm.build_model import SPECIALS
 from tokenization.base import ChatPrompt, common_prefix_len
 from tokenization.edited import fresh_start
 from tokenization.hf_splice import CL100K_PATTERN, QWEN2_PATTERN, splices

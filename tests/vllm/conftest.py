@@ -1,8 +1,8 @@
 """Fixtures of the real-vLLM tier: two vLLM CPU ranks serving the tiny model, prefixgate in front.
 
 Every test here carries the ``vllm`` marker (deselected by default); run them with
-``bench/real_vllm/test.sh`` or ``python -m pytest -m vllm -n 0 tests/vllm`` once
-``bench/real_vllm/install.sh`` has built the vLLM virtualenv. The ranks start once per session
+``tests/vllm/test.sh`` or ``python -m pytest -m vllm -n 0 tests/vllm`` once
+``tests/vllm/install.sh`` has built the vLLM virtualenv. The ranks start once per session
 (about a minute) and are shared: tests keep apart by putting a fresh nonce in their prompts.
 """
 
@@ -17,7 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.real_vllm.ranks import (
+from proxy.server import ServerThread
+from tests.helpers.gateway import start_gateway
+from tests.helpers.markers import mark_folder
+from tests.vllm.ranks import (
     ATTACH_ENV,
     HASH_SEED,
     VllmRank,
@@ -26,9 +29,6 @@ from bench.real_vllm.ranks import (
     start_ranks,
     stop_ranks,
 )
-from proxy.server import ServerThread
-from tests.helpers.gateway import start_gateway
-from tests.helpers.markers import mark_folder
 from tokenization.block_hash import BlockHasher
 from tokenization.hf_tokenizer import HfTokenizer
 
@@ -47,7 +47,7 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def ranks(model_dir: Path) -> Iterator[list[VllmRank]]:
     attach = os.environ.get(ATTACH_ENV)
-    if attach:  # ranks kept running by ``python -m bench.real_vllm.ranks --state FILE``
+    if attach:  # ranks kept running by ``python -m tests.vllm.ranks --state FILE``
         yield attach_ranks(Path(attach))
         return
     started = start_ranks(2, model_dir=model_dir)

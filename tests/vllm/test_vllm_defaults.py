@@ -13,9 +13,9 @@ import aiohttp
 import httpx
 import pytest
 
-from bench.real_vllm.ranks import VllmRank
 from proxy.server import ServerThread
 from tests.helpers.real_vllm import agent_turns, chat
+from tests.vllm.ranks import VllmRank
 from tokenization.config import TokenizerConfig
 from tokenization.discover import Discovery, discover
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from bench.real_vllm.ranks import VllmRank
 from tests.helpers.real_vllm import TOOLS, KVTap, agent_turns, chat
+from tests.vllm.ranks import VllmRank
 from tokenization.base import ChatPrompt
 from tokenization.block_hash import BlockHasher, kv_event_hash
 from tokenization.hf_tokenizer import HfTokenizer

@@ -2,7 +2,7 @@
 
 The vLLM CPU build this tier runs refuses KV offloading ("CPU Offloading is currently only supported
 on CUDA-alike and XPU GPUs", ``vllm/v1/kv_offload/cpu/spec.py``), so no rank here can publish
-CPU-tier events. Instead a script run in the tier's vLLM virtualenv (``bench/real_vllm/install.sh``;
+CPU-tier events. Instead a script run in the tier's vLLM virtualenv (``tests/vllm/install.sh``;
 vLLM 0.32.0) makes the events with vLLM's own classes and code, encodes each batch with the encoder
 its ZMQ publisher uses, and prefixgate's decoder and in-memory index take the bytes. Where each
 event comes from in the installed source:
@@ -45,11 +45,11 @@ from typing import Any
 
 import pytest
 
-from bench.real_vllm.ranks import venv_python
 from routing.index import CPU, GPU
 from routing.index.memory import MemoryPrefixIndex
 from routing.kv_events import RankMirror, decode_batch
 from routing.ranks import Rank
+from tests.vllm.ranks import venv_python
 from tokenization.block_hash import BlockHasher
 
 BLOCK = 32
@@ -148,7 +148,7 @@ print(json.dumps({
 
 def _vectors(mode: str) -> dict[str, Any]:
     python = venv_python()
-    assert python.exists(), f"no vLLM virtualenv at {python}: run bench/real_vllm/install.sh"
+    assert python.exists(), f"no vLLM virtualenv at {python}: run tests/vllm/install.sh"
     done = subprocess.run(
         [str(python), "-c", GENERATOR, mode], capture_output=True, text=True, timeout=300, check=False
     )

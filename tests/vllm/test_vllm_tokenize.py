@@ -7,8 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.real_vllm.ranks import SERVED_MODEL, VllmRank
 from tests.helpers.real_vllm import TOOLS
+from tests.vllm.ranks import SERVED_MODEL, VllmRank
 from tokenization.base import ChatPrompt
 from tokenization.hf_tokenizer import HfTokenizer
 

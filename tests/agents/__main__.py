@@ -1,4 +1,4 @@
-"""``python -m bench.agents [--only NAME,...]``: run the real-agent tier's scenarios, print the
+"""``python -m tests.agents [--only NAME,...]``: run the real-agent tier's scenarios, print the
 figures of issue 20's "Done when" and write them to ``bench/out/agents.json``.
 
 Targets: Claude Code's hit rate with a file edited between ``--continue`` prompts within 0.002 of
@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.agents import clis
-from bench.agents.scenarios import SCENARIOS
-from bench.agents.tier import SIM, SessionFigures
 from bench.common import write_json
+from tests.agents import clis
+from tests.agents.scenarios import SCENARIOS
+from tests.agents.tier import SIM, SessionFigures
 
 HIT_RATE_TOLERANCE = 0.002
 #: Variants run with a rule off, to show what it buys: their sessions' breaks are the rule's to avoid.
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = clis.installed()
     if missing:
         print(
-            f"agent CLIs not installed ({', '.join(missing)}): run bench/agents/install.sh", file=sys.stderr
+            f"agent CLIs not installed ({', '.join(missing)}): run tests/agents/install.sh", file=sys.stderr
         )
         return 2
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="prefixgate-agents-"))

@@ -1,6 +1,6 @@
 """The real agent CLIs, run offline against a base URL: Claude Code, Codex CLI, opencode.
 
-They come from the npm registry (``bench/agents/install.sh`` puts them under
+They come from the npm registry (``tests/agents/install.sh`` puts them under
 ``~/.cache/prefixgate/agents``, or ``$PREFIXGATE_AGENTS_DIR``). Each run gets a throwaway ``HOME``
 (per agent session, so ``--continue`` finds its own history), the agents' switches for no
 telemetry, no update checks and no non-essential traffic, ``IS_SANDBOX=1`` when running as root,

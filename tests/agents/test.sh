@@ -2,7 +2,7 @@
 # The real-agent tier in one command: install the agent CLIs from npm (cached), then run tests/agents:
 # Claude Code, Codex CLI and opencode, each driven through multi-turn sessions with tool calls,
 # through prefixgate against simulated ranks in scripted-tool mode.
-#   bench/agents/test.sh [pytest args...]
+#   tests/agents/test.sh [pytest args...]
 # PYTHON: the interpreter with prefixgate installed ('.[test]'); default python3.
 # The tier is skipped, loudly, when the npm registry cannot be reached; any other failure fails.
 set -euo pipefail
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-python3}"
 
 status=0
-bash bench/agents/install.sh || status=$?
+bash tests/agents/install.sh || status=$?
 if [[ $status -eq 3 ]]; then
   echo "=================================================================================" >&2
   echo "SKIPPED the real-agent tier: the npm registry cannot be reached to install the CLIs" >&2
@@ -20,7 +20,7 @@ elif [[ $status -ne 0 ]]; then
   exit "$status"
 fi
 # --confcutdir: the tier needs none of tests/conftest.py's fixtures, and loading it puts tests/ first on
-# sys.path, where the test package tests/bench shadows the project's bench (bench.agents then comes
-# from wherever an installed prefixgate points, not from this checkout).
+# sys.path, where the test package tests/bench shadows the project's bench (the tier's bench.sim then
+# comes from wherever an installed prefixgate points, not from this checkout).
 exec timeout 1800 "$PYTHON" -m pytest -m agents tests/agents -q -p no:cacheprovider -n 0 \
   --confcutdir tests/agents "$@"

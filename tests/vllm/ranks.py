@@ -6,7 +6,7 @@ prefix caching, block size 32, prompt token details in usage, a fixed ``PYTHONHA
 hashes are reproducible outside the process) and the hub offline. Its ZMQ publisher binds a
 loopback port for KV events and another for replay.
 
-CLI (keeps the ranks up until Ctrl-C): ``python -m bench.real_vllm.ranks --ranks 2``.
+CLI (keeps the ranks up until Ctrl-C): ``python -m tests.vllm.ranks --ranks 2``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ START_TIMEOUT_S = 400.0
 
 
 def venv_python(venv: Path = VENV_DIR) -> Path:
-    """The vLLM virtualenv's interpreter (``bench/real_vllm/install.sh`` creates it)."""
+    """The vLLM virtualenv's interpreter (``tests/vllm/install.sh`` creates it)."""
     return venv / "bin" / "python"
 
 
@@ -47,7 +47,7 @@ def ensure_model(model_dir: Path = MODEL_DIR, venv: Path = VENV_DIR) -> Path:
     """Build the tiny model into ``model_dir`` with the venv's transformers, unless already built."""
     python = venv_python(venv)
     if not python.exists():
-        raise RuntimeError(f"no vLLM virtualenv at {venv}: run bench/real_vllm/install.sh first")
+        raise RuntimeError(f"no vLLM virtualenv at {venv}: run tests/vllm/install.sh first")
     subprocess.run(
         [str(python), str(HERE / "build_model.py"), "--out", str(model_dir)],
         check=True,

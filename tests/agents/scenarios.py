@@ -1,4 +1,4 @@
-"""The real-agent tier's scenarios, each on a fresh deployment (``bench.agents.tier``), and the
+"""The real-agent tier's scenarios, each on a fresh deployment (``tests.agents.tier``), and the
 figures of issue 20's "Done when" they measure.
 
 - ``claude_edit``: Claude Code in a git repository, ``claude -p`` then two ``--continue`` prompts,
@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.agents import clis
-from bench.agents.tier import Deployment, SessionFigures, figures, shared_prefix
+from tests.agents import clis
+from tests.agents.tier import Deployment, SessionFigures, figures, shared_prefix
 
 #: Each agent's own session header (Codex's and opencode's as the README's session-header table names them).
 CLAUDE_HEADER = "x-claude-code-session-id"
