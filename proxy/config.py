@@ -39,6 +39,10 @@ DEFAULT_IDLE_TTL_S = 300.0
 #: Until the traffic has shown enough request durations, a session waits for a seat this long before
 #: one rotates to it (then the learned bound: a few long requests, ``proxy/admission/learned.py``).
 DEFAULT_WAIT_S = 30.0
+#: Share of a rank's KV pool seated sessions' projected peaks may fill: the whole pool. On one rank of
+#: 8 seats 0.8 finished every replay cell later than 1.0 (docs/investigations.md, "A budget of the
+#: whole pool").
+DEFAULT_TARGET_FRACTION = 1.0
 
 ENV_PREFIX = "PREFIXGATE_"
 KiB = 1024
@@ -116,7 +120,7 @@ class Settings(BaseModel):
     # sessions and admission control (proxy/sessions.py, proxy/admission.py)
     no_admission: bool = False
     admission_queue: int = Field(default=1024, ge=0)
-    target_fraction: float = Field(default=0.8, gt=0, le=2.0)
+    target_fraction: float = Field(default=DEFAULT_TARGET_FRACTION, gt=0, le=2.0)
     # None: learned from the traffic (think gaps, request durations); a value overrides
     session_idle_ttl: float | None = Field(default=None, gt=0)
     admission_wait: float | None = Field(default=None, ge=0)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_WAIT_S
+from proxy.config import DEFAULT_IDLE_TTL_S, DEFAULT_TARGET_FRACTION, DEFAULT_WAIT_S
 
-DEFAULT_TARGET_FRACTION = 0.8
 #: A session quiet for longer than this many times its longest think gap so far has most likely ended:
 #: in those traces a session's next gap exceeds twice its longest earlier gap for ~5 % of gaps.
 DEFAULT_RELEASE_FACTOR = 2.0

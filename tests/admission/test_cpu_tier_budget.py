@@ -27,7 +27,7 @@ def learned_tier(url: str) -> int | None:
 
 def test_the_budget_binds_once_the_cpu_tier_has_shown_its_size(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     (rank,) = rank_servers.sim(1, cpu_tier_tokens=CPU_TIER_TOKENS, kv_events=True)
-    proxy = gateway([rank], kv_events="auto", admission_wait=30, session_idle_ttl=60)
+    proxy = gateway([rank], kv_events="auto", admission_wait=30, session_idle_ttl=60, target_fraction=0.8)
     # the rank's metrics say it offloads; its tier's size is not known yet: no budget binds
     wait_until(lambda: (v := rank_view(proxy.url))["pool_tokens"] == KV_TOKENS and v["budget_tokens"] is None)
     assert learned_tier(proxy.url) is None

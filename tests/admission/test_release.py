@@ -23,7 +23,9 @@ from tests.admission.conftest import KV_TOKENS, chat, prompt_of
 from tokenization.prompt import PromptBlocks
 
 BLOCK = 16
-POOL = 2000  # budget 1,600 tokens at the default 0.8
+POOL = 2000  # budget 1,600 tokens at FRACTION
+#: The budget share these tests' arithmetic is written for (not the default, which may move).
+FRACTION = 0.8
 TTL = 300.0
 
 
@@ -40,7 +42,13 @@ def make(ranks: int = 1, **config: object) -> tuple[Admission, Clock]:
     table = SessionTable(MemorySessionStore(), TTL, clock)
     pool = Fleet(Rank(f"r{i}", f"http://r{i}", pool_tokens=POOL) for i in range(ranks))
     # a long rotation bound: these tests are about room and release, not rotation (test_rotation.py)
-    options: dict[str, object] = {"idle_ttl": TTL, "wait": 3600.0, "block_size": BLOCK, **config}
+    options: dict[str, object] = {
+        "idle_ttl": TTL,
+        "wait": 3600.0,
+        "block_size": BLOCK,
+        "target_fraction": FRACTION,
+        **config,
+    }
     return Admission(table, pool, AdmissionConfig(**options), None), clock  # type: ignore[arg-type]
 
 
@@ -91,7 +99,7 @@ async def two_idle_sessions() -> tuple[Admission, Clock]:
 
 
 def test_release_after_follows_the_sessions_own_think_gaps() -> None:
-    config = AdmissionConfig(idle_ttl=TTL)
+    config = AdmissionConfig(idle_ttl=TTL, target_fraction=FRACTION)
     s = Session("s", created=0.0, last_seen=0.0)
     assert release_after(config, s) == TTL  # no gap seen yet: the full idle TTL
     s.answered_at = 10.0
@@ -210,7 +218,7 @@ async def test_without_a_head_every_session_counts_in_full() -> None:
 
 def test_shared_system_prompt_counts_once_on_a_real_rank(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     ranks = rank_servers.sim(1)
-    proxy = gateway(ranks, admission_wait=30, session_idle_ttl=60)
+    proxy = gateway(ranks, admission_wait=30, session_idle_ttl=60, target_fraction=FRACTION)
     system = {"role": "system", "content": "Follow the house rules. " * 120}  # ~600 tokens, shared
 
     def ask(session: str) -> httpx.Response:
@@ -228,7 +236,7 @@ def test_shared_system_prompt_counts_once_on_a_real_rank(rank_servers, gateway) 
         assert ask(session).status_code == 200
     rows = httpx.get(proxy.url + "/admin/sessions", params={"active": "1"}, timeout=5).json()["data"]
     assert {r["id"] for r in rows} == {"a", "b", "c"}
-    assert sum(r["context_tokens"] for r in rows) > KV_TOKENS * 0.8
+    assert sum(r["context_tokens"] for r in rows) > KV_TOKENS * FRACTION
     heads = {r["head_key"] for r in rows}
     assert len(heads) == 1 and None not in heads
     assert all(r["head_tokens"] >= 512 for r in rows)
