@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from proxy.config import DEFAULT_TARGET_FRACTION
 from tests.dashboard.conftest import SYSTEM, converse
 
 
@@ -49,7 +50,8 @@ def test_overview_reports_the_hits_the_ranks_reported(deployment):
         held = [s for s in sessions if s["rank"] == rank["name"]]
         assert rank["sessions"] == len(held)
         assert rank["working_set_tokens"] == sum(s["context_tokens"] for s in held)
-        assert rank["pool_tokens"] == 65_536 and rank["budget_tokens"] == int(65_536 * 0.8)
+        assert rank["pool_tokens"] == 65_536
+        assert rank["budget_tokens"] == int(65_536 * DEFAULT_TARGET_FRACTION)
         assert rank["occupancy"] == rank["working_set_tokens"] / 65_536
         assert rank["healthy"] is True and rank["in_flight"] == 0
 

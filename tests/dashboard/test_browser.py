@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proxy.config import DEFAULT_TARGET_FRACTION
 from tests.dashboard.conftest import SYSTEM, converse
 
 CHROMIUM = "/usr/bin/chromium"
@@ -185,7 +186,7 @@ def test_dashboard_for_an_operator_in_chromium(deployment):
                 "prefix_affinity",
                 "canonicalization",
                 "admission",
-                "on, budget 80.0%",
+                f"on, budget {DEFAULT_TARGET_FRACTION:.1%}",  # the default, as a share of each pool
                 "session idle TTL\nlearned",  # no --session-idle-ttl: not "null s"
                 "admission wait\nlearned",
             ):
