@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from tests.admission.conftest import KV_TOKENS, Background, chat, metric
+from tests.admission.test_release import FRACTION
 from tests.helpers.wait import wait_until
 
 BLOCK = 16
@@ -27,12 +28,14 @@ def learned_tier(url: str) -> int | None:
 
 def test_the_budget_binds_once_the_cpu_tier_has_shown_its_size(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
     (rank,) = rank_servers.sim(1, cpu_tier_tokens=CPU_TIER_TOKENS, kv_events=True)
-    proxy = gateway([rank], kv_events="auto", admission_wait=30, session_idle_ttl=60, target_fraction=0.8)
+    proxy = gateway(
+        [rank], kv_events="auto", admission_wait=30, session_idle_ttl=60, target_fraction=FRACTION
+    )
     # the rank's metrics say it offloads; its tier's size is not known yet: no budget binds
     wait_until(lambda: (v := rank_view(proxy.url))["pool_tokens"] == KV_TOKENS and v["budget_tokens"] is None)
     assert learned_tier(proxy.url) is None
 
-    # four sessions, though a GPU-only budget (0.8 x 2,048) seats two: none waits
+    # four sessions, though a GPU-only budget (FRACTION x 2,048) seats two: none waits
     for key in "abcd":
         assert chat(proxy.url, key, 700).status_code == 200
         assert metric(proxy.url, "prefixgate_admission_queue_depth") == 0
@@ -45,7 +48,7 @@ def test_the_budget_binds_once_the_cpu_tier_has_shown_its_size(rank_servers, gat
     learned = wait_until(lambda: learned_tier(proxy.url))
     assert learned in (CPU_TIER_TOKENS, CPU_TIER_TOKENS + BLOCK)
     view = rank_view(proxy.url)
-    assert view["budget_tokens"] == int(0.8 * (KV_TOKENS + learned))
+    assert view["budget_tokens"] == int(FRACTION * (KV_TOKENS + learned))
     assert view["working_set_tokens"] > view["budget_tokens"]
 
     # now it binds: a new session waits for a seat until residents give theirs up

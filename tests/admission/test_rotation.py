@@ -17,7 +17,7 @@ from proxy.context import Outcome
 from proxy.state.memory import MemorySessionStore
 from proxy.state.sessions import Session, SessionTable
 from routing.ranks import Fleet, Rank
-from tests.admission.test_release import BLOCK, POOL, TTL, Clock, ctx_for, make, turn
+from tests.admission.test_release import BLOCK, FRACTION, POOL, TTL, Clock, ctx_for, make, turn
 
 HOLD = 5.0
 
@@ -240,7 +240,7 @@ async def test_a_session_back_to_its_offloaded_context_parks_there_rather_than_m
             Rank("r1", "http://r1", pool_tokens=POOL),
         ]
     )
-    config = AdmissionConfig(idle_ttl=TTL, wait=5.0, block_size=BLOCK, target_fraction=0.8)
+    config = AdmissionConfig(idle_ttl=TTL, wait=5.0, block_size=BLOCK, target_fraction=FRACTION)
     placement = Holding({"r0": 50})  # 800 tokens of the returning prompt, past its 64-token head
     adm = Admission(table, fleet, config, None, placement)
     for key in ("a", "b", "back"):
