@@ -13,7 +13,9 @@ The whole rule:
 - A new session, or one coming back after it was parked or ended, takes a seat where the budget
   has room, or room once sessions quiet past their own think times (judged ended) give up theirs.
 - Else it waits, in order: priority, then fair across client keys, then arrival (``queue.py``). It
-  is never refused for lack of room; the client is told nothing until it is seated.
+  is never refused for lack of room; the client is told nothing until it is seated. A waiter
+  behind the first takes room the first cannot use (a smaller session where a larger one does not
+  fit); only the first rotates a seat to itself.
 - **Rotation.** Once a waiter has waited the rotation bound, quiet residents are parked for it
   (``rotation.py``: quiet longest since their last answer first, then the most service). On a rank
   that offloads KV to CPU memory parking costs a reload, not a recompute: rotation prefers it, and
@@ -125,6 +127,8 @@ class Admission:
         #: Each rank's working set at the last full count, kept current as sessions grow and move,
         #: so a session's turn checks its rank against it before counting everything again.
         self._last_working_set: dict[str, int] = {}
+        #: The last refresh's count, with the queue's change count and the time it was made at.
+        self._recent: tuple[int, float, dict[str, RankState]] | None = None
 
     def typical_gap(self) -> float | None:
         """A long think gap across sessions (their 95th percentile), once enough are known."""
@@ -285,13 +289,14 @@ class Admission:
         client = ctx.client
         ticket = Ticket(client.label, ctx.priority, client.weight) if client is not None else Ticket()
 
-        def attempt(behind: bool = False) -> Seat | None:
-            """The seat now, if one can be had (``behind``: others wait first, so any room is
-            theirs)."""
-            if behind:
-                return None
-            states = self.refresh()
+        def attempt(first: bool = True) -> Seat | None:
+            """The seat now, if one can be had. ``first``: nobody waits ahead of this session, so
+            past the bound a seat may rotate to it; behind others it takes only room they cannot use
+            (on the count they made, while nothing has changed: every waiter checks on every wake)."""
+            states = self.refresh() if first else self._recent_count()
             room = self._room(tokens, head_key, head_tokens, states)
+            if not first:
+                return self._seat(key, room, need, head_key, head_tokens) if room.allowed else None
             waited = time.monotonic() - started
             parking: Parking | None = None
             # Its own context waits in a CPU tier where there is no room: a quiet session parked there
@@ -309,22 +314,41 @@ class Admission:
                     room = Room(frozenset({parking.rank}), victims)
             if not room.allowed:
                 return None
-            granted = self._reserve(key, room, need, head_key, head_tokens)
-            if not granted:
-                return None  # another replica took that room
-            victims = {name: keys for name, keys in room.victims.items() if name in granted}
-            if parking is not None:
-                return Seat("rotated", granted, victims, parking.rank, parking.keys)
-            return Seat("released" if victims else "room", granted, victims)
+            return self._seat(key, room, need, head_key, head_tokens, parking)
 
-        found = attempt(behind=len(self.queue) > 0)
+        found = attempt() if len(self.queue) == 0 else None  # else it looks from its place in line
         if found is not None:
             return found, 0.0
         if self.metrics is not None:
             self.metrics.admission_queued.inc()
-        waiting = self.queue.wait(attempt, self._set_queue_depth, ticket)
+        waiting = self.queue.wait(attempt, self._set_queue_depth, ticket, lambda seat: self._abandon(key))
         seat = await (guard(waiting) if guard is not None else waiting)
         return seat, time.monotonic() - started
+
+    def _seat(
+        self,
+        key: str,
+        room: Room,
+        need: int,
+        head_key: str | None,
+        head_tokens: int,
+        parking: Parking | None = None,
+    ) -> Seat | None:
+        """The seat ``room`` gives session ``key`` once reserved (None: another replica took it)."""
+        granted = self._reserve(key, room, need, head_key, head_tokens)
+        if not granted:
+            return None
+        victims = {name: keys for name, keys in room.victims.items() if name in granted}
+        if parking is not None:
+            return Seat("rotated", granted, victims, parking.rank, parking.keys)
+        return Seat("released" if victims else "room", granted, victims)
+
+    def _abandon(self, key: str) -> None:
+        """Session ``key``'s client left once a seat was found for it, before it took it: what was
+        reserved for it is free again."""
+        self._reservations.pop(key, None)
+        self._recent = None
+        self.claims.release(key)
 
     def _rotation(
         self,
@@ -422,6 +446,7 @@ class Admission:
             Ask(key, budgets, body, head_key, head_tokens, ttl, RESERVATION_TTL_S, cap)
         )
         if granted:
+            self._recent = None  # the next waiter counts this session's claim
             # in the same step as the room check: the next waiter must see this session's claim
             victims = {name: keys for name, keys in room.victims.items() if name in granted}
             self._reservations[key] = Reservation(granted, tokens, victims)
@@ -474,7 +499,19 @@ class Admission:
         states = self._count(active, now)
         self._counted(states)
         log_over_pool(states, self._over_pool)
+        self._recent = (self.queue.changes, time.monotonic(), states)
         return states
+
+    def _recent_count(self) -> dict[str, RankState]:
+        """The last refresh's count while nothing that wakes the queue or takes room has happened
+        since, for at most one poll interval (what time changes); else a refresh. Every waiter behind
+        the first checks for room on every wake: one count serves them all."""
+        recent = self._recent
+        if recent is not None:
+            changes, at, states = recent
+            if changes == self.queue.changes and time.monotonic() - at < self.queue.poll_interval:
+                return states
+        return self.refresh()
 
     def projected(self, tokens: int) -> int:
         """The room a session of ``tokens`` needs: as large as sessions of its size grew before ending."""

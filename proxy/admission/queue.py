@@ -8,10 +8,13 @@ so a key with many waiters gets its share (its weight's) of the room that frees,
 and a key arriving later is not stuck behind another key's whole backlog. Equal tags go first come
 first served.
 
-Only the waiter at the head checks for room (so a small later session cannot overtake a large
-earlier one). Every change that may free room
-(an answer, a release, a waiter leaving, a rank's new figures) wakes the waiters, and a poll
-interval catches what no event signals (sessions idling out with time).
+Waiters look for room in that order, in one pass each time something may have freed some: the
+first for any room (and, past the rotation bound, for a seat rotated to it), each one behind it for
+room that those ahead of it, having looked first, could not use. So a smaller session is seated
+where a larger one ahead of it does not fit, rather than the room staying empty until the larger
+one's seat rotates to it (backfilling; the first's rotation is not delayed by it). Every change that
+may free room (an answer, a release, a waiter leaving, a rank's new figures) starts a pass, and a
+poll interval catches what no event signals (sessions idling out with time).
 
 Each replica orders its own waiters. Room another replica frees wakes them through ``watch``
 (``claims.RoomClaims.watch``: Redis pub/sub), so the poll interval stays the one learned from the
@@ -26,7 +29,7 @@ import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -47,10 +50,14 @@ class Ticket:
 class _Waiter:
     order: tuple[int, float, int]
     ticket: Ticket = field(compare=False)
+    #: Looks for room: told whether the waiter is first (nobody unseated ahead of it).
+    attempt: Callable[[bool], Any] = field(compare=False)
+    #: Its seat once a pass found one (set by whichever waiter's task ran the pass).
+    seated: asyncio.Future[Any] = field(compare=False)
 
 
 class WaitQueue:
-    """Waiters in priority and fair-share order, each retrying its ``attempt`` while at the head."""
+    """Waiters in priority and fair-share order, looking for room in that order on every change."""
 
     def __init__(self, poll_interval: float, watch: Watch | None = None) -> None:
         """``watch``: where room freed by other replicas is said (None: nowhere, one process)."""
@@ -58,6 +65,10 @@ class WaitQueue:
         self._watch_elsewhere = watch
         self._waiters: list[_Waiter] = []
         self._changed = asyncio.Event()
+        #: How many times the waiters were woken for a change: a count made since is still current.
+        self.changes = 0
+        #: The change count and the time of the last pass: one pass serves every waiter it woke.
+        self._passed: tuple[int, float] = (-1, 0.0)
         self._arrivals = itertools.count()
         #: Per client key, the tag its next waiter starts from; and the virtual time (``V``).
         self._finish: dict[str, float] = {}
@@ -70,8 +81,9 @@ class WaitQueue:
         return len(self._waiters)
 
     def notify(self) -> None:
-        """Something changed that may have freed room: wake every waiter to re-check."""
+        """Something changed that may have freed room: wake every waiter, for a new pass."""
         changed, self._changed = self._changed, asyncio.Event()
+        self.changes += 1
         changed.set()
 
     def _notify_from_thread(self) -> None:
@@ -87,11 +99,12 @@ class WaitQueue:
             self._watching = True
             self._watch_elsewhere(self._notify_from_thread)
 
-    def _enter(self, ticket: Ticket) -> _Waiter:
+    def _enter(self, ticket: Ticket, attempt: Callable[[bool], Any]) -> _Waiter:
         key = ticket.client or ""
         start = max(self._virtual, self._finish.get(key, 0.0))
         self._finish[key] = start + 1.0 / ticket.weight
-        waiter = _Waiter((-ticket.priority, start, next(self._arrivals)), ticket)
+        seated: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter((-ticket.priority, start, next(self._arrivals)), ticket, attempt, seated)
         bisect.insort(self._waiters, waiter)
         return waiter
 
@@ -100,30 +113,74 @@ class WaitQueue:
         if served:
             self._virtual = max(self._virtual, waiter.order[1])
 
+    def _pass(self) -> bool:
+        """Each waiter in order looks for room, unless a pass already ran since the last change and
+        within the poll interval (False then). A waiter is first while every one ahead of it was
+        seated."""
+        now = asyncio.get_running_loop().time()
+        changes, at = self._passed
+        if changes == self.changes and now - at < self.poll_interval:
+            return False
+        self._passed = (self.changes, now)
+        first, seated = True, False
+        for waiter in list(self._waiters):
+            if waiter.seated.done():
+                continue
+            if self._look(waiter, first):
+                seated = True
+            else:
+                first = False
+        if seated:
+            self.notify()  # the seated waiters' tasks return; the room they took is counted anew
+        return True
+
+    @staticmethod
+    def _look(waiter: _Waiter, first: bool) -> bool:
+        """``waiter`` looks for room; whether it found a seat."""
+        try:
+            found = waiter.attempt(first)
+        except Exception as exc:  # that waiter's request fails, not the one running the pass
+            waiter.seated.set_exception(exc)
+            return False
+        if found is None:
+            return False
+        waiter.seated.set_result(found)
+        return True
+
     async def wait(
         self,
-        attempt: Callable[[], T | None],
+        attempt: Callable[[bool], T | None],
         on_depth: Callable[[int], None],
         ticket: Ticket | None = None,
+        abandoned: Callable[[T], None] | None = None,
     ) -> T:
-        """``attempt()``'s first non-None result, tried whenever this waiter is at the head: it waits
-        until then, or until it is cancelled (its client left; admission's rotation is what bounds
-        the wait). ``on_depth(n)`` is told the queue's length as it changes."""
+        """The first seat a pass finds for this waiter: ``attempt(first)``'s first non-None result
+        (``first``: nobody unseated waits ahead of it). It waits until then, or until it is
+        cancelled (its client left; admission's rotation is what bounds the wait). ``on_depth(n)`` is
+        told the queue's length as it changes; ``abandoned(seat)``, of a seat a pass found for it that
+        it was cancelled before taking."""
         self._watch()
-        waiter = self._enter(ticket or Ticket())
+        waiter = self._enter(ticket or Ticket(), attempt)
         on_depth(len(self._waiters))
         served = False
         try:
+            if not self._pass():  # those ahead looked at room since the last change: it looks now
+                self._look(waiter, first=self._waiters[0] is waiter)
             while True:
-                if self._waiters[0] is waiter:
-                    found = attempt()
-                    if found is not None:
-                        served = True
-                        return found
+                if waiter.seated.done():
+                    served = waiter.seated.exception() is None
+                    result: T = waiter.seated.result()
+                    return result
                 changed = self._changed
+                # not ``wait_for``: on Python 3.11 it loses a cancellation that comes with a wake
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), self.poll_interval)
+                    async with asyncio.timeout(self.poll_interval):
+                        await changed.wait()
+                self._pass()
         finally:
+            seated = waiter.seated
+            if not served and abandoned is not None and seated.done() and seated.exception() is None:
+                abandoned(seated.result())
             self._leave(waiter, served)
             on_depth(len(self._waiters))
             self.notify()

@@ -1,5 +1,6 @@
 """The wait queue serves higher priority first and shares the rest weighted-fair across client keys,
-so one key's backlog cannot starve the others; the keys file gives each key its priority and weight."""
+so one key's backlog cannot starve the others; the keys file gives each key its priority and weight.
+Waiters look for room in that order, so one behind takes only room those ahead of it cannot use."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ async def serve_in_order(tickets: list[Ticket]) -> list[int]:
     served: list[int] = []
 
     def attempt_for(index: int):  # type: ignore[no-untyped-def]
-        def attempt() -> int | None:
+        def attempt(first: bool) -> int | None:
             nonlocal rooms
             if rooms <= 0:
                 return None
@@ -81,25 +82,99 @@ def test_the_keys_file_gives_priority_and_weight(tmp_path: Path) -> None:
             read_keys_file(keys)
 
 
-async def test_only_the_head_looks_for_room_and_a_cancelled_waiter_leaves() -> None:
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_waiters_look_in_order_and_one_behind_takes_room_the_head_cannot_use() -> None:
     queue = WaitQueue(poll_interval=10.0)
+    free = 0  # units of room; the head needs 2, the one behind it 1
+    looked: list[tuple[str, bool]] = []
+
+    def attempt_for(name: str, need: int):  # type: ignore[no-untyped-def]
+        def attempt(first: bool) -> str | None:
+            nonlocal free
+            looked.append((name, first))
+            if free < need:
+                return None
+            free -= need
+            return name
+
+        return attempt
+
     depths: list[int] = []
-    head = asyncio.ensure_future(queue.wait(lambda: None, depths.append))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    looked: list[str] = []
-
-    def behind_attempt() -> str:
-        looked.append("behind")
-        return "room"
-
-    behind = asyncio.ensure_future(queue.wait(behind_attempt, depths.append))
-    for _ in range(3):
-        await asyncio.sleep(0)
+    head = asyncio.ensure_future(queue.wait(attempt_for("large", 2), depths.append))
+    await settle()
+    behind = asyncio.ensure_future(queue.wait(attempt_for("small", 1), depths.append))
+    await settle()
+    looked.clear()
+    free = 1
     queue.notify()
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert len(queue) == 2 and not behind.done() and looked == []  # room is the head's to take first
-    head.cancel()  # its client left: it leaves the queue, and the next waiter looks at once
-    assert await asyncio.wait_for(behind, 5) == "room" and looked == ["behind"]
+    await settle()
+    # the head looked first and could not use the room; the one behind it took it
+    assert looked[:2] == [("large", True), ("small", False)]
+    assert behind.done() and behind.result() == "small" and not head.done() and free == 0
+    looked.clear()
+    free = 2
+    queue.notify()
+    assert await asyncio.wait_for(head, 5) == "large" and looked == [("large", True)]
     assert len(queue) == 0 and depths[-1] == 0
+
+
+async def test_a_waiter_behind_never_takes_room_the_head_can_use() -> None:
+    queue = WaitQueue(poll_interval=10.0)
+    free = 0
+
+    def attempt(first: bool) -> str | None:
+        nonlocal free
+        if free < 1:
+            return None
+        free -= 1
+        return "first" if first else "behind"
+
+    tasks = [asyncio.ensure_future(queue.wait(attempt, lambda depth: None)) for _ in range(2)]
+    await settle()
+    free = 1
+    queue.notify()
+    await settle()
+    assert [t.result() if t.done() else None for t in tasks] == ["first", None]
+    tasks[1].cancel()
+    await settle()
+    assert len(queue) == 0
+
+
+async def test_a_cancelled_waiter_leaves_and_the_next_becomes_first() -> None:
+    queue = WaitQueue(poll_interval=10.0)
+    looked: list[bool] = []
+    head = asyncio.ensure_future(queue.wait(lambda first: None, lambda depth: None))
+    await settle()
+
+    def behind_attempt(first: bool) -> str | None:
+        looked.append(first)
+        return "room" if first else None  # only the first may rotate a seat to itself
+
+    behind = asyncio.ensure_future(queue.wait(behind_attempt, lambda depth: None))
+    await settle()
+    assert looked == [False] and not behind.done()
+    head.cancel()  # its client left: it leaves the queue, and the next waiter looks at once, first
+    assert await asyncio.wait_for(behind, 5) == "room" and looked[-1] is True
+    assert len(queue) == 0
+
+
+async def test_a_seat_found_for_a_waiter_that_left_is_given_back() -> None:
+    queue = WaitQueue(poll_interval=10.0)
+    free = 0
+    abandoned: list[str] = []
+
+    def attempt(first: bool) -> str | None:
+        return "seat" if free else None
+
+    waiter = asyncio.ensure_future(queue.wait(attempt, lambda depth: None, abandoned=abandoned.append))
+    await settle()
+    waiter.cancel()  # its client leaves; before its task resumes to see that,
+    free = 1
+    queue.notify()
+    queue._pass()  # another waiter's task runs a pass, which finds it a seat
+    await settle()
+    assert waiter.cancelled() and abandoned == ["seat"] and len(queue) == 0

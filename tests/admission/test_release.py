@@ -263,3 +263,20 @@ def test_finished_sessions_make_room_before_the_idle_ttl(rank_servers, gateway) 
     assert by_id["a"]["released"] and not by_id["a"]["active"]  # a was idle longest
     assert not by_id["b"]["released"] and by_id["b"]["active"]
     assert by_id["a"]["gaps"] == 1 and by_id["a"]["turns"] == 2
+
+
+async def test_a_smaller_session_behind_a_waiter_takes_the_room_it_cannot_use() -> None:
+    adm, _ = make()
+    await turn(adm, "a", 1000)  # 1,016 of the 1,600-token budget held
+    large = asyncio.ensure_future(adm.admit(ctx_for("large", 700)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(adm.queue) == 1 and not large.done()  # 1,716 would not fit: it waits
+    # 1,316 fits: seated at once rather than left waiting behind the session that does not fit
+    small = await asyncio.wait_for(adm.admit(ctx_for("small", 300)), 5)
+    assert small.allowed == {"r0"} and small.seat is not None and small.seat.decision == "room"
+    assert not large.done() and len(adm.queue) == 1
+    large.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await large
+    assert len(adm.queue) == 0
