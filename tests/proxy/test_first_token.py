@@ -81,8 +81,15 @@ def hold(app: Any, text: str) -> tuple[Held, str, int, int]:
     app.state.releases.append(release)
     for stub in stubs:
         stub.behavior.hold = release
+    received = sum(len(stub.behavior.received) for stub in stubs)
     held = Held(app.state.url, text)
     wait_until(lambda: any(charges(app)[1].values()), "the held request was never charged")
+    # The proxy charges before it forwards: the stub must have read ``hold`` before it is cleared
+    # (it reads it right after recording the request, without yielding), or it answers at once.
+    wait_until(
+        lambda: sum(len(stub.behavior.received) for stub in stubs) > received,
+        "the held request never reached a rank",
+    )
     queued, inflight = charges(app)
     (rank,) = [r for r in inflight if inflight[r]]
     for stub in stubs:
