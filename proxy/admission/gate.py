@@ -316,12 +316,15 @@ class Admission:
                 return None
             return self._seat(key, room, need, head_key, head_tokens, parking)
 
-        found = attempt() if len(self.queue) == 0 else None  # else it looks from its place in line
+        alone = len(self.queue) == 0
+        found = attempt() if alone else None  # else it looks from its place in line
         if found is not None:
             return found, 0.0
         if self.metrics is not None:
             self.metrics.admission_queued.inc()
-        waiting = self.queue.wait(attempt, self._set_queue_depth, ticket, lambda seat: self._abandon(key))
+        waiting = self.queue.wait(
+            attempt, self._set_queue_depth, ticket, lambda seat: self._abandon(key), looked=alone
+        )
         seat = await (guard(waiting) if guard is not None else waiting)
         return seat, time.monotonic() - started
 

@@ -153,18 +153,22 @@ class WaitQueue:
         on_depth: Callable[[int], None],
         ticket: Ticket | None = None,
         abandoned: Callable[[T], None] | None = None,
+        looked: bool = False,
     ) -> T:
         """The first seat a pass finds for this waiter: ``attempt(first)``'s first non-None result
         (``first``: nobody unseated waits ahead of it). It waits until then, or until it is
         cancelled (its client left; admission's rotation is what bounds the wait). ``on_depth(n)`` is
         told the queue's length as it changes; ``abandoned(seat)``, of a seat a pass found for it that
-        it was cancelled before taking."""
+        it was cancelled before taking. ``looked``: it has just looked, alone, on this change (no
+        await since), so its look is this change's pass rather than a count made twice."""
         self._watch()
         waiter = self._enter(ticket or Ticket(), attempt)
         on_depth(len(self._waiters))
         served = False
         try:
-            if not self._pass():  # those ahead looked at room since the last change: it looks now
+            if looked and len(self._waiters) == 1:
+                self._passed = (self.changes, asyncio.get_running_loop().time())
+            elif not self._pass():  # those ahead looked at room since the last change: it looks now
                 self._look(waiter, first=self._waiters[0] is waiter)
             while True:
                 if waiter.seated.done():

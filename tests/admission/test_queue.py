@@ -178,3 +178,33 @@ async def test_a_seat_found_for_a_waiter_that_left_is_given_back() -> None:
     queue._pass()  # another waiter's task runs a pass, which finds it a seat
     await settle()
     assert waiter.cancelled() and abandoned == ["seat"] and len(queue) == 0
+
+
+async def test_a_waiter_that_looked_alone_is_not_asked_again_until_something_changes() -> None:
+    queue = WaitQueue(poll_interval=10.0)
+    free = 0
+    looks: list[bool] = []
+
+    def attempt(first: bool) -> str | None:
+        looks.append(first)
+        return "seat" if free else None
+
+    assert attempt(True) is None  # the gate's own look, made before it joined the empty queue
+    waiter = asyncio.ensure_future(queue.wait(attempt, lambda depth: None, looked=True))
+    await settle()
+    assert looks == [True] and not waiter.done(), "its look counted for this change: not made twice"
+    free = 1
+    queue.notify()  # room freed: it looks again, first
+    assert await asyncio.wait_for(waiter, 5) == "seat" and looks == [True, True]
+
+
+async def test_a_waiter_that_did_not_look_looks_as_it_joins() -> None:
+    queue = WaitQueue(poll_interval=10.0)
+    looks: list[bool] = []
+
+    def attempt(first: bool) -> str | None:
+        looks.append(first)
+        return "seat"
+
+    assert await asyncio.wait_for(queue.wait(attempt, lambda depth: None), 5) == "seat"
+    assert looks == [True]
