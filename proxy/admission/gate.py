@@ -269,6 +269,9 @@ class Admission:
                 metrics.admission_resumed.inc()
             if waited > 0:
                 metrics.admission_wait.observe(waited)
+                # a rotation seats the first waiter at the bound, seen within one poll interval
+                if waited > self.time.wait_bound() + self.poll_interval():
+                    metrics.admission_waits_past_bound.inc()
 
     async def _wait_for_seat(
         self, ctx: RequestContext, tokens: int, head_key: str | None, head_tokens: int, guard: Guard | None

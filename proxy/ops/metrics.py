@@ -244,6 +244,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.admission_waits_past_bound = Counter(
+            "prefixgate_admission_waits_past_bound",
+            "Sessions seated after waiting longer than the rotation bound in force and one poll "
+            "interval (a rotation's own latency)",
+            registry=r,
+        )
         self.admission_parked = Counter(
             "prefixgate_admission_parked",
             "Quiet sessions that gave up their seat for a session waiting past the rotation bound, by "

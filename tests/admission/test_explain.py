@@ -4,9 +4,12 @@ the clocks in force."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
-from tests.admission.conftest import chat, metric
+from tests.admission.conftest import Background, chat, metric
+from tests.helpers.wait import wait_until
 
 
 def test_the_session_and_the_dashboard_say_why_and_where(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
@@ -43,3 +46,23 @@ def test_the_session_and_the_dashboard_say_why_and_where(rank_servers, gateway) 
     assert metric(proxy.url, "prefixgate_admission_wait_bound_seconds") == 0.05
     parks = [metric(proxy.url, "prefixgate_admission_parked_total", backend=r.name) for r in ranks]
     assert sum(n or 0 for n in parks) == 1
+
+
+def test_a_seat_that_could_not_rotate_in_time_is_counted(rank_servers, gateway) -> None:  # type: ignore[no-untyped-def]
+    (rank,) = rank_servers.sim(1)
+    proxy = gateway([rank], admission_wait=0.05, session_idle_ttl=60)
+    for key in ("a", "b"):
+        assert chat(proxy.url, key, 700).status_code == 200  # the rank's budget is full
+    rank.set_faults(hang=True)
+    # both residents' next turns are in flight: neither is quiet, so neither can be parked for c
+    busy = [Background(lambda key=key: chat(proxy.url, key, 720)) for key in ("a", "b")]
+    waiting = Background(lambda: chat(proxy.url, "c", 700))
+    wait_until(lambda: metric(proxy.url, "prefixgate_admission_queue_depth") == 1, "c never queued")
+    time.sleep(0.5)  # ten bounds
+    assert metric(proxy.url, "prefixgate_admission_waits_past_bound_total") == 0  # none seated yet
+    rank.clear_faults()
+    assert all(b.result().status_code == 200 for b in busy)
+    assert waiting.result().status_code == 200
+    seated = httpx.get(proxy.url + "/admin/sessions/c", timeout=5).json()["admission"]
+    assert seated["decision"] == "rotated" and seated["waited_s"] >= 0.5
+    assert metric(proxy.url, "prefixgate_admission_waits_past_bound_total") == 1
