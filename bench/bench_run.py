@@ -97,10 +97,23 @@ def run_system(
             result = asyncio.run(replay_trace(running.url, sessions, replay_config, on_turn))
             cpu.stop()
             moves = session_moves(running.url) if spec.kind == "prefixgate" else None
+            late = waits_past_bound(running.url) if spec.kind == "prefixgate" else None
         counters = fleet.metrics()
     summary = summarize(result, counters, cpu.seconds, fleet_config, time.perf_counter() - started)
     summary["session_moves"] = moves
+    summary["seat_waits_past_bound"] = late
     return summary
+
+
+def waits_past_bound(url: str) -> int | None:
+    """How many sessions prefixgate seated after waiting past its rotation bound and one poll
+    interval (``prefixgate_admission_waits_past_bound_total``); None from a build without it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics_text(url)):
+        if family.name == "prefixgate_admission_waits_past_bound":
+            return int(sum(s.value for s in family.samples if s.name.endswith("_total")))
+    return None
 
 
 def session_moves(url: str) -> dict[str, float] | None:

@@ -92,6 +92,15 @@ def test_the_verdict_reads_each_target_against_the_best_peer() -> None:
     fits = verdict("slow-fits", {**results, PREFIXGATE: result(0.945, 800.0, 70.0, pressure=0.5)})
     assert fits is not None and fits["fits"] and fits["targets"]["hit rate"]["met"]  # within 0.01 of 0.95
     assert verdict("over", {PREFIXGATE: result(0.9, 1.0, 1.0)}) is None  # no peer ran
+    assert "seat wait p99" not in targets  # a build that does not count its late seats
+
+
+def test_the_seat_wait_target_allows_one_request_in_a_hundred_past_the_bound() -> None:
+    peer = result(0.72, 1000.0, 82.0)
+    for late, met in ((0, True), (2, True), (3, False)):
+        ours = {**result(0.90, 1200.0, 80.0), "requests": 200, "seat_waits_past_bound": late}
+        found = verdict("fast-over", {PREFIXGATE: ours, "vllm-router consistent_hash": peer})
+        assert found is not None and found["targets"]["seat wait p99"]["met"] is met, late
 
 
 def test_rounds_default_to_one_and_must_be_positive() -> None:
