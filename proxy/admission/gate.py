@@ -56,7 +56,7 @@ from proxy.admission.queue import Ticket, WaitQueue
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.room import Room, excess_tokens, find_room, should_move
-from proxy.admission.rotation import Parking, choose_parked, reloads_own
+from proxy.admission.rotation import Parking, choose_parked, reloads_own, why_none
 from proxy.apis.base import Usage
 from proxy.context import Admitted, Before, Outcome, RequestContext, Seat
 from proxy.errors import CLIENT_CLOSED
@@ -196,8 +196,8 @@ class Admission:
                     if refused is not None:
                         self._rejected("client_sessions")
                         raise refused
-            seat, waited = await self._wait_for_seat(ctx, tokens, head_key, head_tokens, guard)
-            self._explain(session, seat, waited, before is not None and before.released)
+            seat, waited, late = await self._wait_for_seat(ctx, tokens, head_key, head_tokens, guard)
+            self._explain(session, seat, waited, before is not None and before.released, late)
         session.released = False
         session.priority = ctx.priority
         session.last_seen = session.seated_at = self.table.clock()
@@ -241,9 +241,12 @@ class Admission:
             self._rejected("context_length")
             raise context_too_long(tokens, max(limits))
 
-    def _explain(self, session: Session, seat: Seat | None, waited: float, returning: bool) -> None:
+    def _explain(
+        self, session: Session, seat: Seat | None, waited: float, returning: bool, late: str = "behind"
+    ) -> None:
         """The decision, said: the record ``/admin/sessions/{id}`` and the dashboard show (its rank
-        added once placed: ``_say_placed``), and the metrics counted for it."""
+        added once placed: ``_say_placed``), and the metrics counted for it (``late``: why no seat
+        came sooner, for a seat given past the rotation bound)."""
         if seat is not None:
             decision, reason = seat.decision, seat.reason
         else:
@@ -271,15 +274,16 @@ class Admission:
                 metrics.admission_wait.observe(waited)
                 # a rotation seats the first waiter at the bound, seen within one poll interval
                 if waited > self.time.wait_bound() + self.poll_interval():
-                    metrics.admission_waits_past_bound.inc()
+                    metrics.admission_waits_past_bound.labels(late).inc()
 
     async def _wait_for_seat(
         self, ctx: RequestContext, tokens: int, head_key: str | None, head_tokens: int, guard: Guard | None
-    ) -> tuple[Seat | None, float]:
+    ) -> tuple[Seat | None, float, str]:
         """The seat for a session of ``tokens``, waiting in the queue for one (rotating a seat to it
-        once it has waited the bound); and the seconds waited."""
+        once it has waited the bound); the seconds waited; and why no seat came sooner past the
+        bound (``rotation.why_none``, or ``behind``: another waiter was first)."""
         if not self.fleet.healthy():
-            return None, 0.0  # the router answers 503: waiting for room would not bring a rank back
+            return None, 0.0, ""  # the router answers 503: waiting for room would not bring a rank back
         key = ctx.session_key
         assert key is not None
         limit = self.config.max_queue
@@ -298,9 +302,12 @@ class Admission:
             (on the count they made, while nothing has changed: every waiter checks on every wake)."""
             states = self.refresh() if first else self._recent_count()
             room = self._room(tokens, head_key, head_tokens, states)
-            if not first:
-                return self._seat(key, room, need, head_key, head_tokens) if room.allowed else None
             waited = time.monotonic() - started
+            bound = self.time.wait_bound()
+            if not first:
+                if waited >= bound:
+                    blocked[0] = "behind"
+                return self._seat(key, room, need, head_key, head_tokens) if room.allowed else None
             parking: Parking | None = None
             # Its own context waits in a CPU tier where there is no room: a quiet session parked there
             # costs a reload, room elsewhere a recompute of its whole context.
@@ -309,6 +316,8 @@ class Admission:
                 parking = self._rotation(states, need, head_key, head_tokens, hits, waited, ctx.priority, own)
             if parking is None and not room.allowed:
                 parking = self._rotation(states, need, head_key, head_tokens, hits, waited, ctx.priority)
+                if parking is None and waited >= bound:
+                    blocked[0] = why_none(states, self.table.clock(), bound)
             if parking is not None:
                 self._park(parking, key, time.monotonic() - started)
                 room = self._room(tokens, head_key, head_tokens, self.refresh())
@@ -319,17 +328,19 @@ class Admission:
                 return None
             return self._seat(key, room, need, head_key, head_tokens, parking)
 
+        #: Why the last look past the bound found no seat (a late seat's reason, ``_explain``).
+        blocked = ["behind"]
         alone = len(self.queue) == 0
         found = attempt() if alone else None  # else it looks from its place in line
         if found is not None:
-            return found, 0.0
+            return found, 0.0, ""
         if self.metrics is not None:
             self.metrics.admission_queued.inc()
         waiting = self.queue.wait(
             attempt, self._set_queue_depth, ticket, lambda seat: self._abandon(key), looked=alone
         )
         seat = await (guard(waiting) if guard is not None else waiting)
-        return seat, time.monotonic() - started
+        return seat, time.monotonic() - started, blocked[0]
 
     def _seat(
         self,

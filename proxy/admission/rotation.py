@@ -50,6 +50,16 @@ def parkable(session: Session, now: float, hold_s: float) -> bool:
     return session.answered and session.answered_at >= seated and now - seated >= hold_s
 
 
+def why_none(states: Mapping[str, RankState], now: float, hold_s: float) -> str:
+    """Why no rotation could seat a waiter past the bound (``choose_parked`` found none): ``busy``,
+    no resident is quiet; ``held``, those quiet have not served an answer in a seat held one bound;
+    ``short``, those that may be parked do not free enough on any one rank."""
+    quiet = [session for state in states.values() for session, _ in state.lru if session.answered]
+    if not quiet:
+        return "busy"
+    return "short" if any(parkable(session, now, hold_s) for session in quiet) else "held"
+
+
 def choose_parked(
     healthy: Sequence[Rank],
     states: Mapping[str, RankState],

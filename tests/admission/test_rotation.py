@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from proxy.admission import Admission, AdmissionConfig
 from proxy.admission.accounting import RankState
-from proxy.admission.rotation import choose_parked, parkable
+from proxy.admission.rotation import choose_parked, parkable, why_none
 from proxy.apis.base import Usage
 from proxy.context import Outcome
 from proxy.state.memory import MemorySessionStore
@@ -258,3 +258,15 @@ async def test_a_session_back_to_its_offloaded_context_parks_there_rather_than_m
     placement.blocks = {"r0": 4}
     fresh = await asyncio.wait_for(adm.admit(ctx_for("new", 700, head=b"H", head_tokens=64)), 5)
     assert fresh.allowed == {"r1"} and fresh.seat is not None and fresh.seat.decision == "room"
+
+
+def test_why_no_rotation_could_seat_a_waiter() -> None:
+    busy = resident("busy", 90.0)
+    busy.last_seen = 95.0  # its latest request, sent after its last answer, is in flight
+    assert why_none({"r0": full_rank("r0", [busy])}, 100.0, HOLD) == "busy"
+    fresh = resident("fresh", 99.0)
+    fresh.seated_at = 98.0  # quiet, but seated less than a bound ago
+    assert why_none({"r0": full_rank("r0", [busy, fresh])}, 100.0, HOLD) == "held"
+    # one that may be parked, yet choose_parked found none: it frees too little
+    assert why_none({"r0": full_rank("r0", [busy, fresh, resident("old", 60.0)])}, 100.0, HOLD) == "short"
+    assert choose({"r0": full_rank("r0", [busy, fresh, resident("old", 60.0)])}, need=900) is None
