@@ -101,18 +101,30 @@ def run_system(
         counters = fleet.metrics()
     summary = summarize(result, counters, cpu.seconds, fleet_config, time.perf_counter() - started)
     summary["session_moves"] = moves
-    summary["seat_waits_past_bound"] = late
+    summary["seat_waits_past_bound"] = sum(late.values()) if late is not None else None
+    summary["seat_waits_past_bound_by_reason"] = late
     return summary
 
 
-def waits_past_bound(url: str) -> int | None:
-    """How many sessions prefixgate seated after waiting past its rotation bound and one poll
-    interval (``prefixgate_admission_waits_past_bound_total``); None from a build without it."""
+def waits_past_bound(url: str) -> dict[str, int] | None:
+    """The sessions prefixgate seated after waiting past its rotation bound and one poll interval,
+    by why no seat came sooner (``prefixgate_admission_waits_past_bound_total{reason}``); None from
+    a build without the metric."""
+    return late_seats(metrics_text(url))
+
+
+def late_seats(text: str) -> dict[str, int] | None:
+    """``waits_past_bound`` read from a ``/metrics`` text."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    for family in text_string_to_metric_families(metrics_text(url)):
+    for family in text_string_to_metric_families(text):
         if family.name == "prefixgate_admission_waits_past_bound":
-            return int(sum(s.value for s in family.samples if s.name.endswith("_total")))
+            late: dict[str, int] = {}
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    reason = sample.labels.get("reason", "")
+                    late[reason] = late.get(reason, 0) + int(sample.value)
+            return late
     return None
 
 

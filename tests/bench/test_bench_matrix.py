@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from bench.bench_cmd import configure_parser, select_systems
 from bench.bench_presets import PRESSURES, SPEEDS, prefill_rate, resolve, scenario_fleet
+from bench.bench_run import late_seats
 from bench.pressure import mean_working_set, pool_for
 from bench.traces import TraceRequest, TraceSession
 from bench.verdict import PREFIXGATE, verdict, verdict_lines
@@ -108,3 +110,12 @@ def test_rounds_default_to_one_and_must_be_positive() -> None:
     assert parse("--rounds", "3").rounds == 3
     with pytest.raises(SystemExit):
         parse("--rounds", "0")
+
+
+def test_the_bench_reads_the_late_seats_by_reason() -> None:
+    registry = CollectorRegistry()
+    late = Counter("prefixgate_admission_waits_past_bound", "late", ("reason",), registry=registry)
+    late.labels("busy").inc(3)
+    late.labels("short").inc(2)
+    assert late_seats(generate_latest(registry).decode()) == {"busy": 3, "short": 2}
+    assert late_seats("# TYPE other counter\nother_total 1.0\n") is None  # an older build
