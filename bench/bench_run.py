@@ -96,51 +96,45 @@ def run_system(
             cpu.start()
             result = asyncio.run(replay_trace(running.url, sessions, replay_config, on_turn))
             cpu.stop()
-            moves = session_moves(running.url) if spec.kind == "prefixgate" else None
-            late = waits_past_bound(running.url) if spec.kind == "prefixgate" else None
+            text = metrics_text(running.url) if spec.kind == "prefixgate" else None
         counters = fleet.metrics()
     summary = summarize(result, counters, cpu.seconds, fleet_config, time.perf_counter() - started)
-    summary["session_moves"] = moves
+    late = late_seats(text) if text is not None else None
+    summary["session_moves"] = moves_in(text) if text is not None else None
     summary["seat_waits_past_bound"] = sum(late.values()) if late is not None else None
     summary["seat_waits_past_bound_by_reason"] = late
     return summary
 
 
-def waits_past_bound(url: str) -> dict[str, int] | None:
-    """The sessions prefixgate seated after waiting past its rotation bound and one poll interval,
-    by why no seat came sooner (``prefixgate_admission_waits_past_bound_total{reason}``); None from
-    a build without the metric."""
-    return late_seats(metrics_text(url))
+def counter_by_label(text: str, family: str, label: str) -> dict[str, float] | None:
+    """Counter ``family`` of a ``/metrics`` text, its ``_total`` per value of ``label``; None from a
+    build without it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for found in text_string_to_metric_families(text):
+        if found.name == family:
+            return {s.labels[label]: s.value for s in found.samples if s.name.endswith("_total")}
+    return None
 
 
 def late_seats(text: str) -> dict[str, int] | None:
-    """``waits_past_bound`` read from a ``/metrics`` text."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        if family.name == "prefixgate_admission_waits_past_bound":
-            late: dict[str, int] = {}
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    reason = sample.labels.get("reason", "")
-                    late[reason] = late.get(reason, 0) + int(sample.value)
-            return late
-    return None
+    """The sessions prefixgate seated after waiting past its rotation bound and one poll interval,
+    by why no seat came sooner (``prefixgate_admission_waits_past_bound_total{reason}``), from a
+    ``/metrics`` text; None from a build without the metric."""
+    late = counter_by_label(text, "prefixgate_admission_waits_past_bound", "reason")
+    return {reason: int(n) for reason, n in late.items()} if late is not None else None
 
 
 def session_moves(url: str) -> dict[str, float] | None:
     """prefixgate's count of known sessions routed off their rank, by what that rank held of the
     prompt (``prefixgate_session_moves_total{held}``); None from a build without the metric."""
-    from prometheus_client.parser import text_string_to_metric_families
+    return moves_in(metrics_text(url))
 
-    for family in text_string_to_metric_families(metrics_text(url)):
-        if family.name == "prefixgate_session_moves":
-            moves = dict.fromkeys(("gpu", "cpu", "none"), 0.0)
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    moves[sample.labels["held"]] = sample.value
-            return moves
-    return None
+
+def moves_in(text: str) -> dict[str, float] | None:
+    """``session_moves`` from a ``/metrics`` text."""
+    moves = counter_by_label(text, "prefixgate_session_moves", "held")
+    return {**dict.fromkeys(("gpu", "cpu", "none"), 0.0), **moves} if moves is not None else None
 
 
 def summarize(

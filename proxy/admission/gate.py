@@ -242,7 +242,7 @@ class Admission:
             raise context_too_long(tokens, max(limits))
 
     def _explain(
-        self, session: Session, seat: Seat | None, waited: float, returning: bool, late: str = "behind"
+        self, session: Session, seat: Seat | None, waited: float, returning: bool, late: str
     ) -> None:
         """The decision, said: the record ``/admin/sessions/{id}`` and the dashboard show (its rank
         added once placed: ``_say_placed``), and the metrics counted for it (``late``: why no seat
@@ -296,17 +296,20 @@ class Admission:
         client = ctx.client
         ticket = Ticket(client.label, ctx.priority, client.weight) if client is not None else Ticket()
 
+        blocked = "behind"  # why its last look past the bound found no seat (``_explain``)
+
         def attempt(first: bool = True) -> Seat | None:
             """The seat now, if one can be had. ``first``: nobody waits ahead of this session, so
             past the bound a seat may rotate to it; behind others it takes only room they cannot use
             (on the count they made, while nothing has changed: every waiter checks on every wake)."""
+            nonlocal blocked
             states = self.refresh() if first else self._recent_count()
             room = self._room(tokens, head_key, head_tokens, states)
             waited = time.monotonic() - started
             bound = self.time.wait_bound()
             if not first:
                 if waited >= bound:
-                    blocked[0] = "behind"
+                    blocked = "behind"
                 return self._seat(key, room, need, head_key, head_tokens) if room.allowed else None
             parking: Parking | None = None
             # Its own context waits in a CPU tier where there is no room: a quiet session parked there
@@ -317,7 +320,7 @@ class Admission:
             if parking is None and not room.allowed:
                 parking = self._rotation(states, need, head_key, head_tokens, hits, waited, ctx.priority)
                 if parking is None and waited >= bound:
-                    blocked[0] = why_none(states, self.table.clock(), bound)
+                    blocked = why_none(states, self.table.clock(), bound)
             if parking is not None:
                 self._park(parking, key, time.monotonic() - started)
                 room = self._room(tokens, head_key, head_tokens, self.refresh())
@@ -328,8 +331,6 @@ class Admission:
                 return None
             return self._seat(key, room, need, head_key, head_tokens, parking)
 
-        #: Why the last look past the bound found no seat (a late seat's reason, ``_explain``).
-        blocked = ["behind"]
         alone = len(self.queue) == 0
         found = attempt() if alone else None  # else it looks from its place in line
         if found is not None:
@@ -340,7 +341,7 @@ class Admission:
             attempt, self._set_queue_depth, ticket, lambda seat: self._abandon(key), looked=alone
         )
         seat = await (guard(waiting) if guard is not None else waiting)
-        return seat, time.monotonic() - started, blocked[0]
+        return seat, time.monotonic() - started, blocked
 
     def _seat(
         self,
