@@ -39,11 +39,11 @@ DEFAULT_IDLE_TTL_S = 300.0
 #: Until the traffic has shown enough request durations, a session waits for a seat this long before
 #: one rotates to it (then the learned bound: a few long requests, ``proxy/admission/learned.py``).
 DEFAULT_WAIT_S = 30.0
-#: Share of a rank's KV pool seated sessions' projected peaks may fill. The whole pool (1.0) finished
-#: sooner on one rank of 8 seats but, where sessions outgrow the projection (no session has ended
-#: yet, small pools), thrashed: the demo's third effect kept 48 % of prompt tokens cached against
-#: 66 % at 0.8 (docs/investigations.md, "A budget of the whole pool").
-DEFAULT_TARGET_FRACTION = 0.8
+#: Share of a rank's KV pool seated sessions' projected peaks may fill: the whole pool. Sessions that
+#: outgrow their projection (none has ended yet, small pools) are parked, the quiet first, until
+#: their rank holds them again; without that, 0.8's margin was what kept their blocks
+#: (docs/investigations.md, "A budget of the whole pool", "Seats held").
+DEFAULT_TARGET_FRACTION = 1.0
 
 ENV_PREFIX = "PREFIXGATE_"
 KiB = 1024

@@ -56,7 +56,7 @@ from proxy.admission.queue import Ticket, WaitQueue
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.room import Room, excess_tokens, find_room, should_move
-from proxy.admission.rotation import Parking, choose_parked, reloads_own, why_none
+from proxy.admission.rotation import Parking, choose_parked, parkable, reloads_own, why_none
 from proxy.apis.base import Usage
 from proxy.context import Admitted, Before, Outcome, RequestContext, Seat
 from proxy.errors import CLIENT_CLOSED
@@ -320,9 +320,9 @@ class Admission:
             if parking is None and not room.allowed:
                 parking = self._rotation(states, need, head_key, head_tokens, hits, waited, ctx.priority)
                 if parking is None and waited >= bound:
-                    blocked = why_none(states, self.table.clock(), bound)
+                    blocked = why_none(states, self.table.clock())
             if parking is not None:
-                self._park(parking, key, time.monotonic() - started)
+                self._park(parking, f"which had waited {time.monotonic() - started:.3f} s", key)
                 room = self._room(tokens, head_key, head_tokens, self.refresh())
                 if parking.rank in room.allowed:  # the rank it parked on: where its own blocks are
                     victims = {name: keys for name, keys in room.victims.items() if name == parking.rank}
@@ -399,9 +399,10 @@ class Admission:
             lambda label: self._weights.get(label or "", 1.0),
         )
 
-    def _park(self, parking: Parking, for_key: str, waited: float) -> None:
-        """Park ``parking``'s sessions for the waiter ``for_key``: each gives up its seat (its claim
-        released at once, so every replica sees the room), its blocks left to the rank's LRU."""
+    def _park(self, parking: Parking, why: str, for_key: str | None = None) -> None:
+        """Park ``parking``'s sessions (``why``; ``for_key``: the waiter they are parked for, whose
+        client alone may see its name): each gives up its seat (its claim released at once, so every
+        replica sees the room), its blocks left to the rank's LRU."""
         now = self.table.clock()
         for key in parking.keys:
             session = self.table.get(key, breaks=False)
@@ -410,8 +411,8 @@ class Admission:
             session.released = True
             session.parks += 1
             quiet = now - session.answered_at
-            waiter = shown_to(for_key, session.client)
-            reason = f"parked for {waiter}, which had waited {waited:.3f} s; quiet {quiet:.3f} s"
+            waiter = f"for {shown_to(for_key, session.client)}, " if for_key is not None else ""
+            reason = f"parked {waiter}{why}; quiet {quiet:.3f} s"
             session.admission = {
                 **(session.admission or {}),
                 "decision": "parked",
@@ -504,9 +505,9 @@ class Admission:
             self.time.idle_ttl(),
         )
 
-    def refresh(self, now: float | None = None) -> dict[str, RankState]:
+    def refresh(self, now: float | None = None, *, park: bool = True) -> dict[str, RankState]:
         """Apply what time changed (expired reservations, sessions that ended, the learned idle TTL,
-        pools overrun) and return the count."""
+        pools overrun: ``park``, their quiet sessions parked) and return the count."""
         now = self.table.clock() if now is None else now
         self._expire_reservations()
         self.table.set_idle_ttl(self.time.idle_ttl())
@@ -515,10 +516,36 @@ class Admission:
         self._learn(active)
         self._note_ended({session.key: session.context_tokens for session in active})
         states = self._count(active, now)
+        if park and self.config.enabled and self._park_past_pool(states, now):
+            states = self._count(self.table.active(now), now)
         self._counted(states)
         log_over_pool(states, self._over_pool)
         self._recent = (self.queue.changes, time.monotonic(), states)
         return states
+
+    def _park_past_pool(self, states: dict[str, RankState], now: float) -> bool:
+        """Park quiet sessions of each rank whose seated sessions grew past what it holds, until it
+        is back within (or one session is left): else they evict each other's blocks at every turn.
+        The quiet longest go first, each answered since it was seated. Whether any was parked."""
+        parked = False
+        for state in states.values():
+            excess = excess_tokens(state)
+            if excess <= 0:
+                continue
+            keys: list[str] = []
+            for session, _ in state.lru:  # least recently answered first
+                if not parkable(session, now, 0.0):
+                    continue
+                if excess <= 0 or len(keys) + 1 >= state.sessions:
+                    break
+                keys.append(session.key)
+                excess -= session.context_tokens
+            if keys:
+                self._park(
+                    Parking(state.name, tuple(keys)), f"as the sessions on {state.name} outgrew its pool"
+                )
+                parked = True
+        return parked
 
     def _recent_count(self) -> dict[str, RankState]:
         """The last refresh's count while nothing that wakes the queue or takes room has happened
@@ -612,7 +639,9 @@ class Admission:
         last = self._track(rank.name, session.context_tokens - old_tokens)
         if last is not None and last <= rank.pool_tokens:
             return None  # the cheap check (an over-estimate: shared heads count in full)
-        states = self.refresh()
+        # not parking: a move to a rank with room recomputes the smallest context that ends the
+        # overrun, parking a quiet session there would leave the largest to recompute
+        states = self.refresh(park=False)
         state = states[rank.name]
         if not should_move(state, session.key):
             return None

@@ -2,10 +2,9 @@
 function over a count (``accounting.count``).
 
 On each healthy rank, the sessions that may be parked are the quiet ones (their latest request
-answered) that have been answered since they took their seat and held it at least their
-rotation bound ``hold_s``, once the waiter has waited that long too (hysteresis: a seat just given is
-not taken back before it served). A waiter of a higher
-priority class parks a lower class's quiet session without waiting, held or not (once it served).
+answered) that have been answered since they took their seat, once the waiter has waited the
+rotation bound ``hold_s`` (hysteresis: a seat just given is not taken back before it served). A
+waiter of a higher priority class parks a lower class's quiet session without waiting.
 A waiter coming back to its own blocks (more of its prompt than its agent's head) on a rank that
 keeps the blocks its GPU evicts in CPU memory (``Rank.offloads_kv``) does not wait either, but parks
 only sessions that held their seat the bound: there parking costs the parked session a reload of its
@@ -50,14 +49,14 @@ def parkable(session: Session, now: float, hold_s: float) -> bool:
     return session.answered and session.answered_at >= seated and now - seated >= hold_s
 
 
-def why_none(states: Mapping[str, RankState], now: float, hold_s: float) -> str:
+def why_none(states: Mapping[str, RankState], now: float) -> str:
     """Why no rotation could seat a waiter past the bound (``choose_parked`` found none): ``busy``,
-    no resident is quiet; ``held``, those quiet have not served an answer in a seat held one bound;
+    no resident is quiet; ``unserved``, those quiet have not been answered since they were seated;
     ``short``, those that may be parked do not free enough on any one rank."""
     quiet = [session for state in states.values() for session, _ in state.lru if session.answered]
     if not quiet:
         return "busy"
-    return "short" if any(parkable(session, now, hold_s) for session in quiet) else "held"
+    return "short" if any(parkable(session, now, 0.0) for session in quiet) else "unserved"
 
 
 def choose_parked(
@@ -158,7 +157,9 @@ def _park_on(
             # side) does not wait the bound; the seat it takes is still held one bound, or two such
             # sessions would park each other at every turn
             return parkable(session, now, hold_s)
-        return waited >= hold_s and parkable(session, now, hold_s)
+        # past the bound, any quiet resident answered since it was seated: holding seats one more
+        # bound left 2-26 of a cell's waiters seated late (docs/investigations.md, "Seats held")
+        return waited >= hold_s and parkable(session, now, 0.0)
 
     candidates = sorted((item for item in state.lru if due(item[0])), key=order)
     chosen: list[str] = []

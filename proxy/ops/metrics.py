@@ -248,7 +248,7 @@ class Metrics:
             "prefixgate_admission_waits_past_bound",
             "Sessions seated after waiting longer than the rotation bound in force and one poll "
             "interval (a rotation's own latency), by why no seat rotated sooner: busy (no resident "
-            "quiet), held (none quiet had served an answer in a seat held one bound), short (those "
+            "quiet), unserved (none quiet had been answered since it was seated), short (those "
             "parkable free too little on any one rank), behind (another waiter was first)",
             ("reason",),
             registry=r,

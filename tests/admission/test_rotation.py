@@ -65,15 +65,17 @@ def test_as_few_as_free_the_need_and_none_when_nothing_can() -> None:
     assert choose({"r0": full_rank("r0", [busy, resident("e", 98.0)])}, need=800) is None
 
 
-def test_a_seat_just_given_or_not_yet_served_is_not_taken_back() -> None:
+def test_a_seat_not_yet_served_is_not_taken_back_one_that_served_may_be() -> None:
     now = 100.0
-    fresh = resident("fresh", 99.0)
-    fresh.seated_at = now - HOLD / 2  # seated less than the bound ago
     unserved = resident("unserved", 40.0)
     unserved.seated_at = 50.0  # seated after its last answer: not answered since
-    assert not parkable(fresh, now, HOLD) and not parkable(unserved, now, HOLD)
-    assert parkable(resident("old", 95.0), now, HOLD)
-    assert choose({"r0": full_rank("r0", [fresh, unserved])}) is None
+    assert not parkable(unserved, now, 0.0)
+    assert choose({"r0": full_rank("r0", [unserved])}) is None
+    fresh = resident("fresh", 99.0)
+    fresh.seated_at = now - HOLD / 2  # seated less than the bound ago, answered since
+    assert parkable(fresh, now, 0.0) and not parkable(fresh, now, HOLD)
+    parking = choose({"r0": full_rank("r0", [fresh, unserved])})  # the waiter has waited the bound
+    assert parking is not None and parking.keys == ("fresh",)
 
 
 def test_a_session_is_parked_once_the_waiter_has_waited_the_bound() -> None:
@@ -162,6 +164,28 @@ def test_a_rank_at_its_session_cap_parks_for_a_place() -> None:
     parking = choose({"r0": state}, need=100, cap=2)  # tokens fit, places do not
     assert parking is not None and parking.keys == ("b",)
     assert choose({"r0": state}, need=100, cap=3) is None  # room as is: nothing to park
+
+
+async def test_sessions_that_outgrow_their_rank_are_parked_quiet_longest_first() -> None:
+    adm, clock = make()  # one rank: a pool of 2,000 tokens, a budget of 1,600
+    for key in ("a", "b", "c"):
+        await turn(adm, key, 500)
+        clock.now += 1
+    grown = ctx_for("c", 1100)  # c's next turn, in flight: 500 + 500 + 1,100 past the pool
+    grown.admitted = await adm.admit(grown)
+    adm.placed(grown, adm.fleet.get("r0"))  # type: ignore[arg-type]
+    states = adm.refresh()  # what the timer does
+    a = adm.table.get("a")
+    assert a is not None and a.released and a.parks == 1
+    assert a.admission is not None and "outgrew its pool" in a.admission["reason"]
+    assert {s.key for s in adm.table.active()} == {"b", "c"}  # one parked was enough; c is in flight
+    assert states["r0"].working_set_tokens <= POOL  # b (its 500 tokens and 16 answered) and c
+    adm.finished(Outcome(grown, "r0", 200, Usage(1100, 16, 0)))
+    rank = adm.fleet.get("r0")
+    assert rank is not None
+    rank.pool_tokens = 1000  # the rank came back with less memory: b and c are both past it
+    adm.refresh()
+    assert [s.key for s in adm.table.active()] == ["c"]  # b parked; the last session never is
 
 
 async def test_waiters_past_the_bound_each_get_a_seat_and_a_parked_session_resumes() -> None:
@@ -263,10 +287,10 @@ async def test_a_session_back_to_its_offloaded_context_parks_there_rather_than_m
 def test_why_no_rotation_could_seat_a_waiter() -> None:
     busy = resident("busy", 90.0)
     busy.last_seen = 95.0  # its latest request, sent after its last answer, is in flight
-    assert why_none({"r0": full_rank("r0", [busy])}, 100.0, HOLD) == "busy"
-    fresh = resident("fresh", 99.0)
-    fresh.seated_at = 98.0  # quiet, but seated less than a bound ago
-    assert why_none({"r0": full_rank("r0", [busy, fresh])}, 100.0, HOLD) == "held"
+    assert why_none({"r0": full_rank("r0", [busy])}, 100.0) == "busy"
+    fresh = resident("fresh", 97.0)
+    fresh.seated_at = 98.0  # quiet, but seated after its last answer: not answered since
+    assert why_none({"r0": full_rank("r0", [busy, fresh])}, 100.0) == "unserved"
     # one that may be parked, yet choose_parked found none: it frees too little
-    assert why_none({"r0": full_rank("r0", [busy, fresh, resident("old", 60.0)])}, 100.0, HOLD) == "short"
+    assert why_none({"r0": full_rank("r0", [busy, fresh, resident("old", 60.0)])}, 100.0) == "short"
     assert choose({"r0": full_rank("r0", [busy, fresh, resident("old", 60.0)])}, need=900) is None

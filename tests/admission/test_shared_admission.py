@@ -12,12 +12,13 @@ import threading
 
 import httpx
 
+from proxy.config import DEFAULT_TARGET_FRACTION
 from tests.admission.conftest import KV_TOKENS, chat
 from tests.helpers.gateway import proxy_process
 from tests.helpers.ranks import RankServers
 from tests.helpers.redis_server import RedisServer
 
-BUDGET = int(KV_TOKENS * 0.8)
+BUDGET = int(KV_TOKENS * DEFAULT_TARGET_FRACTION)
 SESSION_TOKENS = 700  # two fit a rank's budget, a third does not
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from proxy.admission import Admission, AdmissionConfig
 from proxy.apis.base import Usage
+from proxy.config import DEFAULT_TARGET_FRACTION
 from proxy.context import Outcome, RequestContext
 from proxy.state.claims import LocalClaims
 from proxy.state.redis.claims import RedisClaims
@@ -22,8 +23,8 @@ from routing.ranks import Fleet, Rank
 from tests.admission.test_release import ctx_for
 from tests.helpers.redis_server import RedisServer
 
-POOL = 2000  # budget 1,600 tokens at the default 0.8: two 700-token sessions fit, a third does not
-BUDGET = int(POOL * 0.8)
+POOL = 2000  # at the default budget share two 700-token sessions fit, a third does not
+BUDGET = int(POOL * DEFAULT_TARGET_FRACTION)
 TOKENS = 700
 TTL = 300.0
 CAP = 2  # max_sessions_per_rank, where a test sets it

@@ -151,7 +151,7 @@ def test_serve_help_shows_the_defaults(capsys):
         "port to listen on, 0 for one the system picks (the log names it) "
         "(default 8000; env PREFIXGATE_PORT)",
         "(default prefix_affinity; env PREFIXGATE_POLICY)",
-        "(default 0.8; env PREFIXGATE_TARGET_FRACTION)",
+        "(default 1.0; env PREFIXGATE_TARGET_FRACTION)",
         "(default 30.0; env PREFIXGATE_ADMISSION_WAIT)",
     ):
         assert fragment in text
