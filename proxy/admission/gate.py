@@ -2,14 +2,17 @@
 
 The whole rule:
 
-- A rank's budget is ``target_fraction`` of its KV pool; on a rank that offloads KV to CPU memory,
+- A rank's budget is ``target_fraction`` (1.0) of its KV pool; on a rank that offloads KV to CPU memory,
   of its GPU pool plus its CPU tier, whose size is learned from the rank's KV events (full at its
   first eviction: the size is what it held just before; each replica learns it from the same events,
   ``routing/kv_events.py``). Until an offloading rank has shown its CPU tier's size, its budget does
   not bind (the tier is taken as large enough). A session holds a seat on one rank: its
   working set (its context, projected as sessions of its size grew; a head its rank already holds
   counts once) counts against that budget while it is active.
-- A seated session's turns are always admitted, on its rank (``Admitted.home``).
+- A seated session's turns are always admitted, on its rank (``Admitted.home``). When a rank's
+  sessions grow past what it holds, its quiet ones are parked, the quiet longest first, until it
+  holds the rest (``_park_past_pool``), unless the growing session's own turn moves it to a rank
+  with room.
 - A new session, or one coming back after it was parked or ended, takes a seat where the budget
   has room, or room once sessions quiet past their own think times (judged ended) give up theirs.
 - Else it waits, in order: priority, then fair across client keys, then arrival (``queue.py``). It
@@ -23,8 +26,8 @@ The whole rule:
   been held one), nor takes room on another rank (which would recompute its whole context) while a
   quiet session there can be parked. Parking
   gives up the seat and leaves the blocks to age out of the rank's cache; the session's next turn
-  waits for a seat like a newcomer's. A seat is not taken back before it has served one answer and
-  been held one bound (so seats do not flap).
+  waits for a seat like a newcomer's. A seat is not taken back before it has served one answer (so
+  seats do not flap).
 - The rotation bound is learned from the traffic: ``WAIT_REQUESTS`` long requests' durations
   (``learned.py``), so a replay compressed 100x gets a bound 100x shorter; ``--admission-wait`` sets
   it in seconds. A session quiet past twice its own longest think gap has most likely ended and
@@ -35,7 +38,7 @@ The whole rule:
   seat at once.
 
 Reads (``count``) change nothing; ``refresh`` (on the admission path and a timer) applies what time
-changed: expired reservations, ended sessions, the learned idle TTL, pool overruns logged. Until the
+changed: expired reservations, ended sessions, the learned idle TTL, pool overruns parked. Until the
 router's pick, a seated session holds a *reservation* on the ranks it was allowed, so a
 burst of new sessions cannot all take the same last room. With Redis the replicas share the session
 table and the claims on room (``proxy/state/redis/claims.py``): a reservation is checked against
@@ -422,7 +425,9 @@ class Admission:
             self.table.save(session)
             self.claims.release(key)
             if self.metrics is not None:
-                self.metrics.admission_parked.labels(parking.rank).inc()
+                self.metrics.admission_parked.labels(
+                    parking.rank, "pool" if for_key is None else "waiter"
+                ).inc()
             log.info("session %s parked on %s after %d turns: %s", key, parking.rank, session.turns, reason)
 
     # -- room and reservations ------------------------------------------------------------------

@@ -158,7 +158,7 @@ def _park_on(
             # sessions would park each other at every turn
             return parkable(session, now, hold_s)
         # past the bound, any quiet resident answered since it was seated: holding seats one more
-        # bound left 2-26 of a cell's waiters seated late (docs/investigations.md, "Seats held")
+        # bound left 4-26 of a cell's waiters seated late (docs/investigations.md, "Seats held")
         return waited >= hold_s and parkable(session, now, 0.0)
 
     candidates = sorted((item for item in state.lru if due(item[0])), key=order)

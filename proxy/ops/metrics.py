@@ -255,9 +255,10 @@ class Metrics:
         )
         self.admission_parked = Counter(
             "prefixgate_admission_parked",
-            "Quiet sessions that gave up their seat for a session waiting past the rotation bound, by "
-            "the backend they were parked on",
-            ("backend",),
+            "Quiet sessions that gave up their seat, by the backend they were parked on and why: "
+            "waiter (for a session waiting past the rotation bound) or pool (the backend's sessions "
+            "outgrew what it holds)",
+            ("backend", "reason"),
             registry=r,
         )
         self.admission_resumed = Counter(

@@ -44,7 +44,9 @@ def test_the_session_and_the_dashboard_say_why_and_where(rank_servers, gateway) 
     assert metric(proxy.url, "prefixgate_admission_decisions_total", decision="room") == 4
     assert metric(proxy.url, "prefixgate_admission_decisions_total", decision="rotated") == 1
     assert metric(proxy.url, "prefixgate_admission_wait_bound_seconds") == 0.05
-    parks = [metric(proxy.url, "prefixgate_admission_parked_total", backend=r.name) for r in ranks]
+    parks = [
+        metric(proxy.url, "prefixgate_admission_parked_total", backend=r.name, reason="waiter") for r in ranks
+    ]
     assert sum(n or 0 for n in parks) == 1
 
 

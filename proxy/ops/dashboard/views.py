@@ -35,12 +35,14 @@ SERIES_FIELDS = ("time", "window_rate", "cumulative_rate", "interval_rate", "com
 
 
 def counter_values(counter: Counter, label: str) -> dict[str, float]:
-    """A labelled counter's value per label value (through ``collect``, the client's public API)."""
+    """A labelled counter's value per value of ``label``, summed over its other labels (through
+    ``collect``, the client's public API)."""
     out: dict[str, float] = {}
     for family in counter.collect():
         for sample in family.samples:
             if sample.name.endswith("_total"):
-                out[sample.labels[label]] = sample.value
+                value = sample.labels[label]
+                out[value] = out.get(value, 0.0) + sample.value
     return out
 
 
