@@ -59,7 +59,7 @@ from proxy.admission.queue import Ticket, WaitQueue
 from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.room import Room, excess_tokens, find_room, should_move
-from proxy.admission.rotation import Parking, choose_parked, parkable, reloads_own, why_none
+from proxy.admission.rotation import Parking, choose_parked, past_pool, reloads_own, why_none
 from proxy.apis.base import Usage
 from proxy.context import Admitted, Before, Outcome, RequestContext, Seat
 from proxy.errors import CLIENT_CLOSED
@@ -529,26 +529,15 @@ class Admission:
         return states
 
     def _park_past_pool(self, states: dict[str, RankState], now: float) -> bool:
-        """Park quiet sessions of each rank whose seated sessions grew past what it holds, until it
-        is back within (or one session is left): else they evict each other's blocks at every turn.
-        The quiet longest go first, each answered since it was seated. Whether any was parked."""
+        """Park the sessions ``rotation.past_pool`` names on each rank whose seated sessions grew
+        past what it holds (else they evict each other's blocks at every turn). Whether any was."""
         parked = False
         for state in states.values():
-            excess = excess_tokens(state)
-            if excess <= 0:
-                continue
-            keys: list[str] = []
-            for session, _ in state.lru:  # least recently answered first
-                if not parkable(session, now, 0.0):
-                    continue
-                if excess <= 0 or len(keys) + 1 >= state.sessions:
-                    break
-                keys.append(session.key)
-                excess -= session.context_tokens
+            if excess_tokens(state) <= 0:
+                continue  # within what it holds, as at nearly every refresh
+            keys = past_pool(state, now)
             if keys:
-                self._park(
-                    Parking(state.name, tuple(keys)), f"as the sessions on {state.name} outgrew its pool"
-                )
+                self._park(Parking(state.name, keys), f"as the sessions on {state.name} outgrew its pool")
                 parked = True
         return parked
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.admission.accounting import RankState
+from proxy.admission.room import excess_tokens
 from proxy.state.sessions import Session
 from routing.ranks import Rank
 from tokenization.block_hash import DEFAULT_BLOCK_SIZE
@@ -57,6 +58,21 @@ def why_none(states: Mapping[str, RankState], now: float) -> str:
     if not quiet:
         return "busy"
     return "short" if any(parkable(session, now, 0.0) for session in quiet) else "unserved"
+
+
+def past_pool(state: RankState, now: float) -> tuple[str, ...]:
+    """The quiet sessions to park on ``state``'s rank, whose working set grew past what it holds:
+    the quiet longest first, each answered since it was seated, until it holds the rest; never its
+    last session. Empty when it is within."""
+    excess = excess_tokens(state)
+    keys: list[str] = []
+    for session, _ in state.lru:  # least recently answered first
+        if excess <= 0 or len(keys) + 1 >= state.sessions:
+            break
+        if parkable(session, now, 0.0):
+            keys.append(session.key)
+            excess -= session.context_tokens
+    return tuple(keys)
 
 
 def choose_parked(
