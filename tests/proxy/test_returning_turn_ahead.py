@@ -86,7 +86,8 @@ def three_turns(rank_servers: RankServers, ahead: bool) -> tuple[list[int], list
         second = second_turn("Done.")
         answers.append(chat(server.url, second))
         if ahead:  # answered while its tail's encoding is still held
-            assert tokenizer.started.is_set() and not tokenizer.release.is_set()
+            # the encoding starts in a worker thread beside the request, which may answer first
+            assert tokenizer.started.wait(5) and not tokenizer.release.is_set()
             tokenizer.release.set()
         local = wait_until(lambda: gateway.locals.get(answers[0].headers["x-prefixgate-session"]))
         memo = wait_until(
