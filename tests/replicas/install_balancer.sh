@@ -10,4 +10,5 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo -n"; else SUDO=""; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q haproxy
-/usr/sbin/haproxy -v | head -1
+# sed reads the whole output: head would close the pipe early and haproxy die of SIGPIPE (141)
+/usr/sbin/haproxy -v | sed -n 1p
