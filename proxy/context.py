@@ -184,7 +184,7 @@ class RequestContext:
     session_thread: str | None = None
     #: What this process keeps for the session between its turns (``proxy/state/local.py``).
     local: SessionLocal | None = None
-    # -- threads: the conversation of the session this request continues (``proxy.stages.threads``)
+    # -- threads: the conversation of the session this request continues (``proxy.stages.identify``)
     thread: ThreadLocal | None = None
     #: The body as parsed, the one ``raw_body`` encodes (``body`` until canonicalization replaces it).
     client_body: dict[str, Any] | None = None

@@ -30,11 +30,10 @@ from proxy.pipeline import Pipeline
 from proxy.stages.blocks import Blocks
 from proxy.stages.canonicalize import Canonicalize
 from proxy.stages.forward import Forwarder, upstream_session
-from proxy.stages.identify import Identify
+from proxy.stages.identify import Identify, Threads
 from proxy.stages.parse import Parse
 from proxy.stages.pin import Pins
 from proxy.stages.route import Router
-from proxy.stages.threads import Threads
 from proxy.state.backends import StateBackend, open_state
 from proxy.state.index_namespace import IndexNamespace
 from proxy.state.kv_feeds import KVFeeds, wait_caught_up

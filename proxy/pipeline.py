@@ -54,12 +54,11 @@ from proxy.stages.blocks import Blocks
 from proxy.stages.canonicalize import DEBUG_HEADER, Canonicalize, rewrites_header
 from proxy.stages.disconnect import ClientDisconnected, until_disconnected
 from proxy.stages.forward import Forwarder, response_headers, upstream_headers
-from proxy.stages.identify import Identify
+from proxy.stages.identify import Identify, Threads
 from proxy.stages.parse import Parse, read_body
 from proxy.stages.pin import Pins
 from proxy.stages.relay import Opened, PrefillWatch, RelayResponse, StreamOutcome
 from proxy.stages.route import Router
-from proxy.stages.threads import Threads
 from proxy.tenants import client_view
 from routing.ranks import Rank
 

@@ -3,7 +3,7 @@
 Each stage that remembers something about a session hangs it off the session's ``SessionLocal``:
 the dashboard the turn log, the prefix-break explainer the recent breaks, the Responses API the ids
 the session's answers were stored under. A session holds *threads* (``ThreadLocal``, recognised by
-``proxy.stages.threads``): its main conversation, side requests (a title generator, a topic check)
+``proxy.stages.identify``): its main conversation, side requests (a title generator, a topic check)
 and sub-agents, each with its own prefix chain: the canonicalizer's first-seen tool order and pinned
 text, the tokenizer's previous turn (tokens and block hashes), the explainer's previous turn, the
 previous answer, and its own counts. ``SessionLocals`` bounds
@@ -73,7 +73,7 @@ class ThreadLocal:
     key: str
     #: ``main``, ``side`` (a request beside the conversation) or ``subagent``.
     kind: str = "main"
-    #: How it was recognised (``proxy.stages.threads``), and the start of its system prompt.
+    #: How it was recognised (``proxy.stages.identify``), and the start of its system prompt.
     source: str = "session"
     label: str = ""
     #: Whether it offered tools when it started (tells side requests from the main thread).

@@ -13,8 +13,7 @@ from starlette.datastructures import Headers
 from proxy.apis import CHAT
 from proxy.context import RequestContext
 from proxy.ops.auth import ClientKey, digest
-from proxy.stages.identify import DEFAULT_SESSION_HEADERS, PARENT_SESSION_HEADERS, Identify
-from proxy.stages.threads import Threads
+from proxy.stages.identify import DEFAULT_SESSION_HEADERS, PARENT_SESSION_HEADERS, Identify, Threads
 from proxy.state.local import MAIN, SessionLocals
 
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session-id", "x-session-affinity")
