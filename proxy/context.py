@@ -20,11 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from starlette.datastructures import Headers
 
 from proxy.errors import CLIENT_CLOSED
-from proxy.stages.splice import upstream_bytes
 
 if TYPE_CHECKING:
     from proxy.apis.base import Api, Usage
@@ -189,7 +187,8 @@ class RequestContext:
     #: The body as parsed, the one ``raw_body`` encodes (``body`` until canonicalization replaces it).
     client_body: dict[str, Any] | None = None
     # -- canonicalize: when a rule rewrites ``body`` it sets ``body_changed`` and forwarding sends
-    # the client's bytes with the changed values re-serialized; otherwise the bytes untouched.
+    # the client's bytes with the changed values re-serialized; otherwise the bytes untouched
+    # (``proxy.stages.canonicalize.upstream_body``).
     body_changed: bool = False
     rewrites: dict[str, int] | None = None  # rule -> count, when canonicalization changed the body
     # -- render and hash blocks
@@ -240,15 +239,6 @@ class RequestContext:
     @property
     def client_label(self) -> str | None:
         return self.client.label if self.client is not None else None
-
-    def upstream_body(self) -> bytes:
-        """The bytes sent to the rank: the client's own, with what canonicalization changed
-        re-serialized in place (``proxy/stages/splice.py``), or the whole body when that cannot be."""
-        if not self.body_changed:
-            return self.raw_body
-        if self.client_body is not None:
-            return upstream_bytes(self.raw_body, self.client_body, self.body)
-        return orjson.dumps(self.body)
 
 
 @dataclass(frozen=True, slots=True)

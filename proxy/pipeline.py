@@ -51,7 +51,7 @@ from proxy.explain import Explainer
 from proxy.ops.dashboard.stats import Recorder
 from proxy.ops.metrics import Metrics
 from proxy.stages.blocks import Blocks
-from proxy.stages.canonicalize import DEBUG_HEADER, Canonicalize, rewrites_header
+from proxy.stages.canonicalize import DEBUG_HEADER, Canonicalize, rewrites_header, upstream_body
 from proxy.stages.disconnect import ClientDisconnected, until_disconnected
 from proxy.stages.forward import Forwarder, response_headers, upstream_headers
 from proxy.stages.identify import Identify, Threads
@@ -118,7 +118,7 @@ class Pipeline:
             ctx.plan = await self.route(ctx)
             self._placed(ctx, ctx.plan.ranks[0])
             translation = api.translation()
-            content = translation.request(ctx.body) if translation is not None else ctx.upstream_body()
+            content = translation.request(ctx.body) if translation is not None else upstream_body(ctx)
             opened = await until_disconnected(
                 request.receive,
                 self.forwarder.open(
@@ -161,7 +161,7 @@ class Pipeline:
                 self.forwarder.open(
                     self.route.any(),
                     endpoint.upstream,
-                    ctx.upstream_body(),
+                    upstream_body(ctx),
                     upstream_headers(request.headers),
                     stream=False,
                 ),

@@ -15,7 +15,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.stages.splice import SERIALIZED_BYTES_PER_SCANNED_TOKEN, spliced_body, upstream_bytes
+from proxy.stages.canonicalize import SERIALIZED_BYTES_PER_SCANNED_TOKEN, spliced_body, upstream_bytes
 
 PIECES = [*'ab "\\{}[],:\n\té中', '"messages"', "\\u0041", "\\"]
 TEXT = st.lists(st.sampled_from(PIECES), max_size=12).map("".join)
