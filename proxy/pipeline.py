@@ -15,7 +15,7 @@ for every routed request:
 
 - placed: a rank holds the request (the plan's first choice once routed, and again the rank a retry
   landed on when that is another): admission seats the session there, the router moves its charge;
-- prefilled: a stream's first token came (past its API's preamble: ``proxy/stages/relay.py``),
+- prefilled: a stream's first token came (past its API's preamble: ``proxy/stages/forward.py``),
   never deferred by a landing: the router takes the prefill off the rank's queue;
 - answered: the rank answered (its stream opened, or its whole body came): the explainer compares
   the turn with the session's previous one (after the router charged a turn routed on its head with
@@ -53,11 +53,18 @@ from proxy.ops.metrics import Metrics
 from proxy.stages.blocks import Blocks
 from proxy.stages.canonicalize import DEBUG_HEADER, Canonicalize, rewrites_header, upstream_body
 from proxy.stages.disconnect import ClientDisconnected, until_disconnected
-from proxy.stages.forward import Forwarder, response_headers, upstream_headers
+from proxy.stages.forward import (
+    Forwarder,
+    Opened,
+    PrefillWatch,
+    RelayResponse,
+    StreamOutcome,
+    response_headers,
+    upstream_headers,
+)
 from proxy.stages.identify import Identify, Threads
 from proxy.stages.parse import Parse, read_body
 from proxy.stages.pin import Pins
-from proxy.stages.relay import Opened, PrefillWatch, RelayResponse, StreamOutcome
 from proxy.stages.route import Router
 from proxy.tenants import client_view
 from routing.ranks import Rank

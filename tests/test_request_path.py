@@ -35,7 +35,7 @@ import pytest
 
 from bench.sim import SimRankServer
 from proxy.pipeline import Pipeline
-from proxy.stages.relay import RelayResponse
+from proxy.stages.forward import RelayResponse
 from tests.helpers.gateway import gateway_app
 from tests.helpers.ranks import RankServers
 
@@ -138,5 +138,5 @@ async def test_a_streamed_chat_turn_visits_no_more_modules_than_measured(rank: S
     first, second = await modules_of_turns(rank)
     for modules, bound in ((first, FIRST_TURN_MODULES), (second, NEXT_TURN_MODULES)):
         # the measure sees the whole path: the stages, the rank's stream relayed, the ending
-        assert {"proxy.pipeline", "proxy.stages.route", "proxy.stages.relay", "proxy.stages.pin"} <= modules
+        assert {"proxy.pipeline", "proxy.stages.route", "proxy.stages.forward", "proxy.stages.pin"} <= modules
         assert len(modules) <= bound, sorted(modules)

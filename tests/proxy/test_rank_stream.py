@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 from aiohttp import SocketTimeoutError
 
-from proxy.stages.relay import RankStream
+from proxy.stages.forward import RankStream
 
 
 class _Content:

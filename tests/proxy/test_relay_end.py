@@ -12,7 +12,7 @@ import orjson
 
 from proxy.apis.messages import MessagesApi
 from proxy.apis.responses import ResponsesApi
-from proxy.stages.relay import Opened, RelayResponse, StreamOutcome
+from proxy.stages.forward import Opened, RelayResponse, StreamOutcome
 from routing.ranks import Rank
 
 

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy.server import ServerThread
-from proxy.stages.relay import past_preamble
+from proxy.stages.forward import past_preamble
 from tests.helpers.gateway import gateway_app
 from tests.helpers.wait import wait_until
 

@@ -6,7 +6,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.stages.relay import SseChecker
+from proxy.stages.forward import SseChecker
 
 
 def event(i: int) -> bytes:
