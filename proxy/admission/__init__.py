@@ -9,9 +9,8 @@
 - ``rotation.py``: which quiet residents are parked for a session waiting past the rotation bound
   (the seat granted, ``Admitted`` and ``Before`` are request records: ``proxy/context.py``);
 - ``queue.py``: the wait for a seat, by priority and weighted-fair across client keys;
-- ``learned.py``, ``rank_speed.py``: what the traffic and the ranks
-  teach (how far sessions grow, how long agents think, when a session has ended, the rotation
-  bound, how fast each rank computes);
+- ``learned.py``: what the traffic and the ranks teach (how far sessions grow, how long agents
+  think, when a session has ended, the rotation bound, how fast each rank computes);
 - ``refusals.py``: the 429s and the 400;
 - ``config.py``: the settings.
 """
@@ -21,7 +20,7 @@ from __future__ import annotations
 from proxy.admission.accounting import RankState, Reservation
 from proxy.admission.config import AdmissionConfig
 from proxy.admission.gate import Admission, Placement
-from proxy.admission.rank_speed import RankSpeeds
+from proxy.admission.learned import RankSpeeds
 from proxy.config import Settings
 from proxy.ops.metrics import Metrics
 from proxy.state.claims import RoomClaims

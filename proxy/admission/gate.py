@@ -54,9 +54,8 @@ from typing import Protocol
 
 from proxy.admission.accounting import RankState, Reservation, budget_tokens, count, log_over_pool
 from proxy.admission.config import BYTES_PER_TOKEN, RESERVATION_TTL_S, AdmissionConfig
-from proxy.admission.learned import LearnedTime, PeakEstimator, poll_interval
+from proxy.admission.learned import LearnedTime, PeakEstimator, RankSpeeds, poll_interval
 from proxy.admission.queue import Ticket, WaitQueue
-from proxy.admission.rank_speed import RankSpeeds
 from proxy.admission.refusals import client_at_cap, context_too_long, queue_full
 from proxy.admission.room import Room, excess_tokens, find_room, should_move
 from proxy.admission.rotation import Parking, choose_parked, past_pool, reloads_own, why_none

@@ -10,7 +10,7 @@ import aiohttp
 import httpx
 import pytest
 
-from proxy.admission.rank_speed import MIN_COMPUTED_TOKENS, RankSpeeds
+from proxy.admission.learned import MIN_COMPUTED_TOKENS, RankSpeeds
 from routing import rank_metrics
 from routing.rank_metrics import (
     ON_DEMAND_SPACING,

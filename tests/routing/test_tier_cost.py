@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from proxy.admission.rank_speed import MIN_LOADED_TOKENS, RankSpeeds
+from proxy.admission.learned import MIN_LOADED_TOKENS, RankSpeeds
 from routing.policies import make_policy
 from routing.policies.bounds import CPU_LOAD_COST_PRIOR, tier_weighed_hit
 from routing.policies.protocol import RouteRequest
