@@ -1,11 +1,10 @@
-"""The prefix-break explainer (told by the pipeline's ending): ``explainer.py`` detects breaks,
-``classify.py`` names the request part that changed, ``turns.py`` holds what a session's previous
-turn is compared by, ``records.py`` the causes and records."""
+"""The prefix-break explainer (told by the pipeline's ending), in ``explainer.py``: the previous turn
+a session's next is compared with, the breaks it detects, the request part that changed, the causes
+and records."""
 
 from __future__ import annotations
 
-from proxy.explain.explainer import Explainer
-from proxy.explain.records import (
+from proxy.explain.explainer import (
     CACHE_SALT_CHANGED,
     EVICTED,
     HISTORY_DROPPED,
@@ -19,8 +18,10 @@ from proxy.explain.records import (
     TOOLS_REMOVED,
     TOOLS_REORDERED,
     UNKNOWN,
+    Explainer,
+    Turn,
+    extends,
 )
-from proxy.explain.turns import Turn, extends
 
 __all__ = [
     "CACHE_SALT_CHANGED",

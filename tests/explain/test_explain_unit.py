@@ -10,7 +10,7 @@ from proxy.apis import CHAT
 from proxy.apis.base import Usage
 from proxy.context import Outcome, RequestContext
 from proxy.explain import Explainer, Turn, extends
-from proxy.explain.records import line_change
+from proxy.explain.explainer import line_change
 from proxy.state.local import SessionLocals
 from tokenization.block_hash import BlockHasher
 from tokenization.prompt import PromptBlocks
