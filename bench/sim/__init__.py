@@ -1,11 +1,12 @@
 """A simulated vLLM rank that behaves like vLLM where prefixgate cares (issue 3).
 
-What it reproduces: the simulated model's tokenizer and chat template (``tokenization.chatml`` +
-cl100k_base), vLLM's chained block hashes, the block pool (free queue, ref counts, LRU eviction tail
-block first, no de-duplication), continuous batching with chunked prefill and preemption, the
-OpenAI-shaped responses with ``cached_tokens``, ``/metrics`` with vLLM's names, KV-cache events over
-ZMQ (0.33 and 0.11 payloads) and fault injection. Timing defaults model an H100-class rank serving an
-~8B model (``bench/sim/config.py``); ``time_scale`` shrinks every modelled duration.
+What it reproduces: the simulated model's tokenizer and chat template
+(``tokenization.tiktoken_tokenizer``: cl100k_base), vLLM's chained block hashes, the block pool
+(free queue, ref counts, LRU eviction tail block first, no de-duplication), continuous batching with
+chunked prefill and preemption, the OpenAI-shaped responses with ``cached_tokens``, ``/metrics``
+with vLLM's names, KV-cache events over ZMQ (0.33 and 0.11 payloads) and fault injection. Timing
+defaults model an H100-class rank serving an ~8B model (``bench/sim/config.py``); ``time_scale``
+shrinks every modelled duration.
 
 Python API::
 

@@ -22,7 +22,7 @@ from bench.sim.prompts import Prompt
 from bench.sim.rank import SimRank
 from bench.sim.scripted import ToolCall, chat_chunks, chat_message, script_for
 from bench.sim.sequences import OUTPUT_TOKEN_TEXT, OutQueue, RequestTooLarge, SimRequest
-from tokenization.encoding import decode
+from tokenization.tiktoken_tokenizer import decode
 
 _MALFORMED = b'data: {"id": "sim-malformed", "choices": [{"delta": {"content": \n\n'
 

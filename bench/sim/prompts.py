@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenization.block_hash import BlockHash, BlockHasher
-from tokenization.chatml import IM_START, render_segments
-from tokenization.encoding import encode
 from tokenization.lru import LRU
+from tokenization.tiktoken_tokenizer import IM_START, encode, render_segments
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from bench.sim.faults import Faults
 from bench.sim.kv_events import KVEventPublisher
 from bench.sim.prompts import PromptProcessor
 from bench.sim.scheduler import Engine
-from tokenization.encoding import chatml_encoding
+from tokenization.tiktoken_tokenizer import chatml_encoding
 
 
 class SimRank:

@@ -10,9 +10,9 @@ agent runs a sub-agent conversation of its own under the same session. So a real
 multi-turn sessions with tool calls through prefixgate against the simulator, with no model.
 
 The answer is generated as a model would write it: its tokens are those the chat template renders
-for the assistant turn (``tokenization.chatml``: content, then ``<tool_call>`` JSON), so the agent
-sending it back in its next request reproduces the blocks the rank cached while decoding, as on
-vLLM. The API layers turn a call into their own shapes (chat ``tool_calls``, Anthropic
+for the assistant turn (``tokenization.tiktoken_tokenizer``: content, then ``<tool_call>`` JSON), so
+the agent sending it back in its next request reproduces the blocks the rank cached while decoding,
+as on vLLM. The API layers turn a call into their own shapes (chat ``tool_calls``, Anthropic
 ``tool_use``, Responses ``function_call``), whole or streamed.
 """
 
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.sim.sequences import OUTPUT_TOKEN_IDS
-from tokenization.chatml import GENERATION_PROMPT, IM_END, render_message
-from tokenization.encoding import encode
+from tokenization.tiktoken_tokenizer import GENERATION_PROMPT, IM_END, encode, render_message
 
 #: Shell tools of today's agents, by the name they give it.
 SHELL_TOOLS = ("Bash", "bash", "exec_command", "shell", "execute_command", "run_command", "run_shell_command")

@@ -12,7 +12,7 @@ from enum import Enum
 
 from bench.sim.block_pool import Block
 from tokenization.block_hash import BlockHash
-from tokenization.encoding import decode, encode
+from tokenization.tiktoken_tokenizer import decode, encode
 
 # Generated text: one token per word (each a single cl100k token with its leading space, stable under
 # re-encoding), so an agent sending the reply back in its next turn reproduces the decode blocks.

@@ -15,8 +15,7 @@ from typing import Any
 
 from bench.traces.blocks import BlockKey, BlockText
 from bench.traces.sessions import TraceSession
-from tokenization.chatml import IM_END, IM_START
-from tokenization.encoding import encode
+from tokenization.tiktoken_tokenizer import IM_END, IM_START, encode
 
 
 @dataclass

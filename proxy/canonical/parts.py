@@ -1,9 +1,10 @@
 """Named parts of a chat request, for the prefix-break explainer: "which part differs".
 
 The order is the order in which a chat template lays the parts out in the prompt for the simulated
-model (``tokenization.chatml``) and most Qwen-style templates: the leading system messages, then the
-tools, then the other messages. Each part carries a digest of its exact bytes (key order included,
-as that reaches the tokens), so two turns can be compared part by part without re-serializing.
+model (``tokenization.tiktoken_tokenizer``) and most Qwen-style templates: the leading system
+messages, then the tools, then the other messages. Each part carries a digest of its exact bytes
+(key order included, as that reaches the tokens), so two turns can be compared part by part without
+re-serializing.
 """
 
 from __future__ import annotations

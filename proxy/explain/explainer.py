@@ -43,8 +43,8 @@ from proxy.context import Expectation, Outcome, RequestContext
 from proxy.ops.metrics import Metrics
 from proxy.state.local import MAIN, SessionLocal, SessionLocals, ThreadLocal
 from tokenization.base import common_prefix_len
-from tokenization.chatml import content_text
 from tokenization.prompt import PromptBlocks
+from tokenization.tiktoken_tokenizer import content_text
 
 #: The causes of a break (the label values of ``prefixgate_prefix_breaks_total``).
 SYSTEM_EDITED = "system_edited"

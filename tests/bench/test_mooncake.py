@@ -24,7 +24,7 @@ from bench.traces import (
 )
 from tests.bench.test_traces import _common_prefix
 from tests.bench.test_traces import _prompt_tokens as _tokens
-from tokenization.encoding import encode
+from tokenization.tiktoken_tokenizer import encode
 
 # Block 0 starts every request (a global system prompt). Conversation A: a turn re-sending all of the
 # previous request but its partial last block, then one re-sending all of it. B shares only block 0.

@@ -22,8 +22,7 @@ from bench.traces import (
     load_mooncake,
     trace_block_reuse,
 )
-from tokenization.chatml import render_segments
-from tokenization.encoding import encode
+from tokenization.tiktoken_tokenizer import encode, render_segments
 
 
 def _request(t: float, ids: list[int], out: int = 100, think: float = 0.0) -> dict:

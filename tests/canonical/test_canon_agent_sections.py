@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
-from tokenization.chatml import render_segments
+from tokenization.tiktoken_tokenizer import render_segments
 
 PROSE = "You help with code.\n\n# Doing tasks\n - Read before you edit.\n"
 

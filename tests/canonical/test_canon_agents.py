@@ -17,7 +17,7 @@ import pytest
 
 from proxy.canonical import CanonicalConfig, Canonicalizer, InMemorySessionCanonState
 from proxy.canonical.rules.text import protected_line_mask
-from tokenization.chatml import render_segments
+from tokenization.tiktoken_tokenizer import render_segments
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "agents"
 AGENTS = ("codex", "claude_code", "cline", "opencode", "openhands", "aider")

@@ -14,10 +14,9 @@ from proxy.context import RequestContext
 from proxy.stages.blocks import Blocks
 from proxy.state.local import SessionLocals
 from tokenization.block_hash import BlockHasher, make_hasher
-from tokenization.chatml import render
 from tokenization.config import TokenizerConfig
-from tokenization.encoding import encode
 from tokenization.factory import build_incremental
+from tokenization.tiktoken_tokenizer import encode, render
 
 
 def context(body: dict, api: Api = CHAT) -> RequestContext:

@@ -15,10 +15,9 @@ from tests.helpers.gateway import gateway_app
 from tests.helpers.ranks import RankServers
 from tests.helpers.wait import wait_until
 from tests.proxy.test_first_turn_landing import SYSTEM, HeldTokenizer, chat, context, reference_blocks
-from tokenization import encoding
 from tokenization.block_hash import make_hasher
 from tokenization.prompt import IncrementalTokenizer
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer, encode
 
 FIRST = [SYSTEM, {"role": "user", "content": "Read the module and find where the helper is called."}]
 ANSWER = "I read it; the helper is called from three places, all in the request handler. " * 3
@@ -38,7 +37,7 @@ async def test_a_returning_turn_goes_on_with_its_kept_blocks_and_lands_with_its_
     await stage(ctx1)
     thread = ctx1.conversation
     assert ctx1.landing is None and ctx1.prompt_tokens is not None and thread is not None
-    thread.answer = Answer("rank0", ctx1.prompt_tokens, len(encoding.encode(ANSWER)))
+    thread.answer = Answer("rank0", ctx1.prompt_tokens, len(encode(ANSWER)))
 
     held.release.clear()
     held.started.clear()

@@ -10,8 +10,7 @@ import pytest
 
 from bench.sim import SimConfig, SimRankServer, start_fleet, stop_fleet
 from tests.helpers.ranks import RankServers
-from tokenization.chatml import render
-from tokenization.encoding import encode
+from tokenization.tiktoken_tokenizer import encode, render
 
 SYSTEM = "You are a careful coding agent. " * 40
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]

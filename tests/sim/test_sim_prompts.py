@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from bench.sim.prompts import PromptProcessor, split_segments
 from tokenization.block_hash import BlockHasher
-from tokenization.chatml import render
-from tokenization.encoding import encode
+from tokenization.tiktoken_tokenizer import encode, render
 
 
 def test_follow_up_turns_reuse_segments_and_chains() -> None:

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from tokenization.block_hash import make_hasher
 from tokenization.edited import kept_lead
-from tokenization.encoding import chatml_encoding, encode
 from tokenization.prompt import IncrementalTokenizer
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer, chatml_encoding, encode
 
 ENCODING = chatml_encoding()
 # What the pre-tokenizer treats apart: letters (accented, CJK), digits, spaces, tabs, CR/LF runs,

@@ -10,10 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.workload import text_of
-from tokenization import encoding
 from tokenization.base import MAX_RATIO, MIN_RATIO, PRIOR_CHARS_PER_TOKEN, ChatPrompt, TextSize
 from tokenization.hf_tokenizer import HfTokenizer
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer, encode
 
 #: A tool's result as agents get them (paths, numbers, hashes): cl100k encodes it at about 2.2
 #: characters per token, where a fixed 4 undercounts it by almost half.
@@ -63,7 +62,7 @@ def test_tiktoken_sizes_tool_results_and_generated_text_by_what_it_encoded() -> 
         tok = TiktokenTokenizer()
         tok.encode_chat(ChatPrompt([{"role": "user", "content": text}]))
         later = text[len(text) // 3 :] + text[: len(text) // 3]
-        exact = len(encoding.encode(later))
+        exact = len(encode(later))
         assert off_by(len(later) // 4, exact) > 0.15
         assert off_by(tok.size.tokens(len(later)), exact) < 0.05
 

@@ -1,6 +1,6 @@
-"""Each thread that encodes gets an ``Encoding`` of its own, up to a limit (``tokenization.encoding``):
-tiktoken is slower on an ``Encoding`` another thread used first (``bench.proxy_cpu``'s first turns
-measured what that costs: docs/investigations.md)."""
+"""Each thread that encodes gets an ``Encoding`` of its own, up to a limit
+(``tokenization.tiktoken_tokenizer``): tiktoken is slower on an ``Encoding`` another thread used
+first (``bench.proxy_cpu``'s first turns measured what that costs: docs/investigations.md)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import tiktoken
 
 from tokenization.block_hash import make_hasher
-from tokenization.encoding import THREAD_ENCODINGS, _ThreadEncodings, chatml_encoding, thread_encoding
 from tokenization.prompt import IncrementalTokenizer
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+from tokenization.tiktoken_tokenizer import (
+    THREAD_ENCODINGS,
+    TiktokenTokenizer,
+    _ThreadEncodings,
+    chatml_encoding,
+    thread_encoding,
+)
 
 TEXT = "def main():\n    return 'héllo <|im_start|> wörld' * 3  # 12345\n"
 

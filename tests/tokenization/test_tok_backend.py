@@ -14,14 +14,13 @@ from fastapi import FastAPI, Request, Response
 
 from tests.helpers.ranks import RankServers
 from tests.helpers.wait import wait_until
-from tokenization import chatml, encoding
 from tokenization.backend_info import block_size_of, fetch_cache_config, parse_cache_config_info
 from tokenization.backend_tokenizer import BackendTokenizeError, BackendTokenizer
 from tokenization.block_hash import make_hasher
 from tokenization.config import TokenizerConfig
 from tokenization.factory import build_incremental
 from tokenization.prompt import IncrementalTokenizer
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer, encode, render
 
 METRICS = (
     "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
@@ -41,10 +40,10 @@ def _app(seen: list[dict[str, Any]]) -> FastAPI:
         if data.get("model") != "tiny":
             return Response(status_code=404, content=b'{"error": "model"}')
         if "messages" in data:
-            text = chatml.render(data["messages"], data.get("tools"), data.get("add_generation_prompt", True))
+            text = render(data["messages"], data.get("tools"), data.get("add_generation_prompt", True))
         else:
             text = data["prompt"]
-        tokens = encoding.encode(text)
+        tokens = encode(text)
         return {"count": len(tokens), "max_model_len": 4096, "tokens": tokens, "token_strs": None}
 
     @app.get("/metrics")
@@ -108,7 +107,7 @@ async def test_backend_blocks_equal_local_and_answers_are_cached(tokenize_server
         assert backend.round_trips == 2 and turn2.reused_blocks > 0
         assert list(turn2.block_hashes) == list((await local.blocks_for_chat(None, longer)).block_hashes)
         completion = await remote.blocks_for_completion(None, {"prompt": "hello world " * 10})
-        assert list(completion.tokens) == encoding.encode("hello world " * 10)
+        assert list(completion.tokens) == encode("hello world " * 10)
         assert seen[-1] == {"model": "tiny", "prompt": "hello world " * 10}
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenization import chatml, cli, encoding
+from tokenization import cli
 from tokenization.block_hash import make_hasher
+from tokenization.tiktoken_tokenizer import encode, render
 
 BODY = {
     "model": "m",
@@ -35,7 +36,7 @@ def test_json_output_uses_the_config_section(tmp_path: Path, capsys: pytest.Capt
     )
     assert _run(["--config", str(config), "--input", str(request), "--json", "--tokens"]) == 0
     out = json.loads(capsys.readouterr().out)
-    tokens = encoding.encode(chatml.render(BODY["messages"]))
+    tokens = encode(render(BODY["messages"]))
     assert out["tokens"] == tokens and out["num_tokens"] == len(tokens) and out["block_size"] == 8
     want = make_hasher("sha256_cbor", 8, "0").hash_blocks(tokens)
     assert out["block_hashes"] == [h.hex() for h in want] and out["num_blocks"] == len(tokens) // 8
@@ -47,7 +48,7 @@ def test_text_output_and_defaults(tmp_path: Path, capsys: pytest.CaptureFixture[
     request.write_text(json.dumps({"prompt": "hello " * 40}))
     assert _run(["--input", str(request)]) == 0
     out = capsys.readouterr().out
-    n = len(encoding.encode("hello " * 40))
+    n = len(encode("hello " * 40))
     assert f"tokens: {n}\n" in out and f"blocks: {n // 16} (block size 16, sha256)" in out
 
 
@@ -78,7 +79,7 @@ def test_the_request_file_may_be_named_without_a_flag(
     request = tmp_path / "request.json"
     request.write_text(json.dumps({"prompt": "hello " * 40}))
     assert _run([str(request)]) == 0
-    n = len(encoding.encode("hello " * 40))
+    n = len(encode("hello " * 40))
     assert f"tokens: {n}\n" in capsys.readouterr().out
     other = tmp_path / "other.json"
     other.write_text("{}")

@@ -12,11 +12,17 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenization import chatml, encoding
 from tokenization.base import ChatPrompt
 from tokenization.block_hash import make_hasher
 from tokenization.prompt import IncrementalTokenizer
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer, plain
+from tokenization.tiktoken_tokenizer import (
+    TiktokenTokenizer,
+    encode,
+    plain,
+    render,
+    render_message,
+    render_system,
+)
 
 TEXT = st.lists(st.sampled_from([*'ab c\n{}"é中', "<|im_end|>", "  ", "def "]), max_size=12).map("".join)
 # Many lines, as code and tool output have: edits near their end keep a lead worth reusing.
@@ -157,8 +163,8 @@ def test_incremental_equals_scratch_under_random_edits(
             assert list(got.tokens) == list(want.tokens), op
             assert list(got.block_hashes) == list(want.block_hashes), op
             assert got.parts == want.parts, op
-            rendered = chatml.render(body["messages"], body["tools"], body["add_generation_prompt"])
-            assert list(got.tokens) == encoding.encode(rendered)
+            rendered = render(body["messages"], body["tools"], body["add_generation_prompt"])
+            assert list(got.tokens) == encode(rendered)
 
     asyncio.run(scenario())
 
@@ -189,11 +195,11 @@ async def test_an_edited_message_re_encodes_only_itself() -> None:
     edited = [dict(m) for m in messages]
     edited[3] = {"role": "user", "content": "changed"}
     plan = await tok.plan_chat(ChatPrompt(edited), first)
-    assert plan.work == tok.size.tokens(len(chatml.render_message(edited[3])))
+    assert plan.work == tok.size.tokens(len(render_message(edited[3])))
     second = plan.finish()
     assert second.reused == first.parts[3][1]
-    assert list(second.tokens) == encoding.encode(chatml.render(edited))
+    assert list(second.tokens) == encode(render(edited))
     system = [{"role": "system", "content": "another system prompt " * 20}, *messages[1:]]
     plan = await tok.plan_chat(ChatPrompt(system), first)
-    assert plan.work == tok.size.tokens(len(chatml.render_system(system[0]["content"], None) or ""))
-    assert list(plan.finish().tokens) == encoding.encode(chatml.render(system))
+    assert plan.work == tok.size.tokens(len(render_system(system[0]["content"], None) or ""))
+    assert list(plan.finish().tokens) == encode(render(system))

@@ -9,12 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenization import chatml, encoding
 from tokenization.base import UnsupportedRequest
 from tokenization.block_hash import make_hasher
 from tokenization.hf_tokenizer import HfTokenizer
 from tokenization.prompt import IncrementalTokenizer, PromptBlocks
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer, encode, render
 
 TOOLS_A = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
 TOOLS_B = [{"function": {"name": "read", "parameters": {"type": "object"}}, "type": "function"}]  # key order
@@ -94,9 +93,7 @@ def test_tiktoken_incremental_equals_scratch(ops: list[tuple], algo: str) -> Non
         return IncrementalTokenizer(tok, make_hasher(algo, 4, "0"), offload_tokens=10_000)
 
     def oracle(state: dict[str, Any]) -> list[int]:
-        return encoding.encode(
-            chatml.render(state["messages"], state["tools"], state["add_generation_prompt"])
-        )
+        return encode(render(state["messages"], state["tools"], state["add_generation_prompt"]))
 
     _run_sequence(make, ops, oracle)
 
@@ -172,7 +169,7 @@ async def test_large_work_runs_in_a_worker_thread(monkeypatch: pytest.MonkeyPatc
     messages += [{"role": "assistant", "content": "short"}]
     small = await inc.blocks_for_chat("s", {"messages": messages})
     assert calls == []  # a small increment runs inline
-    assert list(small.tokens) == encoding.encode(chatml.render(messages))
+    assert list(small.tokens) == encode(render(messages))
     assert big.num_blocks > 0
 
 
@@ -198,10 +195,10 @@ async def test_completion_prompts_text_and_token_ids() -> None:
     inc = IncrementalTokenizer(TiktokenTokenizer(), make_hasher("sha256", 16, "0"))
     text = "def f(x):\n    return x * 2\n" * 20
     first = await inc.blocks_for_completion("s", {"prompt": text})
-    assert list(first.tokens) == encoding.encode(text)
+    assert list(first.tokens) == encode(text)
     longer = await inc.blocks_for_completion("s", {"prompt": text + "print(f(3))"})
     assert longer.reused_blocks >= first.num_blocks - 1
-    assert list(longer.block_hashes) == inc.hasher.hash_blocks(encoding.encode(text + "print(f(3))"))
+    assert list(longer.block_hashes) == inc.hasher.hash_blocks(encode(text + "print(f(3))"))
     ids = await inc.blocks_for_completion("s", {"prompt": list(longer.tokens)})
     assert list(ids.block_hashes) == list(longer.block_hashes) and ids.reused_blocks == longer.num_blocks
     # A chat turn in the same session does not reuse a completion's state.

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenization import chatml, encoding
 from tokenization.base import ChatPrompt, UnsupportedRequest
-from tokenization.tiktoken_tokenizer import TiktokenTokenizer, segment_labels
+from tokenization.tiktoken_tokenizer import TiktokenTokenizer, encode, render, segment_labels
 
 TOOLS = [
     {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}},
@@ -33,7 +32,7 @@ MESSAGES = [
 def test_ids_equal_encoding_of_render(tools: list | None, cut: int, generation: bool) -> None:
     messages = MESSAGES[cut:] if cut < 5 else []
     enc = TiktokenTokenizer().encode_chat(ChatPrompt(messages, tools, generation))
-    assert list(enc.tokens) == encoding.encode(chatml.render(messages, tools, generation))
+    assert list(enc.tokens) == encode(render(messages, tools, generation))
     # Parts tile the prompt, one per segment.
     labels = segment_labels(messages, tools, generation)
     assert [p[0] for p in enc.parts] == labels
@@ -55,12 +54,12 @@ def test_incremental_reencodes_only_changed_segments() -> None:
     # The trailing generation prompt becomes an assistant turn: everything before it is reused.
     second = tok.encode_chat(ChatPrompt(MESSAGES, TOOLS), first)
     assert second.reused == first.parts[-1][1]
-    assert list(second.tokens) == encoding.encode(chatml.render(MESSAGES, TOOLS))
+    assert list(second.tokens) == encode(render(MESSAGES, TOOLS))
     edited = [MESSAGES[0], {"role": "user", "content": "changed"}, *MESSAGES[2:]]
     third = tok.encode_chat(ChatPrompt(edited, TOOLS), second)
     assert third.reused == second.parts[0][2]
-    assert list(third.tokens) == encoding.encode(chatml.render(edited, TOOLS))
-    assert list(second.tokens) == encoding.encode(chatml.render(MESSAGES, TOOLS))  # prev untouched
+    assert list(third.tokens) == encode(render(edited, TOOLS))
+    assert list(second.tokens) == encode(render(MESSAGES, TOOLS))  # prev untouched
 
 
 @pytest.mark.parametrize(
