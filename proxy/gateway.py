@@ -32,8 +32,7 @@ from proxy.stages.canonicalize import Canonicalize
 from proxy.stages.forward import Forwarder, upstream_session
 from proxy.stages.identify import Identify, Threads
 from proxy.stages.parse import Parse
-from proxy.stages.pin import Pins
-from proxy.stages.route import Router
+from proxy.stages.route import Pins, Router
 from proxy.state.backends import StateBackend, open_state
 from proxy.state.index_namespace import IndexNamespace
 from proxy.state.kv_feeds import KVFeeds, wait_caught_up

@@ -64,8 +64,7 @@ from proxy.stages.forward import (
 )
 from proxy.stages.identify import Identify, Threads
 from proxy.stages.parse import Parse, read_body
-from proxy.stages.pin import Pins
-from proxy.stages.route import Router
+from proxy.stages.route import Pins, Router
 from proxy.tenants import client_view
 from routing.ranks import Rank
 
