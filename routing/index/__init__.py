@@ -56,7 +56,7 @@ class PrefixIndex(Protocol):
 
     ``medium`` is the storage tier a counted operation is about (KV events' ``medium``: ``GPU``, or
     ``CPU`` for blocks offloaded to host memory). A block is held while some copy is held in some
-    tier: a GPU removal of a block with a CPU copy demotes it (``chains`` module docstring).
+    tier: a GPU removal of a block with a CPU copy demotes it (``routing.index.memory``'s docstring).
     """
 
     def set_capacity(self, rank: str, blocks: int | None) -> None:
