@@ -181,7 +181,8 @@ class RankMirror:
         """``on_applied``: called once per batch with how many events of each type it applied (a
         labelled counter's increment per event was 6 % of a proxy's CPU behind ranks with a CPU tier
         and 16-token blocks, py-spy); ``on_stored``: with the rank and the
-        own hashes of each run of stored blocks, once the mirror holds them; ``on_tier_full``: with a
+        own hashes of each run of blocks stored on the GPU, once the mirror holds them (a copy to a
+        lower tier is of a block the GPU stored before); ``on_tier_full``: with a
         lower tier's medium and its size in tokens, each time it evicts holding more than ever
         before (module docstring)."""
         self.rank = rank
@@ -271,16 +272,34 @@ class RankMirror:
         if event.block_size not in (None, size) or len(tokens) != size * len(hashes):
             self.unmapped += len(hashes)
             return
-        if event.parent_block_hash is None:
-            own = self.hasher.hash_blocks(tokens)
-        else:
-            parent = self._own.get(event.parent_block_hash)
-            if parent is None:  # its chain began before anything we saw: cannot be keyed
-                self.unmapped += len(hashes)
-                return
-            # Continue the chain from the mapped parent: hash_blocks skips the first (dummy) block.
-            own = self.hasher.hash_blocks([0] * size + tokens, start_block=1, parent=parent[0])
         table = self._own
+        # Blocks the mirror maps already (a prefix loaded back from a lower tier, or stored again
+        # after its eviction, the most of a rank's stores behind a CPU tier) keep their own hashes:
+        # only the blocks after that known run are hashed from their tokens.
+        own: list[bytes] = []
+        for u64 in hashes:
+            entry = table.get(u64)
+            if entry is None:
+                break
+            own.append(entry[0])
+        known = len(own)
+        if known < len(hashes):
+            if known:
+                parent: bytes | None = own[-1]
+            elif event.parent_block_hash is None:
+                parent = None
+            else:
+                mapped = table.get(event.parent_block_hash)
+                if mapped is None:  # its chain began before anything we saw: cannot be keyed
+                    self.unmapped += len(hashes)
+                    return
+                parent = mapped[0]
+            rest = tokens[known * size :] if known else tokens
+            if parent is None:
+                own.extend(self.hasher.hash_blocks(rest))
+            else:
+                # Continue the chain from the mapped parent: hash_blocks skips the first (dummy) block.
+                own.extend(self.hasher.hash_blocks([0] * size + rest, start_block=1, parent=parent))
         for u64, h in zip(hashes, own, strict=True):
             entry = table.get(u64)
             if entry is None:
@@ -309,7 +328,7 @@ class RankMirror:
         if not own:
             return
         self.index.record(self.rank, own, counted=True, medium=medium)
-        if self.on_stored is not None:
+        if self.on_stored is not None and medium == GPU:
             self.on_stored(self.rank, own)
 
     def _removed(self, hashes: Sequence[int], medium: str) -> None:

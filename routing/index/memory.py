@@ -248,13 +248,27 @@ class RankChains:
         taken: dict[bytes, int] = {}  # GPU copies this call already took, per block
         drop: list[bytes] = []
         one_tier = self._one_tier()
+        off_gpu = self.off_gpu
         for h in block_hashes:
             if h not in where:
                 continue
             if tier is None:
                 off = one_tier.get(h, 0) if one_tier is not None else self.offloaded_copies(h)
-                gpu = counts.get(h, 1) - off - taken.get(h, 0)
+                copies = counts.get(h, 1)
+                gpu = copies - off - taken.get(h, 0)
                 if gpu <= 0:
+                    continue
+                if off:  # so copies > 1: one on the GPU at least
+                    # A demotion, nearly every GPU eviction behind a CPU tier: one copy fewer, the
+                    # block stays held, off the GPU once its offloaded copies are all it has left
+                    # (what ``remove`` and ``_retier`` below would do, in this one pass).
+                    copies -= 1
+                    if copies > 1:
+                        counts[h] = copies
+                    else:
+                        del counts[h]
+                    if copies <= off:
+                        off_gpu.add(h)
                     continue
                 taken[h] = taken.get(h, 0) + 1
             else:

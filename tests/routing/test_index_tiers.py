@@ -8,7 +8,9 @@ prefix (every tier: what vLLM reports as cached) and how many of those blocks ha
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -190,3 +192,50 @@ def test_the_estimates_cpu_part_takes_the_blocks_past_it_off_the_offloaded_first
     found = Lookup({"a": 10, "b": 4}, None, {"a": 3})
     assert [found.offloaded_in("a", n) for n in (10, 9, 7, 0)] == [3, 2, 0, 0]
     assert found.offloaded_in("b", 4) == 0 and found.offloaded_in("c", 0) == 0
+
+
+def test_one_removal_naming_a_block_twice_takes_two_of_its_gpu_copies_only() -> None:
+    """A block with two GPU copies and one CPU copy, removed from the GPU three times in one call:
+    two demote it (the CPU copy is then all it has), the third is ignored; the tier invariants hold."""
+    h = chain("d", 1)
+    index = MemoryPrefixIndex()
+    index.record("a", h, counted=True)
+    index.record("a", h, counted=True)
+    index.record("a", h, counted=True, medium=CPU)
+    assert tiers(index, h) == (1, 0)
+    index.remove("a", h * 3, counted=True, medium=GPU)
+    index._mirror("a").check_tiers()
+    assert tiers(index, h) == (1, 1) and index._mirror("a").copies(h[0]) == 1
+    index.remove("a", h, counted=True, medium=CPU)
+    assert tiers(index, h) == (0, 0)
+
+
+class CountingHasher(BlockHasher):
+    """Counts the blocks it hashes."""
+
+    hashed = 0
+
+    def hash_blocks(self, tokens: Sequence[int], **kwargs: Any) -> list[bytes]:
+        out = super().hash_blocks(tokens, **kwargs)
+        CountingHasher.hashed += len(out)
+        return out
+
+
+def test_a_gpu_store_of_blocks_the_mirror_maps_reuses_their_hashes() -> None:
+    """Behind a CPU tier a rank stores again, on the GPU, blocks it loads back from CPU memory: those
+    the mirror maps keep their own hashes (not hashed again from their tokens); the blocks after them
+    are hashed from the last of them, and key the same as a prompt hashed whole."""
+    hasher = CountingHasher(16, "sha256", seed="0")
+    tokens = list(range(100, 180))  # 5 blocks
+    own = BlockHasher(16, "sha256", seed="0").hash_blocks(tokens)
+    u64s = [kv_event_hash(h) for h in own]
+    index = MemoryPrefixIndex()
+    mirror = RankMirror("a", index, hasher)
+    mirror.apply([BlockStored(u64s[:3], None, tokens[:48], 16)])
+    mirror.apply([BlockStored(u64s[:3], None, [], 16, medium=CPU), BlockRemoved(u64s[:3])])  # demoted
+    assert tiers(index, own[:3]) == (3, 3)
+    CountingHasher.hashed = 0
+    mirror.apply([BlockStored(u64s, None, tokens, 16)])  # loaded back, and two new blocks after them
+    assert CountingHasher.hashed == 2
+    assert tiers(index, own) == (5, 0) and mirror.unmapped == 0
+    index._mirror("a").check_tiers()
