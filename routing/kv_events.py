@@ -276,12 +276,13 @@ class RankMirror:
         # Blocks the mirror maps already (a prefix loaded back from a lower tier, or stored again
         # after its eviction, the most of a rank's stores behind a CPU tier) keep their own hashes:
         # only the blocks after that known run are hashed from their tokens.
-        own: list[bytes] = []
+        entries: list[list[Any]] = []
         for u64 in hashes:
             entry = table.get(u64)
             if entry is None:
                 break
-            own.append(entry[0])
+            entries.append(entry)
+        own: list[bytes] = [entry[0] for entry in entries]
         known = len(own)
         if known < len(hashes):
             if known:
@@ -300,10 +301,12 @@ class RankMirror:
             else:
                 # Continue the chain from the mapped parent: hash_blocks skips the first (dummy) block.
                 own.extend(self.hasher.hash_blocks([0] * size + rest, start_block=1, parent=parent))
-        for u64, h in zip(hashes, own, strict=True):
-            entry = table.get(u64)
-            if entry is None:
-                entry = table[u64] = [h, 0, None]
+            for u64, h in zip(hashes[known:], own[known:], strict=True):
+                entry = table.get(u64)
+                if entry is None:
+                    entry = table[u64] = [h, 0, None]
+                entries.append(entry)
+        for entry in entries:
             if medium == GPU:
                 entry[1] += 1
             else:

@@ -213,11 +213,13 @@ def test_one_removal_naming_a_block_twice_takes_two_of_its_gpu_copies_only() -> 
 class CountingHasher(BlockHasher):
     """Counts the blocks it hashes."""
 
-    hashed = 0
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hashed = 0
 
     def hash_blocks(self, tokens: Sequence[int], **kwargs: Any) -> list[bytes]:
         out = super().hash_blocks(tokens, **kwargs)
-        CountingHasher.hashed += len(out)
+        self.hashed += len(out)
         return out
 
 
@@ -234,8 +236,8 @@ def test_a_gpu_store_of_blocks_the_mirror_maps_reuses_their_hashes() -> None:
     mirror.apply([BlockStored(u64s[:3], None, tokens[:48], 16)])
     mirror.apply([BlockStored(u64s[:3], None, [], 16, medium=CPU), BlockRemoved(u64s[:3])])  # demoted
     assert tiers(index, own[:3]) == (3, 3)
-    CountingHasher.hashed = 0
+    hasher.hashed = 0
     mirror.apply([BlockStored(u64s, None, tokens, 16)])  # loaded back, and two new blocks after them
-    assert CountingHasher.hashed == 2
+    assert hasher.hashed == 2
     assert tiers(index, own) == (5, 0) and mirror.unmapped == 0
     index._mirror("a").check_tiers()
